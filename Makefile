@@ -1,0 +1,26 @@
+# The two commands: `make demo` runs the main job, `make test` runs every test.
+# Both set up everything a fresh clone needs (a local virtual environment).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(BIN)/.installed
+	$(BIN)/airflow-gpu plan --cluster example --jobs examples/jobs.yaml
+
+test: $(BIN)/.installed
+	$(BIN)/ruff check src tests bench
+	$(BIN)/pytest -q
+
+bench: $(BIN)/.installed
+	$(BIN)/python bench/placement.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,121 @@
+"""The cluster file: hosts (with name ranges), their model, rack and switch."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .errors import InputError, load_yaml, validate
+from .hosttype import HostType, host_type
+from .topology import load_topology
+
+_RANGE_RE = re.compile(r"\[([^\]]+)\]")
+
+
+def expand_hostnames(pattern: str) -> list[str]:
+    """`dgx-a-[01-16]` -> dgx-a-01 .. dgx-a-16; `n[1-2,5]` -> n1, n2, n5. Padding is kept."""
+    m = _RANGE_RE.search(pattern)
+    if not m:
+        return [pattern]
+    values: list[str] = []
+    for part in m.group(1).split(","):
+        lo, _, hi = part.strip().partition("-")
+        if not lo.isdigit() or (hi and not hi.isdigit()):
+            raise ValueError(f"bad host range {part!r} in {pattern!r}; write e.g. dgx-[01-16]")
+        if hi and int(hi) < int(lo):
+            raise ValueError(f"host range {part!r} in {pattern!r} runs backwards")
+        width = len(lo) if lo.startswith("0") else 0
+        values += [str(i).zfill(width) for i in range(int(lo), int(hi or lo) + 1)]
+    head, tail = pattern[: m.start()], pattern[m.end():]
+    return [name for v in values for name in expand_hostnames(f"{head}{v}{tail}")]
+
+
+class HostEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="host name or a range such as dgx-a-[01-16]")
+    model: str = Field(description="built-in model name or path to a gpu-topology/v1 file")
+    rack: str = "default"
+    switch: str = Field("default", description="leaf / top-of-rack switch")
+    docker_url: str | None = None
+    labels: dict[str, str] = {}
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        expand_hostnames(v)
+        return v
+
+
+class ClusterFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cluster: str = "cluster"
+    hosts: list[HostEntry] = Field(min_length=1)
+
+
+@dataclass(eq=False)
+class Host:
+    index: int
+    name: str
+    type: HostType
+    rack: str
+    switch: str
+    docker_url: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def switch_key(self) -> tuple[str, str]:
+        # Switch names are only unique within a rack in some sites.
+        return (self.rack, self.switch)
+
+
+@dataclass(eq=False)
+class Cluster:
+    name: str
+    hosts: list[Host]
+
+    def __post_init__(self) -> None:
+        self.by_name = {h.name: h for h in self.hosts}
+        self.switches: dict[tuple[str, str], list[Host]] = {}
+        self.racks: dict[str, list[Host]] = {}
+        for h in self.hosts:
+            self.switches.setdefault(h.switch_key, []).append(h)
+            self.racks.setdefault(h.rack, []).append(h)
+
+
+def build_cluster(spec: ClusterFile, base_dir: Path | None = None, source: str = "") -> Cluster:
+    hosts: list[Host] = []
+    seen: set[str] = set()
+    for i, entry in enumerate(spec.hosts):
+        try:
+            htype = host_type(load_topology(entry.model, base_dir))
+        except InputError as exc:
+            raise InputError(f"hosts[{i}].model: {exc}", source or None) from None
+        for name in expand_hostnames(entry.name):
+            if name in seen:
+                raise InputError(f"hosts[{i}].name: host {name!r} is declared twice; "
+                                 "each host name must be unique", source or None)
+            seen.add(name)
+            hosts.append(Host(len(hosts), name, htype, entry.rack, entry.switch,
+                              entry.docker_url, dict(entry.labels)))
+    return Cluster(spec.cluster, hosts)
+
+
+def builtin_cluster_path(name: str) -> Path | None:
+    from importlib import resources
+
+    path = Path(str(resources.files("airflow_gpu.scheduler_core") / "clusters" / f"{name}.yaml"))
+    return path if path.exists() else None
+
+
+def load_cluster(path_or_name: str | Path) -> Cluster:
+    """A cluster file by path, or a built-in cluster by name (`example`)."""
+    path = Path(path_or_name)
+    if not path.exists() and (builtin := builtin_cluster_path(str(path_or_name))):
+        path = builtin
+    spec = validate(ClusterFile, load_yaml(path), str(path))
+    return build_cluster(spec, path.parent, str(path))

@@ -1,0 +1,169 @@
+"""Why a job waits (with numbers) and why a job can never run (naming the constraint)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .fit import Need, fit_replica
+from .state import HostState
+from .units import format_size
+
+if TYPE_CHECKING:
+    from .placement import Unplaced, _Trial
+    from .state import ClusterState
+
+
+def describe_need(n: Need) -> str:
+    parts = []
+    if n.gpus:
+        cons = []
+        if n.models:
+            cons.append("|".join(n.models))
+        if n.min_gpu_memory:
+            cons.append(f">={format_size(n.min_gpu_memory)}")
+        parts.append(f"{n.gpus} GPU" + ("s" if n.gpus > 1 else "")
+                     + (f" [{', '.join(cons)}]" if cons else ""))
+    parts.append(f"{n.cpus} CPU" + ("s" if n.cpus > 1 else ""))
+    parts.append(format_size(n.memory))
+    return f"{n.role} {n.replicas}x({', '.join(parts)})"
+
+
+def describe_needs(needs: list[Need]) -> str:
+    return " + ".join(describe_need(n) for n in needs)
+
+
+def _host_free(state: ClusterState, needs: list[Need], h) -> str:
+    hs = state.hosts[h.index]
+    gpu_needs = [n for n in needs if n.gpus]
+    elig = (hs.usable_gpus & gpu_needs[0].eligible(h.type)).bit_count() if gpu_needs else None
+    gpus = f"{elig} eligible GPUs, " if elig is not None else ""
+    return f"{gpus}{hs.n_cpus()} CPUs, {format_size(sum(hs.free_mem))} free"
+
+
+def pending_reason(trial: _Trial, within: str) -> Unplaced:
+    from .placement import Unplaced
+
+    state, needs = trial.state, trial.needs
+    what = describe_needs(needs) + (f" under {within}" if within else "")
+    gpu_need = next((n for n in needs if n.gpus), None)
+    free = sum((hs.usable_gpus & gpu_need.eligible(h.type)).bit_count()
+               for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)) if gpu_need else 0
+    details: dict = {"needs_gpus": trial.total_gpus, "cluster_free_gpus": free}
+    code = "Resources"
+    if within in ("one switch", "one rack") and trial.fill(state.cluster.hosts, "the whole cluster"):
+        code = "Locality"
+    p = trial.progress
+    if gpu_need and not free:
+        best = "no eligible GPU is free"
+    elif p.score >= 0 and within != "one host":
+        best = (f"best candidate {p.domain} holds {p.placed} of {p.wanted} '{p.role}' "
+                f"replicas ({p.free_gpus} eligible GPUs free on {p.hosts} hosts)")
+        details.update(best=p.domain, best_placed=p.placed, best_free_gpus=p.free_gpus)
+    else:
+        hosts = [h for h in state.cluster.hosts
+                 if not state.hosts[h.index].drained and all(trial.allowed(n, h) for n in needs)]
+        if hosts:
+            h = max(hosts, key=lambda h: (
+                (state.hosts[h.index].usable_gpus & gpu_need.eligible(h.type)).bit_count()
+                if gpu_need else 0, state.hosts[h.index].n_cpus(), -h.index))
+            best = f"best host {h.name} has {_host_free(state, needs, h)}"
+            details["best"] = h.name
+        else:
+            best = "no usable host has eligible GPUs"
+    msg = f"needs {what}; {best}; the cluster has {free} eligible GPUs free"
+    if code == "Locality":
+        msg += f" in all, but not under {within}"
+    if gpu_need:
+        held = _holders(state, gpu_need)
+        if held:
+            details["held_by"] = dict(held)
+            msg += "; held by " + ", ".join(f"{j} ({n})" for j, n in held[:3])
+            msg += f" and {len(held) - 3} more jobs" if len(held) > 3 else ""
+    return Unplaced(code, msg, details)
+
+
+def _holders(state: ClusterState, need: Need) -> list[tuple[str, int]]:
+    """Jobs holding GPUs this need could use, most first."""
+    counts: dict[str, int] = {}
+    for job, allocs in state.allocations.items():
+        n = sum((a.gpu_mask & need.eligible(a.host.type)).bit_count() for a in allocs)
+        if n:
+            counts[job] = n
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def why_never(trial: _Trial, within: str) -> str:
+    """Why the job cannot run even on the empty cluster: the constraint, and the fix."""
+    cluster = trial.state.cluster
+    types = {id(h.type): h.type for h in cluster.hosts}.values()
+    for n in trial.needs:
+        if not n.gpus:
+            continue
+        counts = {t.model: n.eligible(t).bit_count() for t in types}
+        if not any(counts.values()):
+            have = ", ".join(sorted({f"{t.gpu_name[0]} ({format_size(t.gpu_mem[0])})"
+                                     for t in types if t.n_gpus}))
+            return (f"role '{n.role}': no GPU in the cluster meets gpu "
+                    f"{_constraint(n)}; the cluster has {have or 'no GPUs'}")
+        if max(counts.values()) < n.gpus:
+            return (f"role '{n.role}': asks {n.gpus} GPUs per replica but the largest host "
+                    f"has {max(counts.values())} such GPUs; use more replicas with fewer GPUs")
+    for n in trial.needs:
+        hosts = [h for h in cluster.hosts if trial.allowed(n, h)]
+        if not hosts:
+            return f"role '{n.role}': every host is excluded by a placement filter"
+        samples = list({id(h.type): h for h in hosts}.values())
+        if any(fit_replica(h.type, HostState.empty(h), n) for h in samples):
+            continue
+        biggest = max(samples, key=lambda h: (h.type.total_cpus, h.type.total_mem))
+        loose = Need(n.role, 1, n.gpus, n.cpus, n.memory, n.models, n.min_gpu_memory,
+                     "none", False)
+        if n.gpus and any(fit_replica(h.type, HostState.empty(h), loose) for h in samples):
+            local_cpus = max(h.type.numa_cpus[h.type.gpu_numa[0]].bit_count() for h in samples)
+            local_mem = max(h.type.numa_mem[h.type.gpu_numa[0]] for h in samples)
+            return (f"role '{n.role}': placement.affinity '{n.affinity}' needs {n.cpus} CPUs "
+                    f"and {format_size(n.memory)} on the NUMA node(s) of {n.gpus} GPU(s), but "
+                    f"a GPU's NUMA node has at most {local_cpus} CPUs and "
+                    f"{format_size(local_mem)}; lower cpus/memory or set placement.affinity: "
+                    "preferred")
+        return (f"role '{n.role}': one replica needs {n.cpus} CPUs and {format_size(n.memory)}"
+                f" but the largest host ({biggest.type.model}) has {biggest.type.total_cpus} "
+                f"CPUs and {format_size(biggest.type.total_mem)}")
+    if within:
+        return (f"the whole job ({describe_needs(trial.needs)}) must fit {within}, and even "
+                f"an empty {within.removeprefix('one ')} cannot hold it: "
+                f"{_largest_domain(trial, within)}; relax placement.locality or shrink the job")
+    return ("the job does not fit even on the empty cluster: "
+            f"needs {describe_needs(trial.needs)}, the cluster has {_totals(trial)}")
+
+
+def _constraint(n: Need) -> str:
+    parts = []
+    if n.models:
+        parts.append(f"model {list(n.models)}")
+    if n.min_gpu_memory:
+        parts.append(f"min_memory {format_size(n.min_gpu_memory)}")
+    return " and ".join(parts) or "(none)"
+
+
+def _eligible_total(trial: _Trial, hosts) -> int:
+    n = next((n for n in trial.needs if n.gpus), None)
+    return sum(n.eligible(h.type).bit_count() for h in hosts) if n else 0
+
+
+def _totals(trial: _Trial) -> str:
+    hosts = trial.state.cluster.hosts
+    return (f"{_eligible_total(trial, hosts)} eligible GPUs on {len(hosts)} hosts")
+
+
+def _largest_domain(trial: _Trial, within: str) -> str:
+    c = trial.state.cluster
+    if within == "one host":
+        h = max(c.hosts, key=lambda h: (_eligible_total(trial, [h]), h.type.total_cpus))
+        return (f"the largest host {h.name} has {_eligible_total(trial, [h])} eligible GPUs, "
+                f"{h.type.total_cpus} CPUs, {format_size(h.type.total_mem)}")
+    groups = c.switches if within == "one switch" else c.racks
+    key, hosts = max(groups.items(), key=lambda kv: (_eligible_total(trial, kv[1]), len(kv[1])))
+    name = key[1] if isinstance(key, tuple) else key
+    return (f"the largest, {name}, has {_eligible_total(trial, hosts)} eligible GPUs on "
+            f"{len(hosts)} hosts")

@@ -1,0 +1,174 @@
+"""Fitting one replica onto one host: its GPUs, then cores and memory by NUMA affinity, then NICs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .hosttype import HostType
+from .state import HostState, ReplicaAllocation, take
+
+
+@dataclass(eq=False)
+class Need:
+    """What each replica of one role needs, compiled for the hot path."""
+
+    role: str
+    replicas: int
+    gpus: int
+    cpus: int
+    memory: int
+    models: tuple[str, ...] | None      # substrings of the GPU name, any case
+    min_gpu_memory: int
+    affinity: str                       # strict | preferred | none
+    nics: bool
+    _eligible: dict[int, int] = field(default_factory=dict)
+
+    def eligible(self, t: HostType) -> int:
+        """Bitmask of the GPUs of this host type that meet the model/memory constraint."""
+        found = self._eligible.get(id(t))
+        if found is None:
+            found = 0
+            models = [m.lower() for m in self.models] if self.models else None
+            for i in range(t.n_gpus):
+                name = t.gpu_name[i].lower()
+                if t.gpu_mem[i] >= self.min_gpu_memory and (
+                        models is None or any(m in name for m in models)):
+                    found |= 1 << i
+            self._eligible[id(t)] = found
+        return found
+
+    def upper_bound(self, t: HostType, hs: HostState) -> int:
+        """Replicas that could fit on the host by counts alone (exact fit may give fewer)."""
+        n = 1 << 30
+        if self.gpus:
+            n = (hs.usable_gpus & self.eligible(t)).bit_count() // self.gpus
+            if not n:
+                return 0
+        elif hs.drained:
+            return 0
+        n = min(n, hs.n_cpus() // self.cpus)
+        if self.memory:
+            n = min(n, sum(hs.free_mem) // self.memory)
+        return n
+
+
+def _lowest(mask: int, count: int) -> int:
+    out = 0
+    for _ in range(count):
+        low = mask & -mask
+        out |= low
+        mask ^= low
+    return out
+
+
+def _take_from(pools: list[int], hs: HostState, cpus: int, memory: int,
+               shares: dict[int, int] | None = None):
+    """Cores (lowest ids first) and memory from NUMA positions in `pools` order, or None.
+
+    With `shares` (GPUs per NUMA position), cores and memory are first split in
+    proportion, so each GPU's process finds cores and memory on its own node.
+    """
+    cpu_got: dict[int, int] = {}
+    mem_got: dict[int, int] = {}
+    total = sum(shares.values()) if shares else 0
+    for want, got, free, is_cpu in ((cpus, cpu_got, hs.free_cpus, True),
+                                    (memory, mem_got, hs.free_mem, False)):
+        rounds = []
+        if total:
+            rounds.append({p: -(-want * n // total) for p, n in shares.items()})
+        rounds.append(None)
+        for cap in rounds:
+            for p in pools:
+                if want <= 0:
+                    break
+                have = (free[p] & ~got.get(p, 0)).bit_count() if is_cpu else free[p] - got.get(p, 0)
+                n = min(have, want, cap.get(p, 0) if cap is not None else want)
+                if n <= 0:
+                    continue
+                if is_cpu:
+                    got[p] = got.get(p, 0) | _lowest(free[p] & ~got.get(p, 0), n)
+                else:
+                    got[p] = got.get(p, 0) + n
+                want -= n
+        if want > 0:
+            return None
+    return sorted(cpu_got.items()), sorted(mem_got.items())
+
+
+def _pools(t: HostType, hs: HostState, local: list[int], widen: bool) -> list[int]:
+    """NUMA positions to draw from: the GPUs' own first, then (if `widen`) the same socket,
+    then the rest; remote nodes with the fewest free GPUs first, so their cores stay free."""
+    if not widen:
+        return local
+    sockets = {t.numa_socket[p] for p in local}
+    rest = [p for p in range(len(t.numa_ids)) if p not in local]
+    rest.sort(key=lambda p: (t.numa_socket[p] not in sockets,
+                             (t.numa_gpus[p] & hs.usable_gpus).bit_count(), p))
+    return local + rest
+
+
+def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
+    """(gpu_mask, cpu_take, mem_take) for one replica on this host, best choice first; or None."""
+    if need.gpus == 0:
+        if hs.drained:
+            return None
+        # CPU-only: one NUMA node if any holds it (avoiding nodes next to free GPUs), else spread.
+        order = sorted(range(len(t.numa_ids)), key=lambda p: (
+            (t.numa_gpus[p] & hs.usable_gpus).bit_count(), hs.free_cpus[p].bit_count(), p))
+        for p in order:
+            if hs.free_cpus[p].bit_count() >= need.cpus and hs.free_mem[p] >= need.memory:
+                return 0, *_take_from([p], hs, need.cpus, need.memory)
+        got = _take_from(order, hs, need.cpus, need.memory)
+        return (0, *got) if got else None
+    free = hs.usable_gpus & need.eligible(t)
+    if free.bit_count() < need.gpus:
+        return None
+    sets = t.ranked_gpu_sets(free, need.gpus)
+    # strict and preferred first look for a GPU set whose own NUMA nodes hold the cores;
+    # preferred then widens, none widens at once.
+    passes = {"strict": (False,), "preferred": (False, True), "none": (True,)}[need.affinity]
+    for widen in passes:
+        for gset in sets:
+            shares = _gpu_numas(t, gset)
+            got = _take_from(_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
+                             shares)
+            if got:
+                return gset, *got
+    return None
+
+
+def _gpu_numas(t: HostType, gset: int) -> dict[int, int]:
+    """GPUs per NUMA position for the GPUs in `gset`, the node holding most of them first."""
+    counts: dict[int, int] = {}
+    m = gset
+    while m:
+        low = m & -m
+        p = t.gpu_numa[low.bit_length() - 1]
+        counts[p] = counts.get(p, 0) + 1
+        m ^= low
+    return {p: counts[p] for p in sorted(counts, key=lambda p: (-counts[p], p))}
+
+
+def nics_for(t: HostType, gset: int) -> list[str]:
+    out: list[str] = []
+    m = gset
+    while m:
+        low = m & -m
+        for nic in t.gpu_nics[low.bit_length() - 1]:
+            if nic not in out:
+                out.append(nic)
+        m ^= low
+    return out
+
+
+def allocate_replica(t: HostType, hs: HostState, need: Need, job: str, index: int,
+                     host) -> ReplicaAllocation | None:
+    """Fit and take one replica on `hs` (a scratch copy during a trial)."""
+    got = fit_replica(t, hs, need)
+    if got is None:
+        return None
+    gset, cpu_take, mem_take = got
+    alloc = ReplicaAllocation(job, need.role, index, host, gset, cpu_take, mem_take,
+                              nics_for(t, gset) if need.nics and gset else [])
+    take(hs, alloc)
+    return alloc

@@ -1,0 +1,95 @@
+"""The job spec: what a job needs (roles, GPUs, cores, memory) and how to place it.
+
+The same model serves job files, the API and the Airflow operators.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import InputError, load_yaml, validate
+from .units import Duration, Size
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class GpuConstraint(_Spec):
+    model: list[str] | None = Field(
+        None, description="accepted GPU models, matched as substrings of the GPU name "
+        "(e.g. A100 matches 'NVIDIA A100-SXM4-40GB')")
+    min_memory: Size | None = Field(None, description="minimum memory per GPU, e.g. 48GiB")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, str) else v
+
+
+class Role(_Spec):
+    name: str = Field(pattern=_NAME)
+    replicas: int = Field(1, ge=1, le=4096)
+    gpus: int = Field(0, ge=0, le=64, description="GPUs per replica")
+    gpu: GpuConstraint = GpuConstraint()
+    cpus: int = Field(1, ge=1, le=4096, description="logical CPUs per replica (exclusive)")
+    memory: Size = Field(1 * 2**30, description="host memory per replica")
+
+
+class Placement(_Spec):
+    pack: bool = Field(True, description="concentrate replicas on as few hosts as possible")
+    locality: Literal["host", "switch", "rack", "any"] = Field(
+        "any", description="hard limit: all hosts of the job under one host|switch|rack")
+    affinity: Literal["strict", "preferred", "none"] = Field(
+        "preferred", description="CPU cores and memory on the NUMA node(s) of the GPUs")
+    nics: bool = Field(True, description="give GPU replicas the compute NICs behind their GPUs")
+
+
+class JobSpec(_Spec):
+    name: str = Field(pattern=_NAME, max_length=200)
+    team: str = Field("default", pattern=_NAME)
+    job_class: str | None = None
+    priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
+    expected_runtime: Duration | None = None
+    roles: list[Role] = Field(min_length=1)
+    placement: Placement = Placement()
+
+    @model_validator(mode="after")
+    def _unique_roles(self) -> JobSpec:
+        names = [r.name for r in self.roles]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"roles: role names must be unique, {sorted(dup)} repeats")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(r.gpus * r.replicas for r in self.roles)
+
+
+class JobsFile(_Spec):
+    jobs: list[JobSpec]
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> JobsFile:
+        seen: set[str] = set()
+        for i, job in enumerate(self.jobs):
+            if job.name in seen:
+                raise ValueError(f"jobs[{i}].name: job {job.name!r} appears twice; "
+                                 "job names must be unique in a file")
+            seen.add(job.name)
+        return self
+
+
+def load_jobs(path: str) -> list[JobSpec]:
+    """Job specs from a YAML/JSON file holding `jobs: [...]` (or a single job)."""
+    data = load_yaml(path)
+    if isinstance(data, dict) and "jobs" not in data and "roles" in data:
+        data = {"jobs": [data]}
+    if not isinstance(data, dict):
+        raise InputError("expected a mapping with 'jobs: [...]' (a list of job specs)", path)
+    return validate(JobsFile, data, path).jobs

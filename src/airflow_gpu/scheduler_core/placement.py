@@ -1,0 +1,275 @@
+"""Placing a whole job (a gang) onto the cluster: which hosts, and which replica goes where.
+
+Rules, in order of weight:
+1. All replicas or none (the trial works on copies; nothing changes unless it succeeds).
+2. Locality is hard: with `locality: switch|rack|host` every host of the job shares
+   one switch|rack, or the job runs on one host.
+3. Fewest hosts (`pack: true`): the whole job on one host if any can hold it, else
+   the fewest hosts; then hosts sharing a switch, then a rack (`locality: any`).
+4. Tight fit: the host (and switch) with the fewest free GPUs that still fits, so
+   whole hosts stay free for big jobs.
+5. CPU-only roles (parameter servers) go onto the hosts of the job's GPU roles,
+   else onto hosts under the same switch.
+Within a host, `fit.fit_replica` chooses GPUs, cores, memory and NICs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cluster import Host
+from .fit import Need, allocate_replica
+from .jobspec import JobSpec
+from .plugins import Registry
+from .state import ClusterState, HostState, ReplicaAllocation
+
+TIERS = {"host": ("host",), "switch": ("switch",), "rack": ("rack",),
+         "any": ("switch", "rack", "cluster")}
+# After a domain fits, look at this many more domains of the tier for a better one.
+_EXTRA_DOMAINS = 3
+
+
+def compile_needs(job: JobSpec) -> list[Need]:
+    """Needs of each role, GPU roles first (largest replicas first), then CPU-only roles."""
+    p = job.placement
+    needs = [Need(r.name, r.replicas, r.gpus, r.cpus, r.memory,
+                  tuple(r.gpu.model) if r.gpu.model else None,
+                  r.gpu.min_memory or 0, p.affinity, p.nics) for r in job.roles]
+    return sorted(needs, key=lambda n: (n.gpus == 0, -n.gpus, -n.cpus))
+
+
+@dataclass
+class Placed:
+    allocations: list[ReplicaAllocation]
+
+    @property
+    def hosts(self) -> list[Host]:
+        return list({a.host.index: a.host for a in self.allocations}.values())
+
+
+@dataclass
+class Unplaced:
+    code: str                 # Resources | Locality
+    message: str
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class _Progress:
+    """How far the best failed trial got, for the pending reason."""
+
+    domain: str = ""
+    role: str = ""
+    placed: int = -1
+    wanted: int = 0
+    free_gpus: int = 0
+    hosts: int = 0
+    score: int = -1           # replicas placed in that trial, all roles
+
+
+class _Trial:
+    def __init__(self, job: JobSpec, needs: list[Need], state: ClusterState, reg: Registry):
+        self.job, self.needs, self.state, self.reg = job, needs, state, reg
+        self.roles = {r.name: r for r in job.roles}
+        self.total_gpus = sum(n.gpus * n.replicas for n in needs)
+        self._allowed: dict[tuple[str, int], bool] = {}
+        self.progress = _Progress()
+
+    def allowed(self, need: Need, host: Host) -> bool:
+        """Static per-host checks: eligible GPUs exist, plugin filters pass."""
+        if need.gpus and need.eligible(host.type).bit_count() < need.gpus:
+            return False
+        if not self.reg.filters:
+            return True
+        key = (need.role, host.index)
+        if key not in self._allowed:
+            role = self.roles[need.role]
+            self._allowed[key] = all(f(self.job, role, host) is None for f in self.reg.filters)
+        return self._allowed[key]
+
+    def score(self, need: Need, host: Host, hs: HostState) -> float:
+        role = self.roles[need.role]
+        return sum(s(self.job, role, host, hs) for s in self.reg.scorers)
+
+    # -- one host ------------------------------------------------------------------------
+    def on_one_host(self, host: Host) -> list[ReplicaAllocation] | None:
+        if not all(self.allowed(n, host) for n in self.needs):
+            return None
+        hs = self.state.hosts[host.index].copy()
+        out = []
+        for need in self.needs:
+            for i in range(need.replicas):
+                a = allocate_replica(host.type, hs, need, self.job.name, i, host)
+                if a is None:
+                    return None
+                out.append(a)
+        return out
+
+    def single_host(self) -> list[ReplicaAllocation] | None:
+        """The tightest single host that holds the whole job (hosts by free GPUs, ascending)."""
+        hosts = self.state.cluster.hosts
+        for bucket in self.state.by_free[self.total_gpus:]:
+            best, best_score = None, None
+            for i in bucket:
+                got = self.on_one_host(hosts[i])
+                if got is None:
+                    continue
+                if not self.reg.scorers:
+                    return got
+                sc = sum(self.score(n, hosts[i], self.state.hosts[i]) for n in self.needs)
+                if best_score is None or sc > best_score:
+                    best, best_score = got, sc
+            if best is not None:
+                return best
+        return None
+
+    # -- several hosts -------------------------------------------------------------------
+    def fill(self, domain: list[Host], label: str) -> list[ReplicaAllocation] | None:
+        """Greedy gang fill of one domain, or None (recording how far it got)."""
+        pack = self.job.placement.pack
+        scratch: dict[int, HostState] = {}
+        used: dict[int, Host] = {}
+        switches: set[tuple[str, str]] = set()
+        out: list[ReplicaAllocation] = []
+
+        def hs_of(h: Host) -> HostState:
+            if h.index not in scratch:
+                scratch[h.index] = self.state.hosts[h.index].copy()
+            return scratch[h.index]
+
+        for need in self.needs:
+            left, index, full = need.replicas, 0, set()
+            while left:
+                host = self._choose(need, left, domain, used, full, switches, hs_of, pack)
+                if host is None:
+                    self._record(label, need, len(out), need.replicas - left, domain)
+                    return None
+                hs, placed = hs_of(host), 0
+                while left and (not placed or pack):
+                    a = allocate_replica(host.type, hs, need, self.job.name, index, host)
+                    if a is None:
+                        break
+                    out.append(a)
+                    left, index, placed = left - 1, index + 1, placed + 1
+                if placed:
+                    used[host.index] = host
+                    switches.add(host.switch_key)
+                if not placed or pack:
+                    full.add(host.index)
+        return out
+
+    def _choose(self, need, left, domain, used, full, switches, hs_of, pack) -> Host | None:
+        if pack:
+            # Concentrate: the job's own hosts first, the one with most room.
+            mine = [(need.upper_bound(h.type, hs_of(h)), h) for h in used.values()
+                    if h.index not in full and self.allowed(need, h)]
+            mine = [(n, h) for n, h in mine if n > 0]
+            if mine:
+                return max(mine, key=lambda x: (x[0], -x[1].index))[1]
+        cands = []
+        for h in domain:
+            if h.index in used or h.index in full or not self.allowed(need, h):
+                continue
+            n = need.upper_bound(h.type, self.state.hosts[h.index])
+            if n > 0:
+                cands.append((n, h))
+        if not cands:
+            if not pack:  # spreading ran out of fresh hosts: share the job's hosts
+                mine = [h for h in used.values() if h.index not in full
+                        and need.upper_bound(h.type, hs_of(h)) > 0]
+                return mine[0] if mine else None
+            return None
+        target = left if pack else 1
+        fitting = any(n >= target for n, _ in cands)
+
+        def key(x):
+            n, h = x
+            hs = self.state.hosts[h.index]
+            return (-self.score(need, h, hs) if self.reg.scorers else 0,
+                    bool(switches) and h.switch_key not in switches,
+                    n < target,                  # hosts that take all that is left first
+                    n if fitting else -n,        # then the tightest of them, else the roomiest
+                    hs.usable_gpus.bit_count(), h.index)
+
+        return min(cands, key=key)[1]
+
+    def _record(self, label: str, need: Need, placed_total: int, placed: int,
+                domain: list[Host]) -> None:
+        free = sum((self.state.hosts[h.index].usable_gpus & need.eligible(h.type)).bit_count()
+                   for h in domain) if need.gpus else 0
+        p = self.progress
+        if (placed_total, free) > (p.score, p.free_gpus):
+            self.progress = _Progress(label, need.role, placed, need.replicas, free,
+                                      len(domain), placed_total)
+
+    def domains(self, tier: str) -> list[tuple[str, list[Host]]]:
+        """Domains of a tier that could hold the job's GPUs, fullest first."""
+        c, s = self.state.cluster, self.state
+        if tier == "switch":
+            free, groups, name = s.switch_free, c.switches, lambda k: f"switch {k[1]}"
+        elif tier == "rack":
+            free, groups, name = s.rack_free, c.racks, lambda k: f"rack {k}"
+        else:
+            return [("the whole cluster", c.hosts)]
+        keys = [k for k in groups if free[k] >= self.total_gpus]
+        keys.sort(key=lambda k: (free[k], str(k)))
+        return [(name(k), groups[k]) for k in keys]
+
+
+def place(job: JobSpec, state: ClusterState, reg: Registry,
+          needs: list[Need] | None = None) -> Placed | Unplaced:
+    """Where the whole job would go now, without changing `state`."""
+    needs = needs or compile_needs(job)
+    trial = _Trial(job, needs, state, reg)
+    p = job.placement
+    replicas = sum(n.replicas for n in needs)
+    if p.pack or replicas == 1 or p.locality == "host":
+        got = trial.single_host()
+        if got:
+            return Placed(got)
+    if p.locality == "host":
+        return _unplaced(trial, "one host")
+    max_host_gpus = max((h.type.n_gpus for h in state.cluster.hosts), default=1) or 1
+    lower_bound = max(1, -(-trial.total_gpus // max_host_gpus))
+    best = None
+    for rank, tier in enumerate(TIERS[p.locality]):
+        extra = None
+        for label, domain in trial.domains(tier):
+            got = trial.fill(domain, label)
+            if got is None:
+                continue
+            hosts = {a.host.index for a in got}
+            switches = {a.host.switch_key for a in got}
+            leftover = sum(state.hosts[i].usable_gpus.bit_count() for i in hosts)
+            key = (len(hosts) if p.pack else 0, rank, len(switches), leftover - trial.total_gpus)
+            if best is None or key < best[0]:
+                best = (key, got)
+            if p.pack and len(hosts) == lower_bound:
+                return Placed(best[1])
+            extra = _EXTRA_DOMAINS if extra is None else extra - 1
+            if extra <= 0:
+                break
+        if best is not None and (not p.pack or best[0][0] == lower_bound):
+            break
+    if best is not None:
+        return Placed(best[1])
+    return _unplaced(trial, {"switch": "one switch", "rack": "one rack"}.get(p.locality, ""))
+
+
+def _unplaced(trial: _Trial, within: str) -> Unplaced:
+    from .explain import pending_reason
+
+    return pending_reason(trial, within)
+
+
+def never_fits(job: JobSpec, empty: ClusterState, reg: Registry,
+               needs: list[Need] | None = None) -> str | None:
+    """None if the job fits the empty cluster, else why it never can."""
+    needs = needs or compile_needs(job)
+    if isinstance(place(job, empty, reg, needs), Placed):
+        return None
+    from .explain import why_never
+
+    within = {"host": "one host", "switch": "one switch", "rack": "one rack"}.get(
+        job.placement.locality, "")
+    return why_never(_Trial(job, needs, empty, reg), within)

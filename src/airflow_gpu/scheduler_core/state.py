@@ -1,0 +1,159 @@
+"""What is free on each host right now, and who holds what. Mutated only through `commit`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cluster import Cluster, Host
+from .hosttype import bits
+
+
+class HostState:
+    """Free GPUs (bitmask), free logical CPUs per NUMA position (bitmasks), free memory per NUMA."""
+
+    __slots__ = ("free_gpus", "bad_gpus", "free_cpus", "free_mem", "drained")
+
+    def __init__(self, free_gpus: int, free_cpus: list[int], free_mem: list[int],
+                 bad_gpus: int = 0, drained: bool = False):
+        self.free_gpus = free_gpus
+        self.bad_gpus = bad_gpus
+        self.free_cpus = free_cpus
+        self.free_mem = free_mem
+        self.drained = drained
+
+    @classmethod
+    def empty(cls, host: Host) -> HostState:
+        t = host.type
+        return cls(t.all_gpus, list(t.numa_cpus), list(t.numa_mem))
+
+    def copy(self) -> HostState:
+        return HostState(self.free_gpus, list(self.free_cpus), list(self.free_mem),
+                         self.bad_gpus, self.drained)
+
+    @property
+    def usable_gpus(self) -> int:
+        return 0 if self.drained else self.free_gpus & ~self.bad_gpus
+
+    def n_cpus(self) -> int:
+        return sum(m.bit_count() for m in self.free_cpus)
+
+
+@dataclass
+class ReplicaAllocation:
+    """One replica's grant: host-local GPU indices, logical CPU ids, NUMA memory, NICs."""
+
+    job: str
+    role: str
+    index: int
+    host: Host
+    gpu_mask: int
+    cpu_masks: list[tuple[int, int]]     # (NUMA position, CPU bitmask)
+    mem: list[tuple[int, int]]           # (NUMA position, bytes)
+    nics: list[str] = field(default_factory=list)
+
+    @property
+    def gpus(self) -> list[int]:
+        return bits(self.gpu_mask)
+
+    @property
+    def cpus(self) -> list[int]:
+        return sorted(c for _, m in self.cpu_masks for c in bits(m))
+
+    @property
+    def numa_nodes(self) -> list[int]:
+        ids = self.host.type.numa_ids
+        return sorted({ids[p] for p, m in self.cpu_masks if m} | {ids[p] for p, b in self.mem if b})
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(b for _, b in self.mem)
+
+    def to_dict(self) -> dict:
+        ids = self.host.type.numa_ids
+        return {
+            "role": self.role, "index": self.index, "host": self.host.name,
+            "gpus": self.gpus, "cpus": self.cpus, "numa_nodes": self.numa_nodes,
+            "memory_bytes": self.memory_bytes, "nics": list(self.nics),
+            "memory_by_numa": {str(ids[p]): b for p, b in self.mem if b},
+        }
+
+
+def take(hs: HostState, a: ReplicaAllocation) -> None:
+    hs.free_gpus &= ~a.gpu_mask
+    for p, m in a.cpu_masks:
+        hs.free_cpus[p] &= ~m
+    for p, b in a.mem:
+        hs.free_mem[p] -= b
+
+
+def give_back(hs: HostState, a: ReplicaAllocation) -> None:
+    hs.free_gpus |= a.gpu_mask
+    for p, m in a.cpu_masks:
+        hs.free_cpus[p] |= m
+    for p, b in a.mem:
+        hs.free_mem[p] += b
+
+
+class ClusterState:
+    """The cluster's free resources and live allocations.
+
+    Hosts are also indexed by their number of usable GPUs, so the engine finds
+    the tightest host for a job without scanning the whole cluster.
+    """
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.hosts = [HostState.empty(h) for h in cluster.hosts]
+        self.allocations: dict[str, list[ReplicaAllocation]] = {}
+        top = max((h.type.n_gpus for h in cluster.hosts), default=0)
+        self.by_free: list[dict[int, None]] = [{} for _ in range(top + 1)]
+        self._bucket = [0] * len(self.hosts)
+        # usable GPUs per switch and per rack, kept current, to rank domains without a scan
+        self.switch_free: dict[tuple[str, str], int] = {}
+        self.rack_free: dict[str, int] = {}
+        for h in cluster.hosts:
+            self.switch_free.setdefault(h.switch_key, 0)
+            self.rack_free.setdefault(h.rack, 0)
+            self.by_free[0][h.index] = None
+            self._reindex(h.index)
+
+    def _reindex(self, i: int) -> None:
+        n = self.hosts[i].usable_gpus.bit_count()
+        old = self._bucket[i]
+        if old == n:
+            return
+        del self.by_free[old][i]
+        self.by_free[n][i] = None
+        self._bucket[i] = n
+        h = self.cluster.hosts[i]
+        self.switch_free[h.switch_key] += n - old
+        self.rack_free[h.rack] += n - old
+
+    def commit(self, job: str, allocs: list[ReplicaAllocation]) -> None:
+        if job in self.allocations:
+            raise ValueError(f"job {job!r} already holds resources")
+        for a in allocs:
+            take(self.hosts[a.host.index], a)
+            self._reindex(a.host.index)
+        self.allocations[job] = list(allocs)
+
+    def release(self, job: str) -> list[ReplicaAllocation]:
+        allocs = self.allocations.pop(job, [])
+        for a in allocs:
+            give_back(self.hosts[a.host.index], a)
+            self._reindex(a.host.index)
+        return allocs
+
+    def set_drained(self, host: str, drained: bool = True) -> None:
+        h = self.cluster.by_name[host]
+        self.hosts[h.index].drained = drained
+        self._reindex(h.index)
+
+    def set_unhealthy_gpus(self, host: str, gpus: list[int]) -> None:
+        h = self.cluster.by_name[host]
+        self.hosts[h.index].bad_gpus = sum(1 << g for g in gpus)
+        self._reindex(h.index)
+
+    def empty_like(self) -> ClusterState:
+        """The same hardware with nothing allocated, drained or unhealthy: what could ever fit."""
+        return ClusterState(self.cluster)

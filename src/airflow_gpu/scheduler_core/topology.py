@@ -1,0 +1,212 @@
+"""Host models: the `gpu-topology/v1` format, cpulists, and the built-in DGX models."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import InputError, load_yaml, validate
+
+
+def parse_cpulist(text: str | int) -> list[int]:
+    """Linux cpulist (`0-15,128-143`) to a sorted list of CPU ids."""
+    if isinstance(text, int):
+        return [text]
+    cpus: set[int] = set()
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        try:
+            first, last = int(lo), int(hi or lo)
+        except ValueError:
+            raise ValueError(f"not a cpulist: {text!r} (expected e.g. '0-15,128-143')") from None
+        if last < first or first < 0:
+            raise ValueError(f"bad range {part!r} in cpulist {text!r}")
+        cpus.update(range(first, last + 1))
+    return sorted(cpus)
+
+
+def format_cpulist(cpus: list[int]) -> str:
+    out, cpus = [], sorted(cpus)
+    i = 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NumaNode(_Model):
+    id: int = Field(ge=0)
+    socket: int = Field(ge=0)
+    cpus: list[int]
+    memory_gb: float = Field(ge=0)
+
+    @field_validator("cpus", mode="before")
+    @classmethod
+    def _cpus(cls, v):
+        return parse_cpulist(v) if isinstance(v, str | int) else v
+
+
+class HostInfo(_Model):
+    cpu_model: str
+    sockets: int = Field(ge=1)
+    cores_per_socket: int = Field(ge=1)
+    threads_per_core: int = Field(ge=1)
+    total_cores: int = Field(ge=1)
+    total_threads: int = Field(ge=1)
+    memory_gb: float = Field(ge=0)
+    numa_per_socket: int | None = None
+    numa_nodes: list[NumaNode] = Field(min_length=1)
+
+
+class NvLink(_Model):
+    fabric: Literal["direct", "nvswitch", "none"]
+    switches: int | None = None
+    links_per_gpu: int = 0
+    generation: int | None = None
+
+
+class PcieSwitch(_Model):
+    id: str
+    numa_node: int | None = None
+    parent: str | None = None
+    members: list[str] = []
+
+
+class Gpu(_Model):
+    index: int = Field(ge=0)
+    name: str
+    memory_mb: int = Field(gt=0)
+    numa_node: int
+    cpu_affinity: list[int]
+    pcie_switch: str
+    nvlink_peers: dict[int, int] = {}
+    uuid: str | None = None
+    pci_bus_id: str | None = None
+
+    @field_validator("cpu_affinity", mode="before")
+    @classmethod
+    def _cpus(cls, v):
+        return parse_cpulist(v) if isinstance(v, str | int) else v
+
+
+class Nic(_Model):
+    name: str
+    role: Literal["compute", "storage", "storage_inband", "ethernet"]
+    port_speed_gbps: float | None = None
+    numa_node: int | None = None
+    pcie_switch: str | None = None
+    pix_gpus: list[int] = []
+    pxb_gpus: list[int] = []
+    netdev: str | None = None
+    pci_bus: str | None = None
+    osfp_port: str | None = None
+
+
+class TopoMatrix(_Model):
+    columns: list[str]
+    rows: dict[str, list[str]]
+
+
+class Topology(_Model):
+    """One host model in the `gpu-topology/v1` format (built-in or a user's file)."""
+
+    schema_: Literal["gpu-topology/v1"] = Field(alias="schema")
+    model: str
+    variant: str = ""
+    host: HostInfo
+    nvlink: NvLink
+    pcie_switches: list[PcieSwitch] = []
+    gpus: list[Gpu]
+    nics: list[Nic] = []
+    topo_matrix: TopoMatrix | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Topology:
+        numa_ids = {n.id for n in self.host.numa_nodes}
+        switch_ids = {s.id for s in self.pcie_switches}
+        indexes = [g.index for g in self.gpus]
+        if sorted(indexes) != list(range(len(indexes))):
+            raise ValueError(f"gpus: indexes must be 0..{len(indexes) - 1}, got {indexes}")
+        seen: dict[int, int] = {}
+        for n in self.host.numa_nodes:
+            for cpu in n.cpus:
+                if cpu in seen:
+                    raise ValueError(f"host.numa_nodes: cpu {cpu} is in nodes {seen[cpu]} "
+                                     f"and {n.id}")
+                seen[cpu] = n.id
+        for g in self.gpus:
+            if g.numa_node not in numa_ids:
+                raise ValueError(f"gpus[{g.index}].numa_node: {g.numa_node} is not one of "
+                                 f"host.numa_nodes {sorted(numa_ids)}")
+            if switch_ids and g.pcie_switch not in switch_ids:
+                raise ValueError(f"gpus[{g.index}].pcie_switch: {g.pcie_switch!r} is not one of "
+                                 f"pcie_switches {sorted(switch_ids)}")
+            for peer, links in g.nvlink_peers.items():
+                if peer not in indexes or peer == g.index:
+                    raise ValueError(f"gpus[{g.index}].nvlink_peers: no GPU {peer}")
+                back = self.gpus[indexes.index(peer)].nvlink_peers.get(g.index)
+                if back != links:
+                    raise ValueError(f"gpus[{g.index}].nvlink_peers: {g.index}->{peer} has "
+                                     f"{links} links but {peer}->{g.index} has {back}; "
+                                     "NVLink peers must be symmetric")
+        for nic in self.nics:
+            for gi in nic.pix_gpus + nic.pxb_gpus:
+                if gi not in indexes:
+                    raise ValueError(f"nics {nic.name}: no GPU {gi}")
+        return self
+
+    def gpu_local_nics(self, gpu: int, role: str = "compute") -> list[str]:
+        """NICs of `role` behind the GPU's PCIe switch (PIX/PXB), else on its NUMA node."""
+        g = self.gpus[gpu]
+        nics = [n for n in self.nics if n.role == role]
+        near = [n.name for n in nics if gpu in n.pix_gpus or gpu in n.pxb_gpus
+                or (n.pcie_switch is not None and n.pcie_switch == g.pcie_switch)]
+        return near or [n.name for n in nics if n.numa_node == g.numa_node]
+
+
+_BUILTIN = resources.files("airflow_gpu.scheduler_core") / "hostmodels"
+
+
+def builtin_model_names() -> list[str]:
+    return sorted(p.name.removesuffix(".yaml") for p in _BUILTIN.iterdir()
+                  if p.name.endswith(".yaml"))
+
+
+@functools.cache
+def _load_builtin(name: str) -> Topology:
+    path = _BUILTIN / f"{name}.yaml"
+    return validate(Topology, load_yaml(Path(str(path))), f"built-in model {name}")
+
+
+@functools.cache
+def _load_file(path: str) -> Topology:
+    return validate(Topology, load_yaml(path), path)
+
+
+def load_topology(name_or_path: str, base_dir: Path | None = None) -> Topology:
+    """A built-in model by name (`dgx-a100`) or a `gpu-topology/v1` file by path."""
+    if name_or_path in builtin_model_names():
+        return _load_builtin(name_or_path)
+    looks_like_path = name_or_path.endswith((".yaml", ".yml", ".json")) or "/" in name_or_path
+    if not looks_like_path:
+        raise InputError(f"unknown host model {name_or_path!r}; use one of "
+                         f"{', '.join(builtin_model_names())} or a path to a "
+                         "gpu-topology/v1 file")
+    path = Path(name_or_path)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return _load_file(str(path.resolve()))

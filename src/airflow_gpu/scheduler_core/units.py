@@ -1,0 +1,86 @@
+"""Human sizes (`8GiB`, `48GB`, `512MiB`) and durations (`90m`, `6h`, `2d`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, PlainSerializer
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
+    "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
+    "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+
+
+def parse_size(value: object) -> int:
+    """Bytes from an int or a string such as `8GiB` (binary) or `48GB` (decimal)."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a size such as 8GiB, got {value!r}")
+    if isinstance(value, int | float):
+        number, unit = float(value), ""
+    elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
+        number, unit = float(m.group(1)), m.group(2).lower()
+    else:
+        raise ValueError(f"expected a size such as 8GiB, 48GB or 512MiB, got {value!r}")
+    if unit not in _SIZE_UNITS:
+        raise ValueError(f"unknown size unit {unit!r} in {value!r}; use B, KiB, MiB, GiB, TiB "
+                         "(binary) or KB, MB, GB, TB (decimal)")
+    if number < 0:
+        raise ValueError(f"size must not be negative, got {value!r}")
+    return int(number * _SIZE_UNITS[unit])
+
+
+def parse_duration(value: object) -> int:
+    """Seconds from a number or a string such as `90m`, `6h`, `2d` or `1h30m`."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 90m, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().lower().replace(" ", "")
+        if text.startswith("-"):
+            raise ValueError(f"duration must not be negative, got {value!r}")
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            seconds = float(text)
+        elif text and _DURATION_RE.sub("", text) == "":
+            seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_RE.findall(text))
+        else:
+            raise ValueError(f"expected a duration such as 30s, 90m, 6h, 2d or 1h30m, "
+                             f"got {value!r}")
+    else:
+        raise ValueError(f"expected a duration such as 90m or 6h, got {value!r}")
+    if seconds < 0:
+        raise ValueError(f"duration must not be negative, got {value!r}")
+    return int(seconds)
+
+
+def format_size(n: int) -> str:
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= factor:
+            v = n / factor
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+    return f"{n}B"
+
+
+def format_duration(s: int | float) -> str:
+    s = int(s)
+    parts = []
+    for unit, factor in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= factor:
+            parts.append(f"{s // factor}{unit}")
+            s %= factor
+    if s or not parts:
+        parts.append(f"{s}s")
+    return "".join(parts)
+
+
+Size = Annotated[int, BeforeValidator(parse_size), PlainSerializer(format_size, return_type=str)]
+Duration = Annotated[int, BeforeValidator(parse_duration),
+                     PlainSerializer(format_duration, return_type=str)]
