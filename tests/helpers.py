@@ -1,0 +1,24 @@
+"""Builders shared by the tests: small clusters and jobs from the real host models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from airflow_gpu.scheduler_core.cluster import ClusterFile, build_cluster
+from airflow_gpu.scheduler_core.jobspec import JobSpec
+from airflow_gpu.scheduler_core.state import ClusterState
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def make_cluster(*hosts: dict, name: str = "test"):
+    return build_cluster(ClusterFile.model_validate({"cluster": name, "hosts": list(hosts)}))
+
+
+def make_state(*hosts: dict) -> ClusterState:
+    return ClusterState(make_cluster(*hosts))
+
+
+def job(name: str, *roles: dict, **fields) -> JobSpec:
+    return JobSpec.model_validate({"name": name, "roles": list(roles), **fields})

@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from airflow_gpu.scheduler_core.errors import InputError
+from airflow_gpu.scheduler_core.hosttype import bits, host_type
+from airflow_gpu.scheduler_core.topology import (
+    builtin_model_names,
+    format_cpulist,
+    load_topology,
+    parse_cpulist,
+)
+from tests.helpers import SHARED
+
+MODELS = ["dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200"]
+
+
+def test_cpulists():
+    assert parse_cpulist("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert format_cpulist([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+    with pytest.raises(ValueError):
+        parse_cpulist("3-1")
+
+
+def test_all_five_models_are_built_in():
+    assert builtin_model_names() == MODELS
+
+
+@pytest.mark.skipif(not (SHARED / "topologies").is_dir(), reason="shared/ data not present")
+@pytest.mark.parametrize("name", MODELS)
+def test_builtin_models_match_the_shared_data(name):
+    shipped = Path(__file__).resolve().parents[2] / "src/airflow_gpu/scheduler_core/hostmodels"
+    assert (shipped / f"{name}.yaml").read_bytes() == (
+        SHARED / "topologies" / f"{name}.yaml").read_bytes()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_models_are_consistent(name):
+    topo = load_topology(name)
+    t = host_type(topo)
+    numa = {n.id: n for n in topo.host.numa_nodes}
+    assert sum(len(n.cpus) for n in numa.values()) == topo.host.total_threads
+    for g in topo.gpus:
+        # every GPU has a known NUMA node whose cpus are its affinity, and a PCIe switch
+        assert g.cpu_affinity == numa[g.numa_node].cpus
+        assert g.pcie_switch in {s.id for s in topo.pcie_switches}
+        for peer, links in g.nvlink_peers.items():
+            assert topo.gpus[peer].nvlink_peers[g.index] == links
+        # the topo matrix agrees with the NVLink peers
+        row = topo.topo_matrix.rows[f"GPU{g.index}"]
+        for peer in range(len(topo.gpus)):
+            label = row[topo.topo_matrix.columns.index(f"GPU{peer}")]
+            if peer in g.nvlink_peers:
+                assert label == f"NV{g.nvlink_peers[peer]}"
+    assert t.all_gpus.bit_count() == len(topo.gpus)
+    assert bits(t.tree.mask) == list(range(len(topo.gpus)))
+
+
+def test_dgx1_nvlink_quads():
+    t = host_type(load_topology("dgx-1v"))
+    for quad in ([0, 1, 2, 3], [4, 5, 6, 7]):
+        assert all(t.links[a][b] for a in quad for b in quad if a != b)
+    assert t.links[0][5] == 0 and t.links[0][4] == 2 and t.links[0][1] == 1
+
+
+def test_user_topology_file(tmp_path):
+    data = yaml.safe_load((Path(__file__).resolve().parents[2]
+                           / "src/airflow_gpu/scheduler_core/hostmodels/dgx-h100.yaml").read_text())
+    data["model"] = "my-h100"
+    path = tmp_path / "my-h100.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert load_topology(str(path)).model == "my-h100"
+
+
+def test_asymmetric_nvlink_is_refused(tmp_path):
+    data = yaml.safe_load((Path(__file__).resolve().parents[2]
+                           / "src/airflow_gpu/scheduler_core/hostmodels/dgx-1v.yaml").read_text())
+    data["gpus"][0]["nvlink_peers"][1] = 2
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError, match="symmetric"):
+        load_topology(str(path))
+
+
+def test_unknown_model_lists_the_built_ins():
+    with pytest.raises(InputError, match="dgx-a100"):
+        load_topology("dgx-b300")

@@ -1,0 +1,43 @@
+import pytest
+
+from airflow_gpu.scheduler_core.units import (
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_size,
+)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("8GiB", 8 * 2**30), ("48GB", 48 * 10**9), ("512MiB", 512 * 2**20), ("1.5TiB", 3 * 2**39),
+    (1024, 1024), ("100", 100), ("2 gi", 2 * 2**30),
+])
+def test_sizes(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["-1GiB", -5, "8 parsecs", "GiB", "", True])
+def test_bad_sizes(bad):
+    with pytest.raises(ValueError):
+        parse_size(bad)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("90m", 5400), ("6h", 21600), ("2d", 172800), ("1h30m", 5400), ("45s", 45), (600, 600),
+    ("1w", 604800),
+])
+def test_durations(text, expected):
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["-1h", "6 hours", "h", "", "1y"])
+def test_bad_durations(bad):
+    with pytest.raises(ValueError):
+        parse_duration(bad)
+
+
+def test_round_trip_formatting():
+    assert format_size(8 * 2**30) == "8GiB"
+    assert parse_size(format_size(5 * 2**30)) == 5 * 2**30
+    assert format_duration(5400) == "1h30m"
+    assert parse_duration(format_duration(93784)) == 93784
