@@ -51,6 +51,7 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
     for err in exc.errors():
         where = _loc(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
+            where = _loc(tuple(err["loc"])[:-1])
             name = str(err["loc"][-1])
             known = _field_names(model, tuple(err["loc"]))
             close = difflib.get_close_matches(name, known, n=1)

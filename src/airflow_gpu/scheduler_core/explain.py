@@ -50,7 +50,8 @@ def pending_reason(trial: _Trial, within: str) -> Unplaced:
                for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)) if gpu_need else 0
     details: dict = {"needs_gpus": trial.total_gpus, "cluster_free_gpus": free}
     code = "Resources"
-    if within in ("one switch", "one rack") and trial.fill(state.cluster.hosts, "the whole cluster"):
+    whole = state.cluster.hosts
+    if within in ("one switch", "one rack") and trial.fill(whole, "the whole cluster"):
         code = "Locality"
     p = trial.progress
     if gpu_need and not free:

@@ -1,4 +1,4 @@
-"""Fitting one replica onto one host: its GPUs, then cores and memory by NUMA affinity, then NICs."""
+"""Fitting one replica onto one host: GPUs, then cores and memory by NUMA affinity, then NICs."""
 
 from __future__ import annotations
 

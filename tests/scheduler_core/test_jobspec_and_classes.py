@@ -1,0 +1,100 @@
+import pytest
+
+from airflow_gpu.scheduler_core.errors import InputError
+from airflow_gpu.scheduler_core.jobclasses import JobClass, resolve
+from airflow_gpu.scheduler_core.jobspec import JobSpec
+from airflow_gpu.scheduler_core.placement import Placed, Unplaced, place
+from airflow_gpu.scheduler_core.plugins import default_registry, hookimpl, make_registry
+from tests.helpers import job, make_state
+
+REG = default_registry()
+
+
+def test_spec_defaults_and_units():
+    spec = JobSpec.model_validate({
+        "name": "j", "expected_runtime": "90m",
+        "roles": [{"name": "w", "gpus": 2, "memory": "48GB", "gpu": {"model": "A100",
+                                                                    "min_memory": "40GiB"}}]})
+    assert spec.expected_runtime == 5400
+    assert spec.roles[0].memory == 48 * 10**9
+    assert spec.roles[0].gpu.model == ["A100"] and spec.roles[0].gpu.min_memory == 40 * 2**30
+    assert spec.placement.locality == "any" and spec.placement.pack
+    assert spec.total_gpus == 2
+
+
+@pytest.mark.parametrize("field,value", [
+    ("replicas", 0), ("gpus", -1), ("cpus", 0), ("memory", "-1GiB"), ("memory", "lots"),
+])
+def test_bad_role_values(field, value):
+    with pytest.raises(ValueError):
+        JobSpec.model_validate({"name": "j", "roles": [{"name": "w", field: value}]})
+
+
+def test_duplicate_role_names():
+    with pytest.raises(ValueError, match="unique"):
+        JobSpec.model_validate({"name": "j", "roles": [{"name": "w"}, {"name": "w"}]})
+
+
+def test_builtin_classes_are_plugins_with_the_four_names():
+    assert {"pytorch", "tensorflow-ps", "etl", "validation"} <= set(REG.job_classes)
+
+
+def test_class_fills_only_unset_fields():
+    spec = job("tf", {"name": "ps", "replicas": 2}, {"name": "worker", "gpus": 1},
+               job_class="tensorflow-ps", placement={"locality": "rack"})
+    out = resolve(spec, REG.job_classes)
+    ps = out.roles[0]
+    assert ps.cpus == 1 and ps.memory == 8 * 2**30          # class defaults for ps
+    assert out.placement.locality == "rack"                  # the user's value wins
+    assert out.placement.affinity == "strict"                # class default
+    assert out.expected_runtime == 6 * 3600
+
+
+def test_pytorch_class_is_strict_and_packed():
+    out = resolve(job("p", {"name": "w", "gpus": 1}, job_class="pytorch"), REG.job_classes)
+    assert out.placement.affinity == "strict" and out.placement.pack and out.placement.nics
+
+
+def test_unknown_class_lists_the_known_ones():
+    with pytest.raises(InputError, match="known classes: etl, pytorch, tensorflow-ps"):
+        resolve(job("x", {"name": "w"}, job_class="jax"), REG.job_classes)
+
+
+def test_etl_is_cpu_only_and_validation_is_small():
+    with pytest.raises(InputError, match="CPU-only"):
+        resolve(job("e", {"name": "w", "gpus": 1}, job_class="etl"), REG.job_classes)
+    with pytest.raises(InputError, match="at most 8 GPUs"):
+        resolve(job("v", {"name": "w", "replicas": 2, "gpus": 8}, job_class="validation"),
+                REG.job_classes)
+
+
+class _LabelPlugin:
+    """A third-party plugin: a job class, a filter on host labels and a scorer."""
+
+    @hookimpl
+    def airflow_gpu_job_classes(self):
+        return [JobClass("inference", "latency-critical serving",
+                         placement={"affinity": "strict"}, priority_weight=100)]
+
+    @hookimpl
+    def airflow_gpu_host_filters(self):
+        def only_zone_b(job, role, host):
+            return None if host.labels.get("zone") == "b" else "not in zone b"
+        return [only_zone_b]
+
+    @hookimpl
+    def airflow_gpu_host_scorers(self):
+        return [lambda job, role, host, hs: 1.0 if host.name.endswith("3") else 0.0]
+
+
+def test_plugins_add_classes_filters_and_scorers():
+    reg = make_registry(extra_plugins=(_LabelPlugin(),))
+    assert "inference" in reg.job_classes and "pytorch" in reg.job_classes
+    state = make_state({"name": "h-[1-2]", "model": "dgx-h100", "labels": {"zone": "a"}},
+                       {"name": "h-[3-4]", "model": "dgx-h100", "labels": {"zone": "b"}})
+    spec = resolve(job("s", {"name": "w", "gpus": 1}, job_class="inference"), reg.job_classes)
+    got = place(spec, state, reg)
+    assert isinstance(got, Placed) and got.allocations[0].host.name == "h-3"
+    big = job("b", {"name": "w", "replicas": 3, "gpus": 8})
+    assert isinstance(place(big, state, reg), Unplaced)      # only two hosts in zone b
+    assert isinstance(place(big, state, REG), Placed)        # without the plugin: four

@@ -1,0 +1,219 @@
+"""Property tests of the placement engine (hypothesis).
+
+Random clusters of built-in DGX models and random job streams go through the real engine
+(`planner.plan`, then `placement.place` + `state.commit` interleaved with `state.release`);
+every test checks one invariant of the result after every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from airflow_gpu.scheduler_core.cluster import Cluster, ClusterFile, build_cluster
+from airflow_gpu.scheduler_core.hosttype import bits
+from airflow_gpu.scheduler_core.jobspec import JobSpec
+from airflow_gpu.scheduler_core.placement import Placed, Unplaced, place
+from airflow_gpu.scheduler_core.planner import PlanResult, plan
+from airflow_gpu.scheduler_core.plugins import default_registry
+from airflow_gpu.scheduler_core.state import ClusterState, ReplicaAllocation
+
+MODELS = ("dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200")
+# Mixed case on purpose: model constraints match case-insensitively.
+GPU_MODELS = ("A100", "H100", "V100", "H200", "a100", "h100", "v100")
+GPU_MIN_MEMORY = ("16GiB", "40GiB", "48GiB", "80GiB")
+# Round sizes often (they collide with NUMA node capacities), odd ones sometimes.
+MEMORY = st.one_of(
+    st.sampled_from(["1GiB", "4GiB", "8GiB", "64GiB", "128GiB", "256GiB", "600GiB"]),
+    st.integers(1, 600).map(lambda g: f"{g}GiB"),
+    st.integers(1, 600 * 1024).map(lambda m: f"{m}MiB"),
+)
+
+# Sized for the whole file to run in well under a minute on a slow 2-core machine.
+SETTINGS = settings(max_examples=60, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+# -- strategies --------------------------------------------------------------------------
+@st.composite
+def cluster_files(draw: st.DrawFn) -> dict:
+    n_racks = draw(st.integers(1, 3))
+    n_switches = draw(st.integers(1, 4))
+    n_hosts = draw(st.integers(1, 12))
+    return {"cluster": "prop", "hosts": [
+        {"name": f"h{i:02d}", "model": draw(st.sampled_from(MODELS)),
+         "rack": f"rack-{draw(st.integers(1, n_racks))}",
+         "switch": f"leaf-{draw(st.integers(1, n_switches))}"}
+        for i in range(n_hosts)]}
+
+
+@st.composite
+def roles(draw: st.DrawFn, name: str) -> dict:
+    role = {"name": name, "replicas": draw(st.integers(1, 4)),
+            "gpus": draw(st.sampled_from([0, 1, 2, 3, 4, 8])),
+            "cpus": draw(st.integers(1, 64)), "memory": draw(MEMORY)}
+    gpu: dict = {}
+    if draw(st.booleans()):
+        gpu["model"] = draw(st.one_of(st.sampled_from(GPU_MODELS), st.lists(
+            st.sampled_from(GPU_MODELS), min_size=1, max_size=2, unique=True)))
+    if draw(st.booleans()):
+        gpu["min_memory"] = draw(st.sampled_from(GPU_MIN_MEMORY))
+    if gpu:
+        role["gpu"] = gpu
+    return role
+
+
+@st.composite
+def jobs(draw: st.DrawFn, name: str) -> dict:
+    n_roles = draw(st.integers(1, 3))
+    return {
+        "name": name,
+        "priority": draw(st.integers(-100, 100)),
+        "roles": [draw(roles(f"r{i}")) for i in range(n_roles)],
+        "placement": {
+            "pack": draw(st.booleans()),
+            "locality": draw(st.sampled_from(["host", "switch", "rack", "any"])),
+            "affinity": draw(st.sampled_from(["strict", "preferred", "none"])),
+        },
+    }
+
+
+@dataclass
+class Scenario:
+    cluster: dict
+    jobs: list[dict]
+    n_planned: int                     # jobs[:n_planned] go through plan(), the rest come later
+    ops: list[tuple[str, int]]         # ("release" | "place", index)
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, with_ops: bool = True) -> Scenario:
+    cluster = draw(cluster_files())
+    n_jobs = draw(st.integers(1, 12))
+    specs = [draw(jobs(f"job{i}")) for i in range(n_jobs)]
+    n_planned = draw(st.integers(1, n_jobs)) if with_ops else n_jobs
+    ops = draw(st.lists(st.tuples(st.sampled_from(["release", "place"]),
+                                  st.integers(0, n_jobs - 1)), max_size=16)) if with_ops else []
+    return Scenario(cluster, specs, n_planned, ops)
+
+
+# -- driving the engine ------------------------------------------------------------------
+@dataclass
+class Step:
+    kind: str                              # plan | place | release
+    state: ClusterState
+    specs: dict[str, JobSpec]
+    result: PlanResult | None = None       # for plan
+    job: str = ""                          # for place / release
+    outcome: Placed | Unplaced | None = None
+    place_was_pure: bool = True            # place() left the state as it found it
+
+
+def snapshot(state: ClusterState) -> tuple:
+    """Everything observable about a state, comparable with ==."""
+    hosts = tuple((hs.free_gpus, tuple(hs.free_cpus), tuple(hs.free_mem), hs.bad_gpus,
+                   hs.drained) for hs in state.hosts)
+    allocs = {job: [(a.role, a.index, a.host.index, a.gpu_mask, tuple(a.cpu_masks),
+                     tuple(a.mem)) for a in allocs] for job, allocs in state.allocations.items()}
+    return (hosts, [dict(b) for b in state.by_free], dict(state.switch_free),
+            dict(state.rack_free), allocs)
+
+
+def build(scn: Scenario) -> tuple[Cluster, dict[str, JobSpec]]:
+    cluster = build_cluster(ClusterFile.model_validate(scn.cluster))
+    specs = {j["name"]: JobSpec.model_validate(j) for j in scn.jobs}
+    return cluster, specs
+
+
+def replay(scn: Scenario) -> Iterator[Step]:
+    """Plan the first jobs, then release / place as the ops say; yield after every step."""
+    cluster, specs = build(scn)
+    state = ClusterState(cluster)
+    ordered = list(specs.values())
+    result = plan(state, ordered[: scn.n_planned])
+    yield Step("plan", state, specs, result=result)
+    reg = default_registry()
+    for kind, i in scn.ops:
+        if kind == "release":
+            live = sorted(state.allocations)
+            if not live:
+                continue
+            name = live[i % len(live)]
+            state.release(name)
+            yield Step("release", state, specs, job=name)
+            continue
+        job = ordered[i]
+        if job.name in state.allocations:
+            continue
+        before = snapshot(state)
+        got = place(job, state, reg)
+        pure = snapshot(state) == before
+        if isinstance(got, Placed):
+            state.commit(job.name, got.allocations)
+        yield Step("place", state, specs, job=job.name, outcome=got, place_was_pure=pure)
+
+
+def live_allocations(state: ClusterState) -> Iterator[tuple[str, ReplicaAllocation]]:
+    for job, allocs in state.allocations.items():
+        for a in allocs:
+            yield job, a
+
+
+def cpu_mask(a: ReplicaAllocation) -> int:
+    out = 0
+    for _, m in a.cpu_masks:
+        out |= m
+    return out
+
+
+# -- 1. nothing granted twice; free masks consistent; release restores -----------------------
+def check_no_double_grant(state: ClusterState) -> None:
+    cluster = state.cluster
+    n = len(cluster.hosts)
+    used_gpus, used_cpus = [0] * n, [0] * n
+    used_mem = [[0] * len(h.type.numa_mem) for h in cluster.hosts]
+    for job, a in live_allocations(state):
+        h, t = a.host, a.host.type
+        assert cluster.hosts[h.index] is h, f"{job}: allocation on a foreign host {h.name}"
+        assert a.gpu_mask & ~t.all_gpus == 0, f"{job}: GPUs {a.gpus} not on {h.name}"
+        assert used_gpus[h.index] & a.gpu_mask == 0, (
+            f"{job}: GPUs {bits(used_gpus[h.index] & a.gpu_mask)} on {h.name} granted twice")
+        used_gpus[h.index] |= a.gpu_mask
+        for p, m in a.cpu_masks:
+            # the reported NUMA position must really hold those CPUs
+            assert m & ~t.numa_cpus[p] == 0, f"{job}: CPUs {bits(m)} not on NUMA pos {p}"
+        mask = cpu_mask(a)
+        assert mask.bit_count() == sum(m.bit_count() for _, m in a.cpu_masks), (
+            f"{job}: a CPU listed twice in one replica: {a.cpu_masks}")
+        assert used_cpus[h.index] & mask == 0, (
+            f"{job}: CPUs {bits(used_cpus[h.index] & mask)} on {h.name} granted twice")
+        used_cpus[h.index] |= mask
+        for p, b in a.mem:
+            assert b >= 0, f"{job}: negative memory grant {b} on NUMA pos {p}"
+            used_mem[h.index][p] += b
+    for h, hs in zip(cluster.hosts, state.hosts, strict=True):
+        t = h.type
+        assert hs.free_gpus == t.all_gpus & ~used_gpus[h.index], f"{h.name}: free GPUs drift"
+        for p in range(len(t.numa_ids)):
+            assert used_mem[h.index][p] <= t.numa_mem[p], (
+                f"{h.name} NUMA pos {p}: {used_mem[h.index][p]} bytes granted of "
+                f"{t.numa_mem[p]}")
+            assert hs.free_cpus[p] == t.numa_cpus[p] & ~used_cpus[h.index], (
+                f"{h.name} NUMA pos {p}: free CPUs drift")
+            assert hs.free_mem[p] == t.numa_mem[p] - used_mem[h.index][p], (
+                f"{h.name} NUMA pos {p}: free memory drift")
+    # the per-bucket / per-domain indexes follow the free GPUs
+    for h, hs in zip(cluster.hosts, state.hosts, strict=True):
+        assert h.index in state.by_free[hs.usable_gpus.bit_count()], f"{h.name}: stale bucket"
+    assert sum(len(b) for b in state.by_free) == n
+    for key, hosts in cluster.switches.items():
+        assert state.switch_free[key] == sum(
+            state.hosts[h.index].usable_gpus.bit_count() for h in hosts), f"switch {key} drift"
+    for key, hosts in cluster.racks.items():
+        assert state.rack_free[key] == sum(
+            state.hosts[h.index].usable_gpus.bit_count() for h in hosts), f"rack {key} drift"
+
+
