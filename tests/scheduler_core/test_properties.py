@@ -7,14 +7,15 @@ every test checks one invariant of the result after every step.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.scheduler_core.cluster import Cluster, ClusterFile, build_cluster
-from airflow_gpu.scheduler_core.hosttype import bits
+from airflow_gpu.scheduler_core.hosttype import HostType, bits
 from airflow_gpu.scheduler_core.jobspec import JobSpec
 from airflow_gpu.scheduler_core.placement import Placed, Unplaced, place
 from airflow_gpu.scheduler_core.planner import PlanResult, plan
@@ -107,6 +108,7 @@ class Step:
     state: ClusterState
     specs: dict[str, JobSpec]
     result: PlanResult | None = None       # for plan
+    planned: tuple[str, ...] = ()          # for plan: the jobs it was given
     job: str = ""                          # for place / release
     outcome: Placed | Unplaced | None = None
     place_was_pure: bool = True            # place() left the state as it found it
@@ -134,7 +136,8 @@ def replay(scn: Scenario) -> Iterator[Step]:
     state = ClusterState(cluster)
     ordered = list(specs.values())
     result = plan(state, ordered[: scn.n_planned])
-    yield Step("plan", state, specs, result=result)
+    yield Step("plan", state, specs, result=result,
+               planned=tuple(j.name for j in ordered[: scn.n_planned]))
     reg = default_registry()
     for kind, i in scn.ops:
         if kind == "release":
@@ -217,3 +220,167 @@ def check_no_double_grant(state: ClusterState) -> None:
             state.hosts[h.index].usable_gpus.bit_count() for h in hosts), f"rack {key} drift"
 
 
+
+
+@SETTINGS
+@given(scenarios())
+def test_no_gpu_cpu_or_numa_memory_granted_twice(scn: Scenario) -> None:
+    state = None
+    for step in replay(scn):
+        check_no_double_grant(step.state)
+        state = step.state
+    assert state is not None
+    for job in list(state.allocations):
+        state.release(job)
+        check_no_double_grant(state)
+    # releasing everything gives back exactly the empty cluster
+    assert snapshot(state) == snapshot(ClusterState(state.cluster))
+
+
+# -- 2. gangs are all-or-nothing --------------------------------------------------------------
+def check_gang(job: JobSpec, allocs: list[ReplicaAllocation]) -> None:
+    roles = {r.name: r for r in job.roles}
+    assert len(allocs) == sum(r.replicas for r in job.roles), (
+        f"{job.name}: {len(allocs)} replicas granted")
+    indexes: dict[str, list[int]] = {r: [] for r in roles}
+    for a in allocs:
+        assert a.job == job.name
+        role = roles[a.role]
+        indexes[a.role].append(a.index)
+        where = f"{job.name}/{a.role}[{a.index}]"
+        assert a.gpu_mask.bit_count() == role.gpus, f"{where}: GPUs {a.gpus}"
+        assert len(a.cpus) == role.cpus, f"{where}: {len(a.cpus)} CPUs, wants {role.cpus}"
+        assert a.memory_bytes == role.memory, f"{where}: {a.memory_bytes} B, wants {role.memory}"
+    for r in job.roles:
+        assert sorted(indexes[r.name]) == list(range(r.replicas)), (
+            f"{job.name}/{r.name}: replica indexes {sorted(indexes[r.name])}")
+
+
+@SETTINGS
+@given(scenarios())
+def test_gangs_are_all_or_nothing(scn: Scenario) -> None:
+    for step in replay(scn):
+        state = step.state
+        if step.kind == "plan":
+            res = step.result
+            assert res is not None
+            admitted = [j.name for j, _ in res.admitted]
+            waiting = [j.name for j, _, _ in res.pending] + [j.name for j, _ in res.rejected]
+            # every job lands in exactly one list
+            assert Counter(admitted + waiting) == Counter(step.planned)
+            assert set(state.allocations) == set(admitted)
+            for j, placed in res.admitted:
+                assert state.allocations[j.name] == placed.allocations
+            for name in waiting:
+                assert name not in state.allocations, f"waiting job {name} holds resources"
+        elif step.kind == "place":
+            assert step.place_was_pure, f"place({step.job}) changed the state"
+            placed = isinstance(step.outcome, Placed)
+            assert (step.job in state.allocations) == placed
+        else:
+            assert step.job not in state.allocations
+        for job, allocs in state.allocations.items():
+            check_gang(step.specs[job], allocs)
+
+
+# -- 3. locality --------------------------------------------------------------------------
+@SETTINGS
+@given(scenarios())
+def test_locality_holds(scn: Scenario) -> None:
+    for step in replay(scn):
+        for job, allocs in step.state.allocations.items():
+            locality = step.specs[job].placement.locality
+            hosts = {a.host.name for a in allocs}
+            switches = {a.host.switch_key for a in allocs}
+            racks = {a.host.rack for a in allocs}
+            if locality == "host":
+                assert len(hosts) == 1, f"{job}: locality host, got hosts {sorted(hosts)}"
+            elif locality == "switch":
+                assert len(switches) == 1, f"{job}: locality switch, got {sorted(switches)}"
+            elif locality == "rack":
+                assert len(racks) == 1, f"{job}: locality rack, got racks {sorted(racks)}"
+
+
+# -- 4. GPU model and memory constraints ----------------------------------------------------
+@SETTINGS
+@given(scenarios())
+def test_gpu_constraints_hold(scn: Scenario) -> None:
+    for step in replay(scn):
+        for job, a in live_allocations(step.state):
+            cons = {r.name: r.gpu for r in step.specs[job].roles}[a.role]
+            t = a.host.type
+            for g in a.gpus:
+                name = t.gpu_name[g]
+                if cons.model:
+                    assert any(m.lower() in name.lower() for m in cons.model), (
+                        f"{job}/{a.role}[{a.index}]: GPU {g} is {name!r}, wants {cons.model}")
+                if cons.min_memory:
+                    assert t.gpu_mem[g] >= cons.min_memory, (
+                        f"{job}/{a.role}[{a.index}]: GPU {g} on {a.host.name} has "
+                        f"{t.gpu_mem[g]} B, wants >= {cons.min_memory}")
+
+
+# -- 5. strict affinity -------------------------------------------------------------------
+def gpu_local(t: HostType, gpus: list[int]) -> tuple[set[int], int]:
+    """NUMA positions of the GPUs, and the CPUs of those positions as a bitmask."""
+    numas = {t.gpu_numa[g] for g in gpus}
+    cpus = 0
+    for p in numas:
+        cpus |= t.numa_cpus[p]
+    return numas, cpus
+
+
+@SETTINGS
+@given(scenarios())
+def test_strict_affinity_keeps_cores_and_memory_local(scn: Scenario) -> None:
+    for step in replay(scn):
+        for job, a in live_allocations(step.state):
+            if step.specs[job].placement.affinity != "strict" or not a.gpu_mask:
+                continue
+            numas, local_cpus = gpu_local(a.host.type, a.gpus)
+            where = f"{job}/{a.role}[{a.index}] on {a.host.name} (GPUs {a.gpus})"
+            # judged by CPU id, not by the NUMA position the engine reports
+            assert cpu_mask(a) & ~local_cpus == 0, (
+                f"{where}: CPUs {bits(cpu_mask(a) & ~local_cpus)} off the GPUs' NUMA nodes")
+            remote = [(p, b) for p, b in a.mem if b and p not in numas]
+            assert not remote, f"{where}: memory {remote} off NUMA positions {sorted(numas)}"
+
+
+# -- 6. rejected never fits, pending fits the empty cluster -----------------------------------
+def fits_one_empty_host_by_counts(job: JobSpec, cluster: Cluster) -> str | None:
+    """A host that can hold the whole job by plain sums, or None.
+
+    Exact only without strict affinity: then cores and memory may come from any NUMA node.
+    All GPUs of a built-in model are alike, so a role's constraint takes all or none of them.
+    """
+    if job.placement.affinity == "strict":
+        return None
+    for h in cluster.hosts:
+        t = h.type
+        ok = all(
+            all((not r.gpu.model or any(m.lower() in t.gpu_name[g].lower() for m in r.gpu.model))
+                and t.gpu_mem[g] >= (r.gpu.min_memory or 0) for g in range(t.n_gpus))
+            for r in job.roles if r.gpus)
+        if (ok and sum(r.gpus * r.replicas for r in job.roles) <= t.n_gpus
+                and sum(r.cpus * r.replicas for r in job.roles) <= t.total_cpus
+                and sum(r.memory * r.replicas for r in job.roles) <= t.total_mem):
+            return h.name
+    return None
+
+
+@SETTINGS
+@given(scenarios(with_ops=False))
+def test_rejected_never_fits_and_pending_fits_empty_cluster(scn: Scenario) -> None:
+    step = next(replay(scn))
+    res = step.result
+    assert res is not None
+    cluster = step.state.cluster
+    reg = default_registry()
+    for job, error in res.rejected:
+        got = place(job, ClusterState(cluster), reg)
+        assert isinstance(got, Unplaced), f"{job.name} rejected ({error}) but fits when empty"
+        host = fits_one_empty_host_by_counts(job, cluster)
+        assert host is None, f"{job.name} rejected ({error}) but fits alone on {host}"
+    for job, why, _ in res.pending:
+        got = place(job, ClusterState(cluster), reg)
+        assert isinstance(got, Placed), f"{job.name} pending ({why.message}) but never fits"
