@@ -9,7 +9,7 @@ from .state import HostState
 from .units import format_size
 
 if TYPE_CHECKING:
-    from .placement import Unplaced, _Trial
+    from .placement import _Trial
     from .state import ClusterState
 
 
@@ -40,9 +40,8 @@ def _host_free(state: ClusterState, needs: list[Need], h) -> str:
     return f"{gpus}{hs.n_cpus()} CPUs, {format_size(sum(hs.free_mem))} free"
 
 
-def pending_reason(trial: _Trial, within: str) -> Unplaced:
-    from .placement import Unplaced
-
+def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
+    """(code, message, details) for a job that cannot be placed now."""
     state, needs = trial.state, trial.needs
     what = describe_needs(needs) + (f" under {within}" if within else "")
     gpu_need = next((n for n in needs if n.gpus), None)
@@ -80,7 +79,7 @@ def pending_reason(trial: _Trial, within: str) -> Unplaced:
             details["held_by"] = dict(held)
             msg += "; held by " + ", ".join(f"{j} ({n})" for j, n in held[:3])
             msg += f" and {len(held) - 3} more jobs" if len(held) > 3 else ""
-    return Unplaced(code, msg, details)
+    return code, msg, details
 
 
 def _holders(state: ClusterState, need: Need) -> list[tuple[str, int]]:

@@ -15,7 +15,7 @@ Within a host, `fit.fit_replica` chooses GPUs, cores, memory and NICs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .cluster import Host
 from .fit import Need, allocate_replica
@@ -47,11 +47,38 @@ class Placed:
         return list({a.host.index: a.host for a in self.allocations}.values())
 
 
-@dataclass
 class Unplaced:
-    code: str                 # Resources | Locality
-    message: str
-    details: dict = field(default_factory=dict)
+    """Why a job cannot be placed now. Explained on first read (the scheduling hot path
+    seldom asks), from the state as it was: read it before changing the state."""
+
+    def __init__(self, trial: _Trial, within: str):
+        self._trial, self._within = trial, within
+        self._why: tuple[str, str, dict] | None = None
+
+    def explain(self) -> tuple[str, str, dict]:
+        """(code, message, details), computed once."""
+        if self._why is None:
+            from .explain import pending_reason
+
+            self._why = pending_reason(self._trial, self._within)
+            self._trial = None
+        return self._why
+
+    @property
+    def code(self) -> str:
+        """Resources | Locality"""
+        return self.explain()[0]
+
+    @property
+    def message(self) -> str:
+        return self.explain()[1]
+
+    @property
+    def details(self) -> dict:
+        return self.explain()[2]
+
+    def __repr__(self) -> str:
+        return f"Unplaced({self.code!r}, {self.message!r})"
 
 
 @dataclass
@@ -228,9 +255,8 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
         if got:
             return Placed(got)
     if p.locality == "host":
-        return _unplaced(trial, "one host")
-    max_host_gpus = max((h.type.n_gpus for h in state.cluster.hosts), default=1) or 1
-    lower_bound = max(1, -(-trial.total_gpus // max_host_gpus))
+        return Unplaced(trial, "one host")
+    lower_bound = max(1, -(-trial.total_gpus // (state.cluster.max_host_gpus or 1)))
     best = None
     for rank, tier in enumerate(TIERS[p.locality]):
         extra = None
@@ -253,13 +279,7 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
             break
     if best is not None:
         return Placed(best[1])
-    return _unplaced(trial, {"switch": "one switch", "rack": "one rack"}.get(p.locality, ""))
-
-
-def _unplaced(trial: _Trial, within: str) -> Unplaced:
-    from .explain import pending_reason
-
-    return pending_reason(trial, within)
+    return Unplaced(trial, {"switch": "one switch", "rack": "one rack"}.get(p.locality, ""))
 
 
 def never_fits(job: JobSpec, empty: ClusterState, reg: Registry,

@@ -59,6 +59,7 @@ def plan(state: ClusterState, jobs: list[JobSpec], reg: Registry | None = None,
         if error:
             result.rejected.append((job, error))
         else:
+            got.explain()  # now, against the state this job saw
             result.pending.append((job, got, None))
     result.pending = [(j, u, _eta(j, state, ends, reg)) for j, u, _ in result.pending]
     return result
