@@ -50,7 +50,8 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
     details: dict = {"needs_gpus": trial.total_gpus, "cluster_free_gpus": free}
     code = "Resources"
     whole = state.cluster.hosts
-    if within in ("one switch", "one rack") and trial.fill(whole, "the whole cluster"):
+    if (within in ("one switch", "one rack") and free >= trial.total_gpus
+            and trial.fill(whole, "the whole cluster")):
         code = "Locality"
     p = trial.progress
     if gpu_need and not free:
@@ -60,12 +61,8 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
                 f"replicas ({p.free_gpus} eligible GPUs free on {p.hosts} hosts)")
         details.update(best=p.domain, best_placed=p.placed, best_free_gpus=p.free_gpus)
     else:
-        hosts = [h for h in state.cluster.hosts
-                 if not state.hosts[h.index].drained and all(trial.allowed(n, h) for n in needs)]
-        if hosts:
-            h = max(hosts, key=lambda h: (
-                (state.hosts[h.index].usable_gpus & gpu_need.eligible(h.type)).bit_count()
-                if gpu_need else 0, state.hosts[h.index].n_cpus(), -h.index))
+        h = _best_host(trial, gpu_need)
+        if h is not None:
             best = f"best host {h.name} has {_host_free(state, needs, h)}"
             details["best"] = h.name
         else:
@@ -80,6 +77,25 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
             msg += "; held by " + ", ".join(f"{j} ({n})" for j, n in held[:3])
             msg += f" and {len(held) - 3} more jobs" if len(held) > 3 else ""
     return code, msg, details
+
+
+def _best_host(trial: _Trial, gpu_need: Need | None):
+    """The usable host with the most eligible free GPUs (then most free cores); buckets of
+    hosts by free GPUs are walked from the top, so a busy cluster is not scanned whole."""
+    state, best, best_key = trial.state, None, None
+    for n_free in range(len(state.by_free) - 1, -1, -1):
+        if best_key is not None and best_key[0] > n_free:
+            break
+        for i in state.by_free[n_free]:
+            h = state.cluster.hosts[i]
+            hs = state.hosts[i]
+            if hs.drained or not all(trial.allowed(n, h) for n in trial.needs):
+                continue
+            elig = (hs.usable_gpus & gpu_need.eligible(h.type)).bit_count() if gpu_need else 0
+            key = (elig, hs.n_cpus() if not gpu_need else 0, -i)
+            if best_key is None or key > best_key:
+                best, best_key = h, key
+    return best
 
 
 def _holders(state: ClusterState, need: Need) -> list[tuple[str, int]]:

@@ -254,8 +254,8 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
         got = trial.single_host()
         if got:
             return Placed(got)
-    if p.locality == "host":
-        return Unplaced(trial, "one host")
+    if p.locality == "host" or replicas == 1:  # one replica cannot span hosts
+        return Unplaced(trial, "one host" if p.locality == "host" else "")
     lower_bound = max(1, -(-trial.total_gpus // (state.cluster.max_host_gpus or 1)))
     best = None
     for rank, tier in enumerate(TIERS[p.locality]):
