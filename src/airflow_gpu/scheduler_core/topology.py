@@ -5,9 +5,9 @@ from __future__ import annotations
 import functools
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from .errors import InputError, load_yaml, validate
 
@@ -44,6 +44,11 @@ def format_cpulist(cpus: list[int]) -> str:
     return ",".join(out)
 
 
+# A Linux cpulist string ('0-15,128-143') or a list of CPU ids.
+CpuList = Annotated[list[int], BeforeValidator(
+    lambda v: parse_cpulist(v) if isinstance(v, str | int) else v)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -51,13 +56,8 @@ class _Model(BaseModel):
 class NumaNode(_Model):
     id: int = Field(ge=0)
     socket: int = Field(ge=0)
-    cpus: list[int]
+    cpus: CpuList
     memory_gb: float = Field(ge=0)
-
-    @field_validator("cpus", mode="before")
-    @classmethod
-    def _cpus(cls, v):
-        return parse_cpulist(v) if isinstance(v, str | int) else v
 
 
 class HostInfo(_Model):
@@ -91,16 +91,11 @@ class Gpu(_Model):
     name: str
     memory_mb: int = Field(gt=0)
     numa_node: int
-    cpu_affinity: list[int]
+    cpu_affinity: CpuList
     pcie_switch: str
     nvlink_peers: dict[int, int] = {}
     uuid: str | None = None
     pci_bus_id: str | None = None
-
-    @field_validator("cpu_affinity", mode="before")
-    @classmethod
-    def _cpus(cls, v):
-        return parse_cpulist(v) if isinstance(v, str | int) else v
 
 
 class Nic(_Model):
