@@ -103,26 +103,19 @@ def test_strict_affinity_never_leaves_the_gpus_numa_node():
 
 
 def test_strict_waits_where_preferred_falls_back():
-    def setup():
-        state = make_state({"name": "a", "model": "dgx-a100"})
-        # An ETL job eats NUMA nodes 1, 5, 7 and most of 3 (GPU-local cores).
-        admit(state, job("etl", {"name": "e", "cpus": 32 * 3 + 30},
-                         placement={"affinity": "none"}))
-        return state
-
-    state = setup()
-    hog = state.allocations["etl"][0]
-    assert {1, 3, 5, 7} & set(hog.numa_nodes) or True  # informational
-    strict = job("s", {"name": "w", "gpus": 2, "cpus": 8}, placement={"affinity": "strict"})
-    preferred = job("p", {"name": "w", "gpus": 2, "cpus": 8}, placement={"affinity": "preferred"})
-    got = place(strict, state, REG)
-    free_local = sum(state.hosts[0].free_cpus[p].bit_count()
-                     for p in {state.cluster.hosts[0].type.gpu_numa[g] for g in range(8)})
-    if free_local >= 8:  # the ETL job left GPU-local cores: strict may still fit
-        assert isinstance(got, Placed)
-    else:
-        assert isinstance(got, Unplaced)
-    assert isinstance(place(preferred, state, REG), Placed)
+    state = make_state({"name": "a", "model": "dgx-a100"})
+    # Four 1-GPU jobs take every core of the GPU NUMA nodes 1, 3, 5, 7 (32 each).
+    for i in range(4):
+        admit(state, job(f"hog{i}", {"name": "w", "gpus": 1, "cpus": 32},
+                         placement={"affinity": "strict"}))
+    strict = job("s", {"name": "w", "gpus": 1, "cpus": 4}, placement={"affinity": "strict"})
+    preferred = job("p", {"name": "w", "gpus": 1, "cpus": 4}, placement={"affinity": "preferred"})
+    assert isinstance(place(strict, state, REG), Unplaced)
+    (a,) = admit(state, preferred)
+    gpu_node = load_topology("dgx-a100").gpus[a.gpus[0]].numa_node
+    socket = {n.id: n.socket for n in load_topology("dgx-a100").host.numa_nodes}
+    # the cores come from a GPU-less node of the GPU's own socket
+    assert a.numa_nodes[0] in (0, 2, 4, 6) and socket[a.numa_nodes[0]] == socket[gpu_node]
 
 
 def test_cpu_only_replicas_avoid_cores_next_to_free_gpus():
