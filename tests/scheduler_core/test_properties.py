@@ -8,7 +8,7 @@ every test checks one invariant of the result after every step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -21,7 +21,7 @@ from airflow_gpu.scheduler_core.jobspec import JobSpec, Role
 from airflow_gpu.scheduler_core.placement import Placed, Unplaced, place
 from airflow_gpu.scheduler_core.planner import PlanResult, plan
 from airflow_gpu.scheduler_core.plugins import default_registry
-from airflow_gpu.scheduler_core.state import ClusterState, ReplicaAllocation
+from airflow_gpu.scheduler_core.state import ClusterState, HostState, ReplicaAllocation
 
 LOCALITIES = ("host", "switch", "rack", "any")
 MODELS = ("dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200")
@@ -47,10 +47,10 @@ PLAN_SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=
 
 # -- strategies --------------------------------------------------------------------------
 @st.composite
-def cluster_files(draw: st.DrawFn) -> dict:
+def cluster_files(draw: st.DrawFn, max_hosts: int = 12) -> dict:
     n_racks = draw(st.integers(1, 3))
     n_switches = draw(st.integers(1, 4))
-    n_hosts = draw(st.integers(1, 12))
+    n_hosts = draw(st.integers(1, max_hosts))
     return {"cluster": "prop", "hosts": [
         {"name": f"h{i:02d}", "model": draw(st.sampled_from(MODELS)),
          "rack": f"rack-{draw(st.integers(1, n_racks))}",
@@ -99,20 +99,41 @@ class Scenario:
 
 
 @st.composite
-def strict_gpu_replicas(draw: st.DrawFn, name: str) -> dict:
-    """A one-replica GPU job with strict affinity and cores / memory over the full range."""
-    role = {"name": "r0", "gpus": draw(st.sampled_from([1, 2, 3, 4, 8])),
+def one_replica_jobs(draw: st.DrawFn, name: str, strict_gpu: bool = False) -> dict:
+    """A one-replica job with cores / memory over the full range (`strict_gpu`: a GPU job
+    with strict affinity)."""
+    role = {"name": "r0", "gpus": draw(st.sampled_from([1, 2, 3, 4, 8] if strict_gpu
+                                                        else [0, 1, 2, 3, 4, 8])),
             "cpus": draw(st.integers(1, 64)), "memory": draw(MEMORY)}
     # a model constraint often, so hosts with few cores per NUMA node are the only choice
     if draw(st.booleans()):
         role["gpu"] = {"model": draw(st.sampled_from(GPU_MODELS))}
+    affinity = "strict" if strict_gpu else draw(st.sampled_from(["strict", "preferred", "none"]))
     return {"name": name, "roles": [role],
-            "placement": {"affinity": "strict", "locality": draw(st.sampled_from(LOCALITIES))}}
+            "placement": {"affinity": affinity, "locality": draw(st.sampled_from(LOCALITIES))}}
+
+
+def strict_gpu_replicas(name: str) -> st.SearchStrategy[dict]:
+    return one_replica_jobs(name, strict_gpu=True)
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, with_ops: bool = True, job_strategy=jobs) -> Scenario:
-    cluster = draw(cluster_files())
+def cpu_jobs(draw: st.DrawFn, name: str) -> dict:
+    """CPU-only work in NUMA-node-sized pieces: fills nodes while their GPUs stay free."""
+    return {"name": name, "priority": draw(st.integers(-100, 100)), "roles": [
+        {"name": "cpu", "replicas": draw(st.integers(1, 8)),
+         "cpus": draw(st.sampled_from([8, 16, 24, 32, 48, 56, 64])), "memory": "1GiB"}]}
+
+
+def busy_jobs(name: str) -> st.SearchStrategy[dict]:
+    return st.one_of(jobs(name), cpu_jobs(name))
+
+
+@st.composite
+def scenarios(draw: st.DrawFn, with_ops: bool = True,
+              job_strategy: Callable[[str], st.SearchStrategy[dict]] = jobs,
+              max_hosts: int = 12) -> Scenario:
+    cluster = draw(cluster_files(max_hosts))
     n_jobs = draw(st.integers(1, 12))
     specs = [draw(job_strategy(f"job{i}")) for i in range(n_jobs)]
     n_planned = draw(st.integers(1, n_jobs)) if with_ops else n_jobs
@@ -238,8 +259,6 @@ def check_no_double_grant(state: ClusterState) -> None:
     for key, hosts in cluster.racks.items():
         assert state.rack_free[key] == sum(
             state.hosts[h.index].usable_gpus.bit_count() for h in hosts), f"rack {key} drift"
-
-
 
 
 @SETTINGS
@@ -373,17 +392,24 @@ def gpu_ok(role: Role, t: HostType, g: int) -> bool:
         and t.gpu_mem[g] >= (cons.min_memory or 0)
 
 
-def strict_replica_fits(role: Role, t: HostType) -> bool:
-    """Whether one strict GPU replica fits the empty host, by brute force over the NUMA nodes
-    its GPUs could span: cores and memory may come from any node that holds one of its GPUs."""
+def replica_fits(role: Role, t: HostType, hs: HostState, strict: bool) -> bool:
+    """Whether one replica of `role` fits the host's free resources, by brute force.
+
+    Without strict affinity cores and memory may come from any NUMA node, so sums decide.
+    With it, try every set of NUMA nodes the replica's GPUs could span (at least one GPU on
+    each): cores and memory may come from any node holding one of its GPUs.
+    """
     numas = range(len(t.numa_ids))
-    eligible = [sum(1 for g in range(t.n_gpus) if t.gpu_numa[g] == p and gpu_ok(role, t, g))
-                for p in numas]
+    free = [sum(1 for g in range(t.n_gpus) if hs.usable_gpus >> g & 1 and t.gpu_numa[g] == p
+                and gpu_ok(role, t, g)) for p in numas]
+    if not role.gpus or not strict:
+        return (sum(free) >= role.gpus and hs.n_cpus() >= role.cpus
+                and sum(hs.free_mem) >= role.memory)
     for size in range(1, min(role.gpus, len(t.numa_ids)) + 1):
-        for nodes in combinations([p for p in numas if eligible[p]], size):
-            if (sum(eligible[p] for p in nodes) >= role.gpus
-                    and sum(t.numa_cpus[p].bit_count() for p in nodes) >= role.cpus
-                    and sum(t.numa_mem[p] for p in nodes) >= role.memory):
+        for nodes in combinations([p for p in numas if free[p]], size):
+            if (sum(free[p] for p in nodes) >= role.gpus
+                    and sum(hs.free_cpus[p].bit_count() for p in nodes) >= role.cpus
+                    and sum(hs.free_mem[p] for p in nodes) >= role.memory):
                 return True
     return False
 
@@ -453,8 +479,8 @@ def _one_strict_replica(model: str, gpus: int, cpus: int, memory: str) -> Scenar
 
 @PLAN_SETTINGS
 @given(scenarios(with_ops=False, job_strategy=strict_gpu_replicas))
-# Found by this test: GPUs 0 and 2 of a DGX A100 sit on NUMA nodes 3 and 1, whose 64 cores
-# hold the replica under strict affinity, yet the job is rejected as never fitting.
+# Found by this test (since fixed): GPUs 0 and 2 of a DGX A100 sit on NUMA nodes 3 and 1,
+# whose 64 cores hold the replica under strict affinity, yet the job was rejected.
 @example(_one_strict_replica("dgx-a100", gpus=2, cpus=33, memory="1GiB"))
 # Same on a DGX-2: 2 GPUs on both sockets have 1536 GiB local, one node 768 GiB.
 @example(_one_strict_replica("dgx-2", gpus=2, cpus=1, memory="800GiB"))
@@ -468,5 +494,38 @@ def test_rejected_strict_replica_has_no_numa_local_fit(scn: Scenario) -> None:
         if job.placement.affinity != "strict" or len(job.roles) > 1 or role.replicas > 1 \
                 or not role.gpus:
             continue
-        hosts = [h.name for h in step.state.cluster.hosts if strict_replica_fits(role, h.type)]
+        hosts = [h.name for h in step.state.cluster.hosts
+                 if replica_fits(role, h.type, HostState.empty(h), strict=True)]
         assert not hosts, f"{job.name} rejected ({error}) but fits strictly on {hosts[0]}"
+
+
+# -- 7. a one-replica job waits only if no host can hold it now --------------------------------
+def _trap() -> tuple[Scenario, list[dict]]:
+    # CPU-only replicas fill whole NUMA nodes 0, 2, 4, 6, then 1 and 3 of a DGX A100
+    etl = {"name": "etl", "roles": [{"name": "cpu", "replicas": 6, "cpus": 32,
+                                     "memory": "1GiB"}]}
+    probe = {"name": "train", "roles": [{"name": "w", "gpus": 2, "cpus": 40, "memory": "1GiB"}],
+             "placement": {"affinity": "strict"}}
+    return Scenario({"hosts": [{"name": "h00", "model": "dgx-a100"}]}, [etl], 1, []), [probe]
+
+
+@PLAN_SETTINGS
+@given(scenarios(with_ops=False, job_strategy=busy_jobs, max_hosts=3),
+       st.lists(one_replica_jobs("probe"), min_size=1, max_size=6))
+# Found by this test: GPUs 4 and 6 (NUMA nodes 7 and 5) have 64 free local cores, yet the
+# strict 40-core replica is left waiting: only NUMA nodes 1 and 3 (no free cores) are tried.
+@example(*_trap())
+def test_one_replica_job_waits_only_if_no_host_fits_now(scn: Scenario,
+                                                        probes: list[dict]) -> None:
+    step = next(replay(scn))
+    state = step.state
+    reg = default_registry()
+    for spec in probes:
+        job = JobSpec.model_validate(spec)
+        got = place(job, state, reg)
+        if isinstance(got, Placed):
+            continue
+        strict = job.placement.affinity == "strict"
+        hosts = [h.name for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)
+                 if replica_fits(job.roles[0], h.type, hs, strict)]
+        assert not hosts, f"{job.name} waits ({got.message}) but fits on {hosts[0]} now"

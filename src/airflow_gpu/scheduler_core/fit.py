@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .hosttype import HostType
+from .hosttype import HostType, round_robin
 from .state import HostState, ReplicaAllocation, take
 
 
@@ -128,13 +128,26 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
     # preferred then widens, none widens at once.
     passes = {"strict": (False,), "preferred": (False, True), "none": (True,)}[need.affinity]
     for widen in passes:
-        for gset in sets:
+        for gset in sets if widen else (*sets, *_spread_by_cores(t, hs, free, need)):
             shares = _gpu_numas(t, gset)
             got = _take_from(_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
                              shares)
             if got:
                 return gset, *got
     return None
+
+
+def _spread_by_cores(t: HostType, hs: HostState, free: int, need: Need) -> list[int]:
+    """GPU sets over the NUMA nodes with the most free cores and memory, 2, 3, ... nodes.
+
+    The ranked sets depend on GPUs alone (so they can be cached); when their nodes lack
+    the cores or memory, nodes that still have them are tried before giving up."""
+    nodes = [p for p in range(len(t.numa_ids)) if t.numa_gpus[p] & free]
+    nodes.sort(key=lambda p: (-hs.free_cpus[p].bit_count(), -hs.free_mem[p], p))
+    sets = (round_robin([t.numa_gpus[p] & free for p in nodes[:k]], need.gpus)
+            for k in range(2, min(need.gpus, len(nodes)) + 1))
+    out = [m for m in sets if m]
+    return out
 
 
 def _gpu_numas(t: HostType, gset: int) -> dict[int, int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from .hosttype import HostType, TreeNode, bits
+from .hosttype import HostType, TreeNode, bits, round_robin
 
 _MAX_ENUMERATED_SUBSETS = 5000
 
@@ -72,16 +72,9 @@ def _candidates(htype: HostType, free: int, count: int) -> set[int]:
     numa_free = [(htype.numa_gpus[p] & free, p) for p in range(len(htype.numa_ids))]
     numa_free = sorted((m for m in numa_free if m[0]), key=lambda m: (-m[0].bit_count(), m[1]))
     for k in range(2, min(count, len(numa_free)) + 1):
-        picked, left = 0, count
-        masks = [m for m, _ in numa_free[:k]]
-        while left and any(m & ~picked for m in masks):
-            for m in masks:
-                rest = m & ~picked
-                if left and rest:
-                    picked |= rest & -rest
-                    left -= 1
-        if not left:
-            found.add(picked)
+        spread = round_robin([m for m, _ in numa_free[:k]], count)
+        if spread:
+            found.add(spread)
     if htype.fabric == "direct":
         n_subsets = 1
         for i in range(count):

@@ -26,6 +26,18 @@ def bits(mask: int) -> list[int]:
     return out
 
 
+def round_robin(masks: list[int], count: int) -> int | None:
+    """`count` bits taken one at a time from each mask in turn (lowest first), or None."""
+    picked = 0
+    while count and any(m & ~picked for m in masks):
+        for m in masks:
+            rest = m & ~picked
+            if count and rest:
+                picked |= rest & -rest
+                count -= 1
+    return None if count else picked
+
+
 @dataclass(eq=False)
 class TreeNode:
     level: int
