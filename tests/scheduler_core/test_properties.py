@@ -500,21 +500,29 @@ def test_rejected_strict_replica_has_no_numa_local_fit(scn: Scenario) -> None:
 
 
 # -- 7. a one-replica job waits only if no host can hold it now --------------------------------
-def _trap() -> tuple[Scenario, list[dict]]:
-    # CPU-only replicas fill whole NUMA nodes 0, 2, 4, 6, then 1 and 3 of a DGX A100
-    etl = {"name": "etl", "roles": [{"name": "cpu", "replicas": 6, "cpus": 32,
-                                     "memory": "1GiB"}]}
-    probe = {"name": "train", "roles": [{"name": "w", "gpus": 2, "cpus": 40, "memory": "1GiB"}],
-             "placement": {"affinity": "strict"}}
-    return Scenario({"hosts": [{"name": "h00", "model": "dgx-a100"}]}, [etl], 1, []), [probe]
+def _a100_trap(background: list[dict], gpus: int, cpus: int, memory: str
+               ) -> tuple[Scenario, list[dict]]:
+    probe = {"name": "train", "roles": [{"name": "w", "gpus": gpus, "cpus": cpus,
+                                         "memory": memory}], "placement": {"affinity": "strict"}}
+    return Scenario({"hosts": [{"name": "h00", "model": "dgx-a100"}]}, background,
+                    len(background), []), [probe]
+
+
+def _cpu_job(name: str, priority: int, replicas: int, cpus: int, memory: str) -> dict:
+    return {"name": name, "priority": priority,
+            "roles": [{"name": "cpu", "replicas": replicas, "cpus": cpus, "memory": memory}]}
 
 
 @PLAN_SETTINGS
 @given(scenarios(with_ops=False, job_strategy=busy_jobs, max_hosts=3),
        st.lists(one_replica_jobs("probe"), min_size=1, max_size=6))
-# Found by this test: GPUs 4 and 6 (NUMA nodes 7 and 5) have 64 free local cores, yet the
-# strict 40-core replica is left waiting: only NUMA nodes 1 and 3 (no free cores) are tried.
-@example(*_trap())
+# Found by this test. DGX A100, CPU-only work fills whole NUMA nodes 0, 2, 4, 6, 1, 3: GPUs 4
+# and 6 (nodes 7 and 5) keep 64 free local cores, yet a strict 40-core replica waits.
+@example(*_a100_trap([_cpu_job("etl", 0, 6, 32, "1GiB")], gpus=2, cpus=40, memory="1GiB"))
+# The same for memory: nodes 1 and 3 keep their cores but no memory, nodes 5 and 7 keep
+# 127 GiB each; a strict replica asking 200 GiB waits though GPUs 4 and 6 hold 254 GiB.
+@example(*_a100_trap([_cpu_job("a", 3, 6, 1, "128GiB"), _cpu_job("b", 2, 1, 2, "1GiB"),
+                      _cpu_job("c", 1, 1, 31, "1GiB")], gpus=2, cpus=2, memory="200GiB"))
 def test_one_replica_job_waits_only_if_no_host_fits_now(scn: Scenario,
                                                         probes: list[dict]) -> None:
     step = next(replay(scn))

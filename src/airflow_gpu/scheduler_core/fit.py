@@ -143,7 +143,9 @@ def _spread_by_cores(t: HostType, hs: HostState, free: int, need: Need) -> list[
     The ranked sets depend on GPUs alone (so they can be cached); when their nodes lack
     the cores or memory, nodes that still have them are tried before giving up."""
     nodes = [p for p in range(len(t.numa_ids)) if t.numa_gpus[p] & free]
-    nodes.sort(key=lambda p: (-hs.free_cpus[p].bit_count(), -hs.free_mem[p], p))
+    # Rank nodes by the scarcer of the two resources, relative to what the replica asks.
+    nodes.sort(key=lambda p: (-min(hs.free_cpus[p].bit_count() / need.cpus,
+                                   hs.free_mem[p] / need.memory if need.memory else 1e9), p))
     sets = (round_robin([t.numa_gpus[p] & free for p in nodes[:k]], need.gpus)
             for k in range(2, min(need.gpus, len(nodes)) + 1))
     out = [m for m in sets if m]
