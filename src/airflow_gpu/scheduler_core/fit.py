@@ -148,8 +148,7 @@ def _spread_by_cores(t: HostType, hs: HostState, free: int, need: Need) -> list[
                                    hs.free_mem[p] / need.memory if need.memory else 1e9), p))
     sets = (round_robin([t.numa_gpus[p] & free for p in nodes[:k]], need.gpus)
             for k in range(2, min(need.gpus, len(nodes)) + 1))
-    out = [m for m in sets if m]
-    return out
+    return [m for m in sets if m]
 
 
 def _gpu_numas(t: HostType, gset: int) -> dict[int, int]:

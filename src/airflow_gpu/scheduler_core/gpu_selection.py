@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from .hosttype import HostType, TreeNode, bits, round_robin
+from .hosttype import HostType, TreeNode, bits
 
 _MAX_ENUMERATED_SUBSETS = 5000
 
@@ -67,14 +67,6 @@ def _candidates(htype: HostType, free: int, count: int) -> set[int]:
         if (node.mask & free).bit_count() >= count and node.children:
             found.add(_fill(node, free, count))
             stack.extend(node.children)
-    # Sets spread over 2, 3, ... NUMA nodes: strict affinity may need the cores or memory
-    # of several nodes (e.g. 2 GPUs with 33 cores on a DGX A100, 32 cores per node).
-    numa_free = [(htype.numa_gpus[p] & free, p) for p in range(len(htype.numa_ids))]
-    numa_free = sorted((m for m in numa_free if m[0]), key=lambda m: (-m[0].bit_count(), m[1]))
-    for k in range(2, min(count, len(numa_free)) + 1):
-        spread = round_robin([m for m, _ in numa_free[:k]], count)
-        if spread:
-            found.add(spread)
     if htype.fabric == "direct":
         n_subsets = 1
         for i in range(count):
