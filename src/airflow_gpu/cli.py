@@ -62,9 +62,9 @@ def _print_plan(result, cluster_name: str) -> None:
         p = Table(title="Pending", title_justify="left")
         for col in ("job", "code", "ETA", "reason"):
             p.add_column(col, overflow="fold")
-        for job, why, eta in result.pending:
-            p.add_row(job.name, why.code, format_duration(eta) if eta is not None else "-",
-                      why.message)
+        for job, why in result.pending:
+            p.add_row(job.name, why.code,
+                      format_duration(why.eta) if why.eta is not None else "-", why.message)
         console.print(p)
     if result.rejected:
         r = Table(title="Rejected (can never fit this cluster)", title_justify="left")

@@ -304,7 +304,7 @@ def test_gangs_are_all_or_nothing(scn: Scenario) -> None:
             res = step.result
             assert res is not None
             admitted = [j.name for j, _ in res.admitted]
-            waiting = [j.name for j, _, _ in res.pending] + [j.name for j, _ in res.rejected]
+            waiting = [j.name for j, _ in res.pending] + [j.name for j, _ in res.rejected]
             # every job lands in exactly one list
             assert Counter(admitted + waiting) == Counter(step.planned)
             assert set(state.allocations) == set(admitted)
@@ -463,7 +463,7 @@ def test_rejected_never_fits_and_pending_fits_empty_cluster(scn: Scenario) -> No
         assert isinstance(got, Unplaced), f"{job.name} rejected ({error}) but fits when empty"
         where = fits_empty_cluster_by_counts(job, cluster)
         assert where is None, f"{job.name} rejected ({error}) but fits on {where}"
-    for job, why, _ in res.pending:
+    for job, why in res.pending:
         got = place(job, ClusterState(cluster), reg)
         assert isinstance(got, Placed), f"{job.name} pending ({why.message}) but never fits"
 

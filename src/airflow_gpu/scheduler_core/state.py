@@ -1,7 +1,12 @@
-"""What is free on each host right now, and who holds what. Mutated only through `commit`."""
+"""What is free on each host right now, who holds what, and until when.
+
+Mutated only through `commit` / `release` (and `hold` / `unhold` for reservations).
+"""
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, field
 
 from .cluster import Cluster, Host
@@ -105,6 +110,10 @@ class ClusterState:
         self.cluster = cluster
         self.hosts = [HostState.empty(h) for h in cluster.hosts]
         self.allocations: dict[str, list[ReplicaAllocation]] = {}
+        self.started: dict[str, float] = {}          # job -> start time
+        self.expected_end: dict[str, float] = {}     # job -> planned end (inf: unknown)
+        self._ends: list[tuple[float, str]] = []     # (expected end, job), sorted
+        self.usable_total = 0                        # usable GPUs in the whole cluster
         top = max((h.type.n_gpus for h in cluster.hosts), default=0)
         self.by_free: list[dict[int, None]] = [{} for _ in range(top + 1)]
         self._bucket = [0] * len(self.hosts)
@@ -128,21 +137,45 @@ class ClusterState:
         h = self.cluster.hosts[i]
         self.switch_free[h.switch_key] += n - old
         self.rack_free[h.rack] += n - old
+        self.usable_total += n - old
 
-    def commit(self, job: str, allocs: list[ReplicaAllocation]) -> None:
+    def commit(self, job: str, allocs: list[ReplicaAllocation], start: float = 0.0,
+               expected_end: float = math.inf) -> None:
         if job in self.allocations:
             raise ValueError(f"job {job!r} already holds resources")
         for a in allocs:
-            take(self.hosts[a.host.index], a)
-            self._reindex(a.host.index)
+            self.hold(a)
         self.allocations[job] = list(allocs)
+        self.started[job] = start
+        self.expected_end[job] = expected_end
+        bisect.insort(self._ends, (expected_end, job))
 
     def release(self, job: str) -> list[ReplicaAllocation]:
         allocs = self.allocations.pop(job, [])
         for a in allocs:
-            give_back(self.hosts[a.host.index], a)
-            self._reindex(a.host.index)
+            self.unhold(a)
+        if job in self.started:
+            del self.started[job]
+            end = self.expected_end.pop(job)
+            del self._ends[bisect.bisect_left(self._ends, (end, job))]
         return allocs
+
+    def hold(self, a: ReplicaAllocation) -> None:
+        """Take one allocation's resources without recording a job (reservation holds)."""
+        take(self.hosts[a.host.index], a)
+        self._reindex(a.host.index)
+
+    def unhold(self, a: ReplicaAllocation) -> None:
+        give_back(self.hosts[a.host.index], a)
+        self._reindex(a.host.index)
+
+    def ends(self) -> list[tuple[float, str]]:
+        """Running jobs by expected end, soonest first (a live view: do not mutate)."""
+        return self._ends
+
+    def replica_capacity(self, gpus: int) -> int:
+        """How many `gpus`-GPU replicas the usable GPUs could hold by counts alone."""
+        return sum(len(b) * (n // gpus) for n, b in enumerate(self.by_free) if n >= gpus)
 
     def set_drained(self, host: str, drained: bool = True) -> None:
         h = self.cluster.by_name[host]

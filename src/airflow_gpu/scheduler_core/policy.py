@@ -1,0 +1,108 @@
+"""The queue policy: how pending jobs are ordered, limited and protected from starvation.
+
+effective priority = priority + job-class weight
+                     + age_weight * hours waited
+                     + fairshare_weight * 2^(-usage/share)
+
+`usage` is the team's share of all GPU-seconds used, decayed with a half-life;
+`share` its configured share of the cluster (Slurm's classic fair-share factor:
+a team that used exactly its share gets half the weight, an idle team all of it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import load_yaml, validate
+from .units import Duration
+
+Mode = Literal["backfill", "fifo", "count"]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TeamPolicy(_Spec):
+    share: float = Field(1.0, gt=0, description="relative share of the cluster for fair share")
+    quota_gpus: int | None = Field(
+        None, ge=0, description="hard limit: GPUs the team may hold at once (none: no limit)")
+
+
+class PolicyConfig(_Spec):
+    mode: Mode = Field("backfill", description="backfill | fifo | count")
+    age_weight: float = Field(1.0, ge=0, description="priority points per hour waited")
+    fairshare_weight: float = Field(20.0, ge=0, description="priority points of an idle team")
+    fairshare_half_life: Duration = Field(7 * 86400, gt=0,
+                                          description="past GPU usage halves after this long")
+    default_runtime: Duration = Field(3600, gt=0,
+                                      description="planned runtime of jobs that give none")
+    reservation_depth: int = Field(3, ge=0, le=100,
+                                   description="blocked jobs that get a reservation each pass")
+    max_jobs_tested: int = Field(500, ge=1,
+                                 description="pending jobs tested per pass (Slurm's "
+                                 "bf_max_job_test): bounds the cost of a pass")
+    default_share: float = Field(1.0, gt=0, description="share of a team not listed in teams")
+    teams: dict[str, TeamPolicy] = Field(default_factory=dict)
+
+    def share(self, team: str) -> float:
+        t = self.teams.get(team)
+        return t.share if t else self.default_share
+
+    def quota(self, team: str) -> int | None:
+        t = self.teams.get(team)
+        return t.quota_gpus if t else None
+
+
+def load_policy(path: str) -> PolicyConfig:
+    """A policy file: the fields of PolicyConfig at the top level (or under `policy:`)."""
+    data = load_yaml(path) or {}
+    if isinstance(data, dict) and set(data) == {"policy"}:
+        data = data["policy"]
+    return validate(PolicyConfig, data, path)
+
+
+class FairShare:
+    """Decayed GPU-seconds per team, integrated exactly between updates.
+
+    Between two updates a team running g GPUs adds g * H/ln2 * (1 - 2^(-dt/H)) (the integral
+    of the decayed usage), and what it had decays by 2^(-dt/H).
+    """
+
+    def __init__(self, config: PolicyConfig, now: float = 0.0):
+        self.config = config
+        self.half_life = float(config.fairshare_half_life)
+        self.usage: dict[str, float] = {}
+        self.running: dict[str, int] = {}       # GPUs each team holds now
+        self.now = now
+
+    def advance(self, now: float) -> None:
+        dt = now - self.now
+        if dt <= 0:
+            return
+        decay = 2.0 ** (-dt / self.half_life)
+        gain = self.half_life / math.log(2) * (1.0 - decay)
+        for team in set(self.usage) | set(self.running):
+            self.usage[team] = self.usage.get(team, 0.0) * decay + self.running.get(team, 0) * gain
+        self.now = now
+
+    def add(self, team: str, gpus: int, now: float) -> None:
+        """`gpus` (negative: returned) held by `team` from `now` on."""
+        self.advance(now)
+        self.running[team] = self.running.get(team, 0) + gpus
+
+    def factors(self, teams) -> dict[str, float]:
+        """Priority points per team: fairshare_weight * 2^(-usage share / cluster share)."""
+        teams = set(teams)
+        total_use = sum(self.usage.values())
+        known = teams | set(self.config.teams) | set(self.usage)
+        total_share = sum(self.config.share(t) for t in known) or 1.0
+        out = {}
+        for t in teams:
+            u = self.usage.get(t, 0.0) / total_use if total_use > 0 else 0.0
+            s = self.config.share(t) / total_share
+            out[t] = self.config.fairshare_weight * 2.0 ** (-u / s)
+        return out
