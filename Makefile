@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,plot]'
 	touch $@
 
 demo: $(BIN)/.installed
@@ -21,6 +21,7 @@ test: $(BIN)/.installed
 
 bench: $(BIN)/.installed
 	$(BIN)/python bench/placement.py
+	$(BIN)/python bench/replay.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

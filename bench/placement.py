@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import airflow_gpu
-from airflow_gpu.scheduler_core.cluster import Cluster, ClusterFile, build_cluster
+from airflow_gpu.scheduler_core.cluster import Cluster, synthetic_cluster
 from airflow_gpu.scheduler_core.fit import Need
 from airflow_gpu.scheduler_core.jobspec import JobSpec
 from airflow_gpu.scheduler_core.placement import Placed, compile_needs, place
@@ -57,19 +57,7 @@ def make_cluster(n_hosts: int, models: tuple[str, ...] = ("dgx-a100",)) -> Clust
     """`n_hosts` hosts, 16 per leaf switch, 4 switches per rack; models alternate by switch."""
     if n_hosts % HOSTS_PER_SWITCH:
         raise SystemExit(f"cluster size {n_hosts} is not a multiple of {HOSTS_PER_SWITCH}")
-    width = len(str(n_hosts))
-    entries = []
-    for s in range(n_hosts // HOSTS_PER_SWITCH):
-        model = models[s % len(models)]
-        lo, hi = s * HOSTS_PER_SWITCH + 1, (s + 1) * HOSTS_PER_SWITCH
-        entries.append({
-            "name": f"{model}-[{lo:0{width}d}-{hi:0{width}d}]",
-            "model": model,
-            "rack": f"rack-{s // SWITCHES_PER_RACK + 1}",
-            "switch": f"leaf-{s + 1}",
-        })
-    spec = ClusterFile.model_validate({"cluster": f"bench-{n_hosts}", "hosts": entries})
-    return build_cluster(spec)
+    return synthetic_cluster(n_hosts, models, HOSTS_PER_SWITCH, SWITCHES_PER_RACK)
 
 
 def make_job(name: str, gpus: int) -> JobSpec:

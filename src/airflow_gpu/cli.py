@@ -21,6 +21,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from .scheduler_core.jobspec import load_jobs
     from .scheduler_core.planner import plan
     from .scheduler_core.plugins import default_registry
+    from .scheduler_core.policy import load_policy
     from .scheduler_core.state import ClusterState
 
     cluster = load_cluster(args.cluster)
@@ -28,7 +29,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     reg = default_registry()
     for job in jobs:  # report class errors against the file before planning
         resolve(job, reg.job_classes, args.jobs)
-    result = plan(ClusterState(cluster), jobs, reg)
+    config = load_policy(args.policy_file) if args.policy_file else None
+    result = plan(ClusterState(cluster), jobs, reg, config)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -75,6 +77,106 @@ def _print_plan(result, cluster_name: str) -> None:
         console.print(r)
 
 
+POLICIES = ("fifo", "count", "backfill")
+
+
+def _policies(text: str) -> list[str]:
+    names = list(POLICIES) if text == "all" else [p.strip() for p in text.split(",")]
+    for name in names:
+        if name not in POLICIES:
+            raise InputError(f"--policy: unknown policy {name!r}; use one of "
+                             f"{', '.join(POLICIES)}, a comma-separated list, or all")
+    return names
+
+
+def _slowdown(text: str) -> tuple[float, float, float]:
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 3 or any(not v > 0 for v in values):
+        raise InputError(f"--locality-slowdown: {text!r} is not three positive numbers; "
+                         "write e.g. 1.0,1.1,1.3 (one host, one switch, across switches)")
+    return values  # type: ignore[return-value]
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from .scheduler_core.cluster import load_cluster, synthetic_cluster
+    from .scheduler_core.policy import PolicyConfig, load_policy
+    from .scheduler_core.simulator import SimOptions, simulate
+    from .scheduler_core.trace import load_trace
+    from .scheduler_core.units import parse_size
+
+    if args.hosts is not None:
+        cluster = synthetic_cluster(args.hosts, tuple(args.model.split(",")),
+                                    args.hosts_per_switch, args.switches_per_rack)
+    else:
+        cluster = load_cluster(args.cluster or "example")
+    names = _policies(args.policy)
+    slowdown = _slowdown(args.locality_slowdown)
+    base = load_policy(args.policy_file) if args.policy_file else PolicyConfig()
+    try:
+        memory = parse_size(args.memory_per_gpu)
+    except ValueError as exc:
+        raise InputError(f"--memory-per-gpu: {exc}") from None
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit: {args.limit} is not a positive number of jobs")
+    trace = load_trace(args.trace, args.limit)
+    results = []
+    for name in names:
+        options = SimOptions(base.model_copy(update={"mode": name}), slowdown,
+                             args.cpus_per_gpu, memory)
+        results.append(simulate(cluster, trace, options))
+    if args.records:
+        for r in results:
+            path = args.records if len(results) == 1 else _suffixed(args.records, r.policy)
+            r.write_records(path)
+    if args.plot:
+        from .scheduler_core.simplots import write_plots
+
+        write_plots(results, args.plot, f"({cluster.name})")
+    metrics = [r.metrics() for r in results]
+    if args.json:
+        print(json.dumps(metrics[0] if len(metrics) == 1 else {"results": metrics}, indent=2))
+    else:
+        _print_simulation(metrics, args.trace)
+    return 0
+
+
+def _suffixed(path: str, policy: str) -> str:
+    from pathlib import Path
+
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}-{policy}{p.suffix}"))
+
+
+def _print_simulation(metrics: list[dict], trace: str) -> None:
+    first = metrics[0]
+    t = Table(title=f"Replay of {trace} on {first['cluster']} ({first['total_gpus']} GPUs)",
+              title_justify="left")
+    for col in ("policy", "jobs", "avg JCT", "avg wait", "p95 wait", "makespan",
+                "GPU util", "min hosts", "replay time"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for m in metrics:
+        if not m["jobs"]:
+            t.add_row(m["policy"], "0", *["-"] * 7)
+            continue
+        t.add_row(m["policy"], f"{m['jobs']:,}", format_duration(m["avg_jct_s"]),
+                  format_duration(m["avg_wait_s"]), format_duration(m["p95_wait_s"]),
+                  format_duration(m["makespan_s"]), f"{m['gpu_utilization']:.1%}",
+                  f"{m['multi_gpu_jobs_min_hosts_frac']:.1%}", f"{m['wall_s']:.1f}s")
+    if "avg_jct_lower_bound_s" in first:
+        t.add_section()
+        t.add_row("bound", "", format_duration(first["avg_jct_lower_bound_s"]), "0s", "0s",
+                  format_duration(first["makespan_lower_bound_s"]), "", "", "")
+    console = _console()
+    console.print(t)
+    for m in metrics:
+        if m["rejected"] or m["unfinished"]:
+            console.print(f"{m['policy']}: {m['rejected']} jobs rejected (can never fit), "
+                          f"{m['unfinished']} never started")
+
+
 def _cmd_models(args: argparse.Namespace) -> int:
     from .scheduler_core.hosttype import host_type
     from .scheduler_core.topology import builtin_model_names, load_topology
@@ -108,6 +210,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", required=True, help="job file (YAML or JSON with jobs: [...])")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
+    p.add_argument("--policy-file", help="queue policy file (weights, teams, quotas)")
+    s = sub.add_parser("simulate", help="replay a job trace through the scheduler",
+                       description="Replay a trace (job_id,submit_time,duration,num_gpus"
+                       "[,team,priority,job_class,expected_runtime]) with a virtual clock.")
+    where = s.add_mutually_exclusive_group()
+    where.add_argument("--cluster", help="cluster file or built-in cluster name")
+    where.add_argument("--hosts", type=int, help="a synthetic cluster of this many hosts")
+    s.add_argument("--model", default="dgx-a100",
+                   help="with --hosts: built-in model(s), comma-separated alternate by switch")
+    s.add_argument("--hosts-per-switch", type=int, default=16)
+    s.add_argument("--switches-per-rack", type=int, default=4)
+    s.add_argument("--trace", required=True, help="trace CSV file")
+    s.add_argument("--policy", default="backfill",
+                   help="fifo | count | backfill (default), a comma-separated list, or all")
+    s.add_argument("--policy-file", help="queue policy file (weights, teams, quotas)")
+    s.add_argument("--locality-slowdown", default="1.0,1.1,1.3",
+                   help="runtime factor for one host, one switch, across switches")
+    s.add_argument("--limit", type=int, help="replay only the first N jobs")
+    s.add_argument("--cpus-per-gpu", type=int, default=4, help="CPUs a trace job asks per GPU")
+    s.add_argument("--memory-per-gpu", default="32GiB", help="memory a trace job asks per GPU")
+    s.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    s.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
+    s.add_argument("--records", metavar="FILE", help="write one CSV row per job into FILE")
+    s.set_defaults(func=_cmd_simulate)
     m = sub.add_parser("models", help="list the built-in DGX host models")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_cmd_models)

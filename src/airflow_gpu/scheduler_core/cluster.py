@@ -120,3 +120,24 @@ def load_cluster(path_or_name: str | Path) -> Cluster:
         path = builtin
     spec = validate(ClusterFile, load_yaml(path), str(path))
     return build_cluster(spec, path.parent, str(path))
+
+
+def synthetic_cluster(n_hosts: int, models: str | tuple[str, ...] = "dgx-a100",
+                      hosts_per_switch: int = 16, switches_per_rack: int = 4) -> Cluster:
+    """`n_hosts` hosts of built-in models, `hosts_per_switch` per leaf switch and
+    `switches_per_rack` switches per rack; with several models, they alternate by switch."""
+    models = (models,) if isinstance(models, str) else models
+    for what, n in (("hosts", n_hosts), ("hosts per switch", hosts_per_switch),
+                    ("switches per rack", switches_per_rack)):
+        if n < 1:
+            raise InputError(f"{what}: {n} is not a positive number; give at least 1")
+    width = len(str(n_hosts))
+    entries = []
+    for s, lo in enumerate(range(1, n_hosts + 1, hosts_per_switch)):
+        hi = min(lo + hosts_per_switch - 1, n_hosts)
+        model = models[s % len(models)]
+        entries.append({"name": f"{model}-[{lo:0{width}d}-{hi:0{width}d}]", "model": model,
+                        "rack": f"rack-{s // switches_per_rack + 1}", "switch": f"leaf-{s + 1}"})
+    spec = validate(ClusterFile, {"cluster": f"{n_hosts}x{'+'.join(models)}", "hosts": entries},
+                    "--model")
+    return build_cluster(spec, source="--model")

@@ -1,0 +1,132 @@
+"""Job traces: `job_id,submit_time,duration,num_gpus[,team,priority,job_class,expected_runtime]`.
+
+Times are seconds (`submit_time` since the trace's start). A bad line is an error that
+names the file, the line, the column, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import difflib
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import InputError, validate
+from .jobspec import JobSpec
+
+REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
+OPTIONAL = ("team", "priority", "job_class", "expected_runtime")
+FORM = "job_id,submit_time,duration,num_gpus[,team,priority,job_class,expected_runtime]"
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    job_id: str
+    submit: float
+    duration: float
+    gpus: int
+    team: str = "default"
+    priority: int = 0
+    job_class: str | None = None
+    expected_runtime: float | None = None
+    line: int = 0
+
+
+def _number(raw: str, column: str, where: str, integer: bool = False,
+            positive: bool = False) -> float:
+    try:
+        value = int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "an integer" if integer else "a number"
+        raise InputError(f"{where}: column '{column}': {raw!r} is not {kind}; "
+                         f"write {kind} of seconds/GPUs") from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        need = "greater than 0" if positive else "0 or more"
+        raise InputError(f"{where}: column '{column}': {raw!r} must be {need}")
+    return value
+
+
+def load_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
+    """The first `limit` jobs (all if None) of a trace file, in file order."""
+    path = str(path)
+    try:
+        f = open(path, newline="")  # noqa: SIM115 (the with block below closes it)
+    except OSError as exc:
+        raise InputError(f"cannot read the trace: {exc.strerror}", path) from None
+    with f:
+        reader = csv.reader(f)
+        header = [h.strip() for h in next(reader, [])]
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise InputError(f"line 1: missing column {', '.join(map(repr, missing))}; "
+                             f"the header must be {FORM}", path)
+        for h in header:
+            if h not in REQUIRED + OPTIONAL:
+                close = difflib.get_close_matches(h, REQUIRED + OPTIONAL, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise InputError(f"line 1: unknown column {h!r}{hint}; the columns are {FORM}",
+                                 path)
+        col = {h: i for i, h in enumerate(header)}
+        jobs: list[TraceJob] = []
+        seen: set[str] = set()
+        for lineno, row in enumerate(reader, start=2):
+            if limit is not None and len(jobs) >= limit:
+                break
+            if not row or all(not c.strip() for c in row):
+                continue
+            where = f"{path}: line {lineno}"
+            if len(row) != len(header):
+                raise InputError(f"{where}: {len(row)} values for {len(header)} columns "
+                                 f"({', '.join(header)})")
+            jobs.append(_row(row, col, where, lineno, seen))
+    return jobs
+
+
+def _row(row: list[str], col: dict[str, int], where: str, lineno: int,
+         seen: set[str]) -> TraceJob:
+    def get(name: str) -> str | None:
+        i = col.get(name)
+        v = row[i].strip() if i is not None else ""
+        return v or None
+
+    job_id = get("job_id")
+    if job_id is None:
+        raise InputError(f"{where}: column 'job_id' is empty; give each job an id")
+    if job_id in seen:
+        raise InputError(f"{where}: column 'job_id': {job_id!r} appears twice; ids must be "
+                         "unique")
+    seen.add(job_id)
+    values = {}
+    for name, integer, positive in (("submit_time", False, False), ("duration", False, True),
+                                    ("num_gpus", True, True)):
+        raw = get(name)
+        if raw is None:
+            raise InputError(f"{where}: column '{name}' is empty")
+        values[name] = _number(raw, name, where, integer, positive)
+    priority = get("priority")
+    expected = get("expected_runtime")
+    return TraceJob(
+        job_id, values["submit_time"], values["duration"], int(values["num_gpus"]),
+        get("team") or "default",
+        int(_number(priority, "priority", where, integer=True)) if priority else 0,
+        get("job_class"),
+        _number(expected, "expected_runtime", where, positive=True) if expected else None,
+        lineno)
+
+
+def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int) -> JobSpec:
+    """A trace job as a gang: one replica when it fits a host, else whole hosts' GPUs
+    (plus one replica with the rest when the count is not a multiple of a host)."""
+    def role(name: str, replicas: int, gpus: int) -> dict:
+        return {"name": name, "replicas": replicas, "gpus": gpus,
+                "cpus": max(1, cpus_per_gpu * gpus), "memory": memory_per_gpu * gpus}
+
+    whole, rest = divmod(t.gpus, host_gpus)
+    roles = [role("worker", whole, host_gpus)] if whole else []
+    if rest:
+        roles.append(role("rest" if whole else "worker", 1, rest))
+    name = t.job_id if t.job_id[0].isalnum() else f"job-{t.job_id}"
+    return validate(JobSpec, {"name": name, "team": t.team, "priority": t.priority,
+                              "job_class": t.job_class, "roles": roles},
+                    f"trace line {t.line} (job {t.job_id!r})")
