@@ -21,10 +21,24 @@ MODELS = ("dgx-1v", "dgx-a100", "dgx-2")
 
 
 @st.composite
-def clusters(draw) -> Cluster:
+def cluster_hosts(draw) -> tuple[dict, ...]:
     n = draw(st.integers(1, 4))
-    return make_cluster(*({"name": f"h{i}", "model": draw(st.sampled_from(MODELS)),
-                           "switch": f"s{draw(st.integers(1, 2))}"} for i in range(n)))
+    return tuple({"name": f"h{i}", "model": draw(st.sampled_from(MODELS)),
+                  "switch": f"s{draw(st.integers(1, 2))}"} for i in range(n))
+
+
+def clusters() -> st.SearchStrategy[Cluster]:
+    # hosts are drawn as plain dicts, so a failing example prints readably
+    return cluster_hosts().map(lambda hosts: _Named(make_cluster(*hosts), hosts))
+
+
+class _Named(Cluster):
+    def __init__(self, cluster: Cluster, hosts: tuple[dict, ...]):
+        super().__init__(cluster.name, cluster.hosts)
+        self._hosts = hosts
+
+    def __repr__(self) -> str:
+        return f"cluster{self._hosts!r}"
 
 
 @st.composite
@@ -108,3 +122,29 @@ def test_queue_order_is_a_full_sort_by_effective_priority(jobs, fairshare, age_w
     want = sorted(q.jobs.values(), key=lambda j: (
         -round(j.priority(now, age_weight, fairshare.get(j.team, 0.0)), 6), j.submit, j.seq))
     assert got == [j.name for j in want]
+
+
+@st.composite
+def inexact_traces(draw) -> list[TraceJob]:
+    """Planned runtimes that are sometimes too long (early ends) and sometimes too short."""
+    jobs = draw(traces())
+    return [TraceJob(j.job_id, j.submit, j.duration, j.gpus, draw(st.sampled_from("ab")),
+                     expected_runtime=draw(st.sampled_from(
+                         (None, j.duration * 2, j.duration * 3, max(1, j.duration // 2)))),
+                     line=j.line)
+            for j in jobs]
+
+
+@settings(SETTINGS, max_examples=400)
+@given(clusters(), inexact_traces(), st.sampled_from(((1.0, 1.0, 1.0), (1.0, 1.1, 1.3))))
+def test_reusing_the_last_passes_reservations_changes_nothing(cluster, trace, slowdown):
+    """Reservations that still stand are reused instead of walked again: the replay must
+    be the same as when every pass walks every reservation."""
+    def walk_always(s: Scheduler, _: PassResult) -> None:
+        s.reuse_reservations = False
+
+    runs = []
+    for observe in (None, walk_always):
+        res = simulate(cluster, trace, SimOptions(PolicyConfig(), slowdown), observe=observe)
+        runs.append([(r.job_id, r.start, r.end) for r in res.records])
+    assert runs[0] == runs[1]

@@ -37,6 +37,7 @@ class QueuedJob:
     base: float              # priority + class weight
     needs: list[Need]
     shape: tuple
+    gpus: int = 0            # GPUs of the whole gang
     data: dict = field(default_factory=dict)   # the driver's own fields (trace duration, ids)
 
     @property
@@ -46,10 +47,6 @@ class QueuedJob:
     @property
     def team(self) -> str:
         return self.spec.team
-
-    @property
-    def gpus(self) -> int:
-        return self.spec.total_gpus
 
     def priority(self, now: float, age_weight: float, fairshare: float) -> float:
         return self.base + age_weight * (now - self.submit) / 3600.0 + fairshare
@@ -61,6 +58,7 @@ class JobQueue:
         self._teams: dict[str, list[tuple[float, float, int, QueuedJob]]] = {}
         self.jobs: dict[str, QueuedJob] = {}
         self.shapes: Counter = Counter()
+        self.cpu_only = 0                          # queued jobs that ask for no GPU
         self._needs: dict[tuple, list[Need]] = {}   # shared by jobs of one shape
 
     def __len__(self) -> int:
@@ -75,7 +73,8 @@ class JobQueue:
         needs = self._needs.get(shape)
         if needs is None:
             needs = self._needs[shape] = compile_needs(spec)
-        return QueuedJob(spec, submit, seq, runtime, spec.priority + class_weight, needs, shape)
+        return QueuedJob(spec, submit, seq, runtime, spec.priority + class_weight, needs, shape,
+                         spec.total_gpus)
 
     def _entry(self, job: QueuedJob) -> tuple:
         return (-(job.base - self.age_weight * job.submit / 3600.0), job.submit, job.seq, job)
@@ -85,11 +84,13 @@ class JobQueue:
             raise ValueError(f"job {job.name!r} is already queued")
         self.jobs[job.name] = job
         self.shapes[job.shape] += 1
+        self.cpu_only += not job.gpus
         bisect.insort(self._teams.setdefault(job.team, []), self._entry(job))
 
     def remove(self, name: str) -> QueuedJob:
         job = self.jobs.pop(name)
         self.shapes[job.shape] -= 1
+        self.cpu_only -= not job.gpus
         if not self.shapes[job.shape]:
             del self.shapes[job.shape]
         entries = self._teams[job.team]

@@ -194,6 +194,10 @@ class _Trial:
             if mine:
                 return max(mine, key=lambda x: (x[0], -x[1].index))[1]
         cands = []
+        hosts = self.state.cluster.hosts
+        if need.gpus and domain is hosts:
+            # the whole cluster: only hosts with enough usable GPUs, from the index
+            domain = [hosts[i] for b in self.state.by_free[need.gpus:] for i in b]
         for h in domain:
             if h.index in used or h.index in full or not self.allowed(need, h):
                 continue

@@ -104,7 +104,8 @@ def could_fit(job: QueuedJob, state: ClusterState) -> bool:
 
 def earliest_start(job: QueuedJob, state: ClusterState, reg: Registry, now: float,
                    reservations: list[Reservation]) -> Reservation | None:
-    """The first time the running jobs' expected ends leave room for `job`, and where.
+    """The first time after now that the running jobs' expected ends leave room for `job`
+    (the caller found none now), and where.
 
     Walks the ends in time order, releasing each job on the live state and asking
     `place` at every distinct time. `reservations` are held for the whole walk until
@@ -119,10 +120,6 @@ def earliest_start(job: QueuedJob, state: ClusterState, reg: Registry, now: floa
         sorted((r.end, 1, i) for i, r in enumerate(reservations)))
     found = None
     try:
-        if could_fit(job, state):
-            got = place(job.spec, state, reg, job.needs)
-            if isinstance(got, Placed):
-                return Reservation(job, now, now + job.runtime, got.allocations)
         pending = next(events, None)
         while pending is not None:
             t, kind, key = pending

@@ -68,6 +68,10 @@ class Scheduler:
         self._seq = 0
         self._empty = state.empty_like()
         self._never: dict[tuple, str | None] = {}
+        # the last pass's reservations, in the order they were made, and the state epoch
+        # they were planned in (see _Pass.reserve)
+        self.reuse_reservations = True
+        self._planned: tuple[int, list[Reservation]] = (-1, [])
 
     # -- what drivers call -----------------------------------------------------------------
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None,
@@ -110,6 +114,8 @@ class Scheduler:
             self.queue.remove(name)
             return
         job = self.running.pop(name)
+        if now < self.state.expected_end[name]:
+            self.state.epoch += 1
         self.state.release(name)
         self.held[job.team] -= job.gpus
         self.fairshare.add(job.team, -job.gpus, now)
@@ -128,12 +134,14 @@ class Scheduler:
                                     "jobs of higher priority were (max_jobs_tested)"))
                 continue
             p.result.tested += 1
-            p.consider(job, fs.get(job.team, 0.0))
+            p.consider(job)
             if p.done():
                 break
         for job, _ in p.result.started:
             self.queue.remove(job.name)
         p.result.reservations = p.reservations
+        if not explain:
+            self._planned = (self.state.epoch, p.made)
         return p.result
 
     def _start(self, job: QueuedJob, allocations, now: float) -> None:
@@ -151,11 +159,19 @@ class _Pass:
         self.mode = sched.config.mode
         self.result = PassResult(now)
         self.reservations: list[Reservation] = []      # sorted by start
+        self.made: list[Reservation] = []              # in the order they were made
+        epoch, last = sched._planned
+        self.last = last if epoch == sched.state.epoch and sched.reuse_reservations else []
         self.failed: set[tuple] = set()                # (shape, holds) known not to fit
         self.hopeless: set[tuple] = set()              # shapes that fail even without holds
+        self._hopeless_seen = 0
         self.head: QueuedJob | None = None             # fifo: the first job that waits
         self._why: dict[tuple, Pending] = {}
         self._eta: dict[tuple, float | None] = {}
+
+    def may_reserve(self) -> bool:
+        return (self.mode == "backfill"
+                and len(self.reservations) < self.s.config.reservation_depth)
 
     def done(self) -> bool:
         """Nothing more can start or be reserved: every shape queued fails without holds."""
@@ -163,13 +179,20 @@ class _Pass:
             return False
         if self.mode == "fifo":
             return self.head is not None
-        if self.mode == "backfill" and len(self.reservations) < self.s.config.reservation_depth:
+        if self.may_reserve():
             return False
+        if self.s.state.usable_total == 0 and not self.s.queue.cpu_only:
+            return True
+        if len(self.hopeless) == self._hopeless_seen:
+            return False
+        self._hopeless_seen = len(self.hopeless)
         return len(self.hopeless) >= len(self.s.queue.shapes) and all(
             sh in self.hopeless for sh in self.s.queue.shapes)
 
-    def consider(self, job: QueuedJob, fairshare: float) -> None:
+    def consider(self, job: QueuedJob) -> None:
         s = self.s
+        if job.shape in self.hopeless and not self.explain and not self.may_reserve():
+            return   # fails even without holds, and no reservation is left to give
         quota = s.config.quota(job.team)
         if quota is not None and s.held.get(job.team, 0) + job.gpus > quota:
             self.wait(job, Pending("Quota", (
@@ -197,12 +220,12 @@ class _Pass:
         if self.mode == "fifo":
             self.head = job
         reserved = None
-        if (self.explain if self.mode == "fifo"
-                else len(self.reservations) < s.config.reservation_depth):
-            reserved = earliest_start(job, s.state, s.reg, self.now, self.reservations)
+        if self.explain if self.mode == "fifo" else self.may_reserve():
+            reserved = self.reserve(job)
             if reserved is not None and self.mode == "backfill":
                 starts = [r.start for r in self.reservations]
                 self.reservations.insert(bisect.bisect_right(starts, reserved.start), reserved)
+                self.made.append(reserved)
                 self.failed.clear()
         if self.explain:
             why = self.reason(job)
@@ -212,6 +235,24 @@ class _Pass:
             else:
                 why.eta = self.eta(job)
             self.wait(job, why)
+
+    def reserve(self, job: QueuedJob) -> Reservation | None:
+        """The job's reservation: the last pass's if it still stands, else a new walk.
+
+        The last pass's n-th reservation stands when its first n-1 stood too (same holds),
+        it is for the same job and still ahead, nothing came back earlier than planned since
+        (the state's epoch), and no job started in this pass touches it before it ends.
+        Nothing else can move it: every other change only takes resources, and backfill
+        only takes reserved ones until the reservation starts."""
+        n = len(self.made)
+        if n < len(self.last):
+            r = self.last[n]
+            if (r.job is job and r.start > self.now and not any(
+                    self.s.state.expected_end[j.name] > r.start and r.overlaps(p.allocations)
+                    for j, p in self.result.started)):
+                return r
+            self.last = []
+        return earliest_start(job, self.s.state, self.s.reg, self.now, self.reservations)
 
     def try_place(self, job: QueuedJob, k: int) -> Placed | None:
         """Place the job around the holds of the first `k` reservations, or None."""

@@ -114,6 +114,9 @@ class ClusterState:
         self.expected_end: dict[str, float] = {}     # job -> planned end (inf: unknown)
         self._ends: list[tuple[float, str]] = []     # (expected end, job), sorted
         self.usable_total = 0                        # usable GPUs in the whole cluster
+        # bumped whenever resources come back earlier than planned (early ends, repairs):
+        # reservations planned before may now start sooner
+        self.epoch = 0
         top = max((h.type.n_gpus for h in cluster.hosts), default=0)
         self.by_free: list[dict[int, None]] = [{} for _ in range(top + 1)]
         self._bucket = [0] * len(self.hosts)
@@ -181,11 +184,13 @@ class ClusterState:
         h = self.cluster.by_name[host]
         self.hosts[h.index].drained = drained
         self._reindex(h.index)
+        self.epoch += 1
 
     def set_unhealthy_gpus(self, host: str, gpus: list[int]) -> None:
         h = self.cluster.by_name[host]
         self.hosts[h.index].bad_gpus = sum(1 << g for g in gpus)
         self._reindex(h.index)
+        self.epoch += 1
 
     def empty_like(self) -> ClusterState:
         """The same hardware with nothing allocated, drained or unhealthy: what could ever fit."""
