@@ -111,17 +111,22 @@ def test_count_and_backfill_finish_every_job_that_fits(cluster, trace):
 @given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(-5, 5), st.integers(0, 20_000)),
                 min_size=1, max_size=30),
        st.dictionaries(st.sampled_from("abc"), st.floats(0, 20), max_size=3),
-       st.floats(0, 3))
-def test_queue_order_is_a_full_sort_by_effective_priority(jobs, fairshare, age_weight):
+       st.floats(0, 3), st.lists(st.integers(0, 29), max_size=10))
+def test_queue_order_is_a_full_sort_by_effective_priority(jobs, fairshare, age_weight, drop):
+    """The lazy merge of per-team lists (with inserts and removals) equals sorting the whole
+    queue by effective priority, then submit time."""
     q = JobQueue(age_weight)
     for i, (team, prio, submit) in enumerate(jobs):
         spec = job(f"j{i}", {"name": "w", "gpus": 1}, team=team, priority=prio)
         q.add(q.make(spec, submit, i, 60.0, 0))
-    now = 30_000.0
+    for i in sorted(set(drop)):
+        if f"j{i}" in q:
+            q.remove(f"j{i}")
     got = [j.name for j in q.ordered(fairshare)]
     want = sorted(q.jobs.values(), key=lambda j: (
-        -round(j.priority(now, age_weight, fairshare.get(j.team, 0.0)), 6), j.submit, j.seq))
+        round(q.static_key(j) - fairshare.get(j.team, 0.0), 6), j.submit, j.seq))
     assert got == [j.name for j in want]
+    assert sum(q.shapes.values()) == len(q)
 
 
 @st.composite

@@ -76,8 +76,13 @@ class JobQueue:
         return QueuedJob(spec, submit, seq, runtime, spec.priority + class_weight, needs, shape,
                          spec.total_gpus)
 
+    def static_key(self, job: QueuedJob) -> float:
+        """The job's place within its team, smallest first. Keys are rounded to 1e-6 so that
+        priorities equal but for float noise tie, and ties go by submit time."""
+        return round(self.age_weight * job.submit / 3600.0 - job.base, 6)
+
     def _entry(self, job: QueuedJob) -> tuple:
-        return (-(job.base - self.age_weight * job.submit / 3600.0), job.submit, job.seq, job)
+        return (self.static_key(job), job.submit, job.seq, job)
 
     def add(self, job: QueuedJob) -> None:
         if job.name in self.jobs:
@@ -110,7 +115,7 @@ class JobQueue:
         def team_iter(team, entries):
             fs = fairshare.get(team, 0.0)
             for key, submit, seq, job in list(entries):
-                yield key - fs, submit, seq, job
+                yield round(key - fs, 6), submit, seq, job
 
         merged = heapq.merge(*(team_iter(t, e) for t, e in self._teams.items()))
         for *_, job in merged:
