@@ -8,7 +8,8 @@ Run it with `make bench`, or directly:
 
 Clusters (8-GPU dgx-a100 hosts, 16 per leaf switch, 4 switches per rack):
 Philly on 256 hosts (2,048 GPUs, a loaded cluster; see ../shared/traces/README.md),
-ITP clusters 02 on 64 hosts and 08, 09 on 128 hosts (the ElasticFlow paper's sizes).
+ITP clusters 02 on 64 hosts and 08, 09 on 128 hosts (the ElasticFlow paper's sizes; at
+those sizes nothing queues), and ITP cluster 02 on 16 hosts, a loaded variant.
 
 Writes `replay.json` (every metric, the bounds, the replay wall time), `replay.md` (a
 table) and PNG plots per trace (`<trace>/wait_cdf.png`, `utilization.png`,
@@ -33,7 +34,9 @@ from airflow_gpu.scheduler_core.trace import load_trace
 from airflow_gpu.scheduler_core.units import format_duration
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-SETUPS = {"philly": 256, "itp-cluster02": 64, "itp-cluster08": 128, "itp-cluster09": 128}
+# trace -> hosts; "name@N" replays the trace on N hosts (a loaded variant)
+SETUPS = {"philly": 256, "itp-cluster02": 64, "itp-cluster08": 128, "itp-cluster09": 128,
+          "itp-cluster02@16": 16}
 POLICIES = ("fifo", "count", "backfill")
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "replay"
 
@@ -52,7 +55,7 @@ def main() -> int:
     for name in args.only.split(","):
         hosts = SETUPS[name]
         cluster = synthetic_cluster(hosts, "dgx-a100")
-        trace = load_trace(args.traces / f"{name}.csv", args.limit)
+        trace = load_trace(args.traces / f"{name.split('@')[0]}.csv", args.limit)
         results = []
         for policy in POLICIES:
             res = simulate(cluster, trace, SimOptions(PolicyConfig(mode=policy), slowdown))
@@ -79,18 +82,19 @@ def main() -> int:
 def markdown(runs: list[dict], slowdown) -> str:
     d = format_duration
     lines = [f"Locality slowdown (one host / one switch / across): {slowdown}", "",
-             "| trace | GPUs | policy | jobs | avg JCT | avg wait | p95 wait | GPU util | "
-             "min hosts | replay |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| trace | GPUs | policy | jobs | avg JCT | avg wait | p95 wait | wait >1 host | "
+             "GPU util | min hosts | replay |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         lines.append(
             f"| {r['trace']} | {r['total_gpus']:,} | {r['policy']} | {r['jobs']:,} | "
             f"{d(r['avg_jct_s'])} | {d(r['avg_wait_s'])} | {d(r['p95_wait_s'])} | "
-            f"{r['gpu_utilization']:.1%} | {r['multi_gpu_jobs_min_hosts_frac']:.1%} | "
+            f"{d(r['avg_wait_large_s'])} | {r['gpu_utilization']:.1%} | "
+            f"{r['multi_gpu_jobs_min_hosts_frac']:.1%} | "
             f"{r['wall_s']:.0f}s |")
         if r["policy"] == POLICIES[-1]:
             lines.append(f"| {r['trace']} | | lower bound | | {d(r['avg_jct_lower_bound_s'])}"
-                         " | 0s | 0s | | | |")
+                         " | 0s | 0s | 0s | | | |")
     return "\n".join(lines) + "\n"
 
 

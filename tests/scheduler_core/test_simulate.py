@@ -87,7 +87,8 @@ def test_json_contract_and_plots_on_a_philly_slice(tmp_path):
     for r in results:
         assert {"jobs", "avg_jct_s", "avg_wait_s", "p95_wait_s", "makespan_s",
                 "gpu_utilization", "multi_gpu_jobs_min_hosts_frac", "policy",
-                "makespan_lower_bound_s", "avg_jct_lower_bound_s"} <= set(r)
+                "makespan_lower_bound_s", "avg_jct_lower_bound_s", "avg_wait_large_s",
+                "max_wait_s"} <= set(r)
         assert r["jobs"] + r["rejected"] == 300 and r["unfinished"] == 0
         assert 0 < r["gpu_utilization"] <= 1
         assert r["avg_jct_s"] >= r["avg_jct_lower_bound_s"]

@@ -96,7 +96,11 @@ class SimResult:
                     sum(r.hosts == -(-r.gpus // self.host_gpus) for r in multi) / len(multi)
                     if multi else 1.0),
                 avg_slowdown=sum((r.end - r.start) / r.duration for r in done) / len(done),
+                max_wait_s=waits[-1],
             )
+            large = [r.start - r.submit for r in done if r.gpus > self.host_gpus]
+            out["large_jobs"] = len(large)      # jobs bigger than one host: gangs of hosts
+            out["avg_wait_large_s"] = sum(large) / len(large) if large else 0.0
         if accepted:
             t0 = min(r.submit for r in accepted)
             out["makespan_lower_bound_s"] = max(
