@@ -294,3 +294,18 @@ def test_rejection_names_the_constraint():
         why = never_fits(spec, empty, REG)
         assert why is not None and text in why, (spec.name, why)
     assert never_fits(brief_job(), empty, REG) is None
+
+
+def test_same_state_same_choice_whatever_the_history():
+    """Hosts re-enter the free-GPU index in another order after a release and re-commit;
+    the choice must depend on the state only (reservation walks rely on this)."""
+    state = make_state({"name": "h[1-6]", "model": "dgx-a100"})
+    for i in range(6):
+        admit(state, job(f"six{i}", {"name": "w", "gpus": 6}))
+    first = place(job("two", {"name": "w", "gpus": 2}), state, REG)
+    for i in (4, 0, 2):
+        allocs = state.release(f"six{i}")
+        state.commit(f"six{i}", allocs)
+    again = place(job("two", {"name": "w", "gpus": 2}), state, REG)
+    assert [(a.host.name, a.gpus) for a in again.allocations] == [
+        (a.host.name, a.gpus) for a in first.allocations] == [("h1", [6, 7])]

@@ -133,11 +133,14 @@ class _Trial:
         return out
 
     def single_host(self) -> list[ReplicaAllocation] | None:
-        """The tightest single host that holds the whole job (hosts by free GPUs, ascending)."""
+        """The tightest single host that holds the whole job (hosts by free GPUs, ascending;
+        ties: the lowest host index)."""
         hosts = self.state.cluster.hosts
         for bucket in self.state.by_free[self.total_gpus:]:
             best, best_score = None, None
-            for i in bucket:
+            # by host index: the same state gives the same choice, whatever order hosts
+            # entered the bucket in
+            for i in sorted(bucket):
                 got = self.on_one_host(hosts[i])
                 if got is None:
                     continue

@@ -140,8 +140,7 @@ class Scheduler:
         for job, _ in p.result.started:
             self.queue.remove(job.name)
         p.result.reservations = p.reservations
-        if not explain:
-            self._planned = (self.state.epoch, p.made)
+        self._planned = (self.state.epoch, p.made)
         return p.result
 
     def _start(self, job: QueuedJob, allocations, now: float) -> None:
