@@ -9,9 +9,10 @@ import json
 import pytest
 import yaml
 
-from tests.helpers import SHARED
+from tests.helpers import REPO
 from tests.scheduler_core.test_cli import run
 
+DATA = REPO / "tests" / "data"
 CLUSTER = {"cluster": "two", "hosts": [
     {"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"}]}
 
@@ -79,7 +80,7 @@ def test_job_larger_than_the_cluster_is_reported_as_rejected(tmp_path, cluster_f
 def test_json_contract_and_plots_on_a_philly_slice(tmp_path):
     plots = tmp_path / "plots"
     out = run("simulate", "--hosts", "4", "--hosts-per-switch", "2",
-              "--trace", str(SHARED / "traces" / "philly.csv"), "--limit", "300",
+              "--trace", str(DATA / "philly-head-300.csv"), "--limit", "300",
               "--policy", "all", "--json", "--plot", str(plots))
     assert out.returncode == 0, out.stderr
     results = json.loads(out.stdout)["results"]
