@@ -13,7 +13,7 @@ import bisect
 import heapq
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .fit import Need
 from .jobspec import JobSpec
@@ -38,7 +38,6 @@ class QueuedJob:
     needs: list[Need]
     shape: tuple
     gpus: int = 0            # GPUs of the whole gang
-    data: dict = field(default_factory=dict)   # the driver's own fields (trace duration, ids)
 
     @property
     def name(self) -> str:
@@ -47,9 +46,6 @@ class QueuedJob:
     @property
     def team(self) -> str:
         return self.spec.team
-
-    def priority(self, now: float, age_weight: float, fairshare: float) -> float:
-        return self.base + age_weight * (now - self.submit) / 3600.0 + fairshare
 
 
 class JobQueue:

@@ -74,8 +74,7 @@ class Scheduler:
         self._planned: tuple[int, list[Reservation]] = (-1, [])
 
     # -- what drivers call -----------------------------------------------------------------
-    def submit(self, spec: JobSpec, now: float, runtime: float | None = None,
-               data: dict | None = None) -> QueuedJob:
+    def submit(self, spec: JobSpec, now: float, runtime: float | None = None) -> QueuedJob:
         """Queue a job; raises Rejected if it can never run (naming why), InputError for
         an unknown job class."""
         spec = resolve(spec, self.reg.job_classes)
@@ -91,7 +90,6 @@ class Scheduler:
         why = self.rejection(job)
         if why:
             raise Rejected(spec.name, why)
-        job.data.update(data or {})
         self.queue.add(job)
         return job
 
