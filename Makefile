@@ -16,6 +16,7 @@ demo: $(BIN)/.installed
 	$(BIN)/airflow-gpu plan --cluster example --jobs examples/jobs.yaml
 
 test: $(BIN)/.installed
+	scripts/ensure-postgres.sh
 	$(BIN)/ruff check src tests bench
 	$(BIN)/pytest -q
 

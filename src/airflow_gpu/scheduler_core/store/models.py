@@ -1,0 +1,121 @@
+"""Tables of the service. A GPU or core is held by at most one live allocation: the hold
+tables' primary keys are (host, gpu) and (host, cpu), and rows live only while held, so the
+database itself refuses a double booking."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAME = 200
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class HostRow(Base):
+    __tablename__ = "hosts"
+    name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    model: Mapped[str] = mapped_column(String(NAME))
+    rack: Mapped[str] = mapped_column(String(NAME))
+    switch: Mapped[str] = mapped_column(String(NAME))
+    docker_url: Mapped[str | None] = mapped_column(String(1000))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    drained: Mapped[bool] = mapped_column(Boolean, default=False)
+    unhealthy_gpus: Mapped[list[Any]] = mapped_column(default=list)
+    reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_key"),)
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME))
+    team: Mapped[str] = mapped_column(String(NAME), index=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(NAME))
+    spec: Mapped[dict[str, Any]] = mapped_column()
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    priority: Mapped[int] = mapped_column(Integer, default=0)
+    reason_code: Mapped[str | None] = mapped_column(String(40))
+    reason: Mapped[str | None] = mapped_column(Text)
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    eta_seconds: Mapped[float | None] = mapped_column(Float)
+    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    admitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    outcome: Mapped[str | None] = mapped_column(String(20))
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+
+
+class AllocationRow(Base):
+    """One replica's grant, kept after release as history (`live` false)."""
+
+    __tablename__ = "allocations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    role: Mapped[str] = mapped_column(String(NAME))
+    replica: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name"))
+    gpus: Mapped[list[Any]] = mapped_column()
+    cpus: Mapped[list[Any]] = mapped_column()
+    memory_by_numa: Mapped[dict[str, Any]] = mapped_column()
+    nics: Mapped[list[Any]] = mapped_column()
+    live: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
+
+
+class GpuHoldRow(Base):
+    __tablename__ = "gpu_holds"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name"), primary_key=True)
+    gpu: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+
+
+class CpuHoldRow(Base):
+    __tablename__ = "cpu_holds"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name"), primary_key=True)
+    cpu: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    host: Mapped[str | None] = mapped_column(String(NAME))
+    kind: Mapped[str] = mapped_column(String(40))
+    message: Mapped[str] = mapped_column(Text)
+
+
+class TokenRow(Base):
+    __tablename__ = "tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    team: Mapped[str] = mapped_column(String(NAME))
+    admin: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class TeamRow(Base):
+    """Admin-set shares and quotas; they override the policy file's `teams`."""
+
+    __tablename__ = "teams"
+    name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    share: Mapped[float | None] = mapped_column(Float)
+    quota_gpus: Mapped[int | None] = mapped_column(Integer)

@@ -1,0 +1,38 @@
+"""Databases for the service tests: a SQLite file, and the machine's PostgreSQL
+(127.0.0.1:5432, user postgres, database test) in a schema of its own per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+from sqlalchemy import create_engine, text
+
+PG_ADMIN = os.environ.get("AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+def _pg_schema_url() -> tuple[str, str]:
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with create_engine(PG_ADMIN).begin() as conn:
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    return schema, f"{PG_ADMIN}?options=-csearch_path%3D{schema}"
+
+
+def _drop_pg_schema(schema: str) -> None:
+    engine = create_engine(PG_ADMIN)
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    engine.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'airflow-gpu.db'}"
+        return
+    schema, url = _pg_schema_url()
+    try:
+        yield url
+    finally:
+        _drop_pg_schema(schema)
