@@ -89,6 +89,13 @@ class FairShare:
             self.usage[team] = self.usage.get(team, 0.0) * decay + self.running.get(team, 0) * gain
         self.now = now
 
+    def add_past(self, team: str, gpus: int, start: float, end: float) -> None:
+        """Usage of a job that ran from `start` to `end` (both before the current time)."""
+        h, ln2 = self.half_life, math.log(2)
+        ago_end, ago_start = max(0.0, self.now - end), max(0.0, self.now - start)
+        self.usage[team] = self.usage.get(team, 0.0) + gpus * h / ln2 * (
+            2.0 ** (-ago_end / h) - 2.0 ** (-ago_start / h))
+
     def add(self, team: str, gpus: int, now: float) -> None:
         """`gpus` (negative: returned) held by `team` from `now` on."""
         self.advance(now)

@@ -93,6 +93,13 @@ class Scheduler:
         self.queue.add(job)
         return job
 
+    def restore(self, spec: JobSpec, allocations, start: float, runtime: float) -> None:
+        """A job that already holds resources (a driver rebuilding from its store)."""
+        spec = resolve(spec, self.reg.job_classes)
+        job = self.queue.make(spec, start, self._seq, float(runtime), 0)
+        self._seq += 1
+        self._start(job, allocations, start)
+
     def rejection(self, job: QueuedJob) -> str | None:
         quota = self.config.quota(job.team)
         if quota is not None and job.gpus > quota:

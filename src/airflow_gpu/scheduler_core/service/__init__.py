@@ -1,0 +1,1 @@
+"""The scheduler-core service: the store-backed core, the REST API and the scheduling loop."""

@@ -1,0 +1,153 @@
+"""The REST API (FastAPI). Routes stay thin: the work is in `core.Service`."""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager
+from typing import Annotated, Literal
+
+from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..errors import InputError
+from .auth import principal_for
+from .core import Conflict, Forbidden, NotFound, Principal, Service
+from .loop import SchedulerLoop
+from .metrics import Metrics
+from .schemas import (
+    EventOut,
+    ExplainOut,
+    FinishRequest,
+    HostOut,
+    JobOut,
+    SubmitRequest,
+)
+
+MAX_BODY = 1 << 20          # bytes; larger request bodies get 413
+States = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "lost"]
+
+
+def create_app(service: Service, run_loop: bool = True) -> FastAPI:
+    metrics = Metrics(service)
+    loop = SchedulerLoop(service, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        if run_loop:
+            loop.start()
+        yield
+        if run_loop:
+            loop.stop()
+
+    app = FastAPI(title="airflow-provider-gpu scheduler-core", version="1",
+                  description="GPU-aware admission for Airflow on DGX clusters.",
+                  lifespan=lifespan)
+    app.state.service, app.state.loop, app.state.metrics = service, loop, metrics
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next):
+        size = request.headers.get("content-length")
+        if size and size.isdigit() and int(size) > MAX_BODY:
+            return JSONResponse({"detail": f"request body of {size} bytes is over the limit "
+                                 f"of {MAX_BODY} bytes"}, status_code=413)
+        return await call_next(request)
+
+    for exc_type, status in ((InputError, 422), (NotFound, 404), (Forbidden, 403),
+                             (Conflict, 409)):
+        app.add_exception_handler(exc_type, _handler(status))
+    app.add_exception_handler(_Http, lambda _, e: JSONResponse(
+        {"detail": e.detail}, status_code=e.status,
+        headers={"WWW-Authenticate": "Bearer"} if e.status == 401 else None))
+
+    @app.get("/healthz")
+    def healthz() -> dict:
+        return {"status": "ok", "scheduling": loop.leader}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/api/v1/jobs", status_code=201, response_model=JobOut)
+    async def submit(body: SubmitRequest, p: Who, response: Response,
+                     idempotency_key: Annotated[str | None, Header(max_length=200)] = None):
+        row, created = await run_in_threadpool(
+            service.submit, body.spec, p, body.idempotency_key or idempotency_key)
+        if not created:
+            response.status_code = 200
+        return JobOut.of(row)
+
+    @app.get("/api/v1/jobs", response_model=list[JobOut])
+    def list_jobs(_: Who, state: States | None = None,
+                  team: Annotated[str | None, Query(max_length=200)] = None,
+                  limit: Annotated[int, Query(ge=1, le=10_000)] = 1000):
+        return [JobOut.of(j) for j in service.list_jobs(state, team, limit)]
+
+    @app.get("/api/v1/jobs/{job_id}", response_model=JobOut)
+    def get_job(job_id: str, _: Who):
+        return JobOut.of(service.get(job_id), service.allocations(job_id))
+
+    @app.delete("/api/v1/jobs/{job_id}", response_model=JobOut)
+    def cancel(job_id: str, p: Who):
+        return JobOut.of(service.cancel(job_id, p), service.allocations(job_id))
+
+    @app.get("/api/v1/jobs/{job_id}/explain", response_model=ExplainOut)
+    def explain(job_id: str, _: Who):
+        j = service.get(job_id)
+        return ExplainOut(id=j.id, state=j.state, code=j.reason_code, reason=j.reason,
+                          details=j.details, eta_seconds=j.eta_seconds,
+                          events=[EventOut.of(e) for e in service.events(job_id)])
+
+    @app.post("/api/v1/jobs/{job_id}/heartbeat", response_model=JobOut)
+    def heartbeat(job_id: str, p: Who):
+        return JobOut.of(service.heartbeat(job_id, p), service.allocations(job_id))
+
+    @app.post("/api/v1/jobs/{job_id}/finish", response_model=JobOut)
+    def finish(job_id: str, body: FinishRequest, p: Who):
+        return JobOut.of(service.finish(job_id, p, body.outcome, body.exit_code),
+                         service.allocations(job_id))
+
+    @app.get("/api/v1/cluster")
+    def cluster(_: Who) -> dict:
+        return service.cluster_view()
+
+    @app.post("/api/v1/hosts/{name}/drain", response_model=HostOut)
+    def drain(name: str, p: Who):
+        row = service.set_drained(name, True, p)
+        return HostOut(name=row.name, drained=row.drained)
+
+    @app.post("/api/v1/hosts/{name}/resume", response_model=HostOut)
+    def resume(name: str, p: Who):
+        row = service.set_drained(name, False, p)
+        return HostOut(name=row.name, drained=row.drained)
+
+    return app
+
+
+_bearer = HTTPBearer(auto_error=False)
+
+
+def _who(request: Request,
+         cred: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+    if cred is None:
+        raise _Http(401, "missing bearer token: send 'Authorization: Bearer <token>' "
+                    "(airflow-gpu token create --team T)")
+    p = principal_for(request.app.state.service.sessions, cred.credentials)
+    if p is None:
+        raise _Http(401, "unknown token: create one with airflow-gpu token create")
+    return p
+
+
+Who = Annotated[Principal, Depends(_who)]
+
+
+class _Http(Exception):
+    def __init__(self, status: int, detail: str):
+        self.status, self.detail = status, detail
+
+
+def _handler(status: int):
+    def handle(_: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=status)
+    return handle

@@ -1,0 +1,423 @@
+"""The service over the store: submit, cancel, heartbeat, finish, hosts, leases, and the
+scheduling pass. Every change is one transaction; the committed store is the only truth,
+so the pass rebuilds the engine's state from it each time and a restart loses nothing.
+
+State changes are guarded updates (`... WHERE state IN (...)`), so a cancel racing the
+pass can never be overwritten by an admission, and the hold tables' keys make the
+database refuse a GPU or core granted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from ..cluster import Cluster, Host
+from ..jobclasses import resolve
+from ..jobspec import JobSpec
+from ..placement import compile_needs, never_fits
+from ..plugins import Registry, default_registry
+from ..policy import PolicyConfig, TeamPolicy
+from ..scheduler import Rejected, Scheduler
+from ..state import ClusterState, ReplicaAllocation
+from ..store.db import make_engine, sessions, upgrade
+from ..store.models import (
+    AllocationRow,
+    CpuHoldRow,
+    EventRow,
+    GpuHoldRow,
+    HostRow,
+    JobRow,
+    TeamRow,
+)
+
+log = logging.getLogger(__name__)
+
+PENDING = "pending"
+LIVE = ("admitted", "running")
+ENDED = ("succeeded", "failed", "cancelled", "lost")
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Forbidden(PermissionError):
+    pass
+
+
+class Conflict(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Principal:
+    team: str
+    admin: bool = False
+
+    def may_act_for(self, team: str) -> bool:
+        return self.admin or self.team == team
+
+
+@dataclass
+class Settings:
+    db_url: str
+    cluster: Cluster
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    lease_ttl: float = 60.0          # seconds an admitted/running job lives without heartbeat
+    pass_interval: float = 2.0       # seconds between scheduling passes
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(dt: datetime) -> float:
+    if dt.tzinfo is None:          # SQLite gives naive datetimes back: they were UTC
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def spec_gpus(spec: dict) -> int:
+    return sum(r.get("gpus", 0) * r.get("replicas", 1) for r in spec.get("roles", []))
+
+
+class Service:
+    def __init__(self, settings: Settings, reg: Registry | None = None):
+        self.settings = settings
+        self.cluster = settings.cluster
+        self.reg = reg or default_registry()
+        self.engine = make_engine(settings.db_url)
+        upgrade(self.engine)
+        self.sessions = sessions(self.engine)
+        self._empty = ClusterState(self.cluster)
+        self._never: dict[str, str | None] = {}
+        self.wake = threading.Event()        # set when a pass is worth running now
+        self.sync_hosts()
+
+    # -- hosts ----------------------------------------------------------------------------
+    def sync_hosts(self) -> None:
+        """Hosts of the cluster file into the store; drain and health are kept."""
+        with self.sessions.begin() as s:
+            known = {h.name: h for h in s.scalars(select(HostRow))}
+            for h in self.cluster.hosts:
+                row = known.get(h.name)
+                if row is None:
+                    s.add(HostRow(name=h.name, model=h.type.model, rack=h.rack,
+                                  switch=h.switch, docker_url=h.docker_url,
+                                  labels=dict(h.labels), drained=False, unhealthy_gpus=[]))
+                else:
+                    row.model, row.rack, row.switch = h.type.model, h.rack, h.switch
+                    row.docker_url, row.labels = h.docker_url, dict(h.labels)
+
+    def set_drained(self, name: str, drained: bool, who: Principal) -> HostRow:
+        if not who.admin:
+            raise Forbidden("only admins drain or resume hosts")
+        with self.sessions.begin() as s:
+            row = s.get(HostRow, name)
+            if row is None:
+                raise NotFound(f"host {name!r} is not in the cluster")
+            row.drained = drained
+            self._event(s, "host", f"host {name} {'drained' if drained else 'resumed'}",
+                        host=name)
+        self.wake.set()
+        return row
+
+    # -- jobs -----------------------------------------------------------------------------
+    def submit(self, spec: JobSpec, who: Principal,
+               key: str | None = None) -> tuple[JobRow, bool]:
+        """Queue a job; (row, created). The same idempotency key (per team) returns the
+        job it created first. Raises Rejected (can never run) or InputError (bad class)."""
+        if "team" not in spec.model_fields_set:
+            spec = spec.model_copy(update={"team": who.team})
+        if not who.may_act_for(spec.team):
+            raise Forbidden(f"team: your token is for team {who.team!r}, not {spec.team!r}")
+        resolved = resolve(spec, self.reg.job_classes)
+        why = self._rejection(resolved)
+        if why:
+            raise Rejected(spec.name, why)
+        if key:
+            found = self._by_key(spec.team, key)
+            if found is not None:
+                return found, False
+        row = JobRow(id=str(uuid.uuid4()), name=spec.name, team=spec.team,
+                     idempotency_key=key,
+                     spec={**spec.model_dump(mode="json", exclude_unset=True), "team": spec.team},
+                     state=PENDING, priority=spec.priority, details={},
+                     submitted_at=utcnow())
+        try:
+            with self.sessions.begin() as s:
+                s.add(row)
+                self._event(s, "submitted", f"submitted by team {spec.team}", job=row.id)
+        except IntegrityError:
+            found = self._by_key(spec.team, key) if key else None
+            if found is None:
+                raise
+            return found, False
+        self.wake.set()
+        return row, True
+
+    def _by_key(self, team: str, key: str) -> JobRow | None:
+        with self.sessions() as s:
+            return s.scalars(select(JobRow).where(
+                JobRow.team == team, JobRow.idempotency_key == key)).first()
+
+    def _rejection(self, spec: JobSpec) -> str | None:
+        quota = self._policy().quota(spec.team)
+        if quota is not None and spec.total_gpus > quota:
+            return (f"needs {spec.total_gpus} GPUs but team {spec.team!r} has quota_gpus "
+                    f"{quota}; raise the team's quota or shrink the job")
+        key = spec.model_dump_json(include={"roles", "placement"})
+        if key not in self._never:
+            self._never[key] = never_fits(spec, self._empty, self.reg, compile_needs(spec))
+        return self._never[key]
+
+    def get(self, job_id: str) -> JobRow:
+        with self.sessions() as s:
+            row = s.get(JobRow, job_id)
+        if row is None:
+            raise NotFound(f"job {job_id!r} does not exist")
+        return row
+
+    def list_jobs(self, state: str | None = None, team: str | None = None,
+                  limit: int = 1000) -> list[JobRow]:
+        q = select(JobRow).order_by(JobRow.submitted_at, JobRow.id).limit(limit)
+        if state:
+            q = q.where(JobRow.state == state)
+        if team:
+            q = q.where(JobRow.team == team)
+        with self.sessions() as s:
+            return list(s.scalars(q))
+
+    def allocations(self, job_id: str) -> list[AllocationRow]:
+        with self.sessions() as s:
+            return list(s.scalars(select(AllocationRow).where(AllocationRow.job_id == job_id)
+                                  .order_by(AllocationRow.id)))
+
+    def events(self, job_id: str) -> list[EventRow]:
+        with self.sessions() as s:
+            return list(s.scalars(select(EventRow).where(EventRow.job_id == job_id)
+                                  .order_by(EventRow.id)))
+
+    def cancel(self, job_id: str, who: Principal) -> JobRow:
+        return self._end(job_id, who, "cancelled", None, from_states=(PENDING, *LIVE))
+
+    def finish(self, job_id: str, who: Principal, outcome: str,
+               exit_code: int | None) -> JobRow:
+        return self._end(job_id, who, outcome, exit_code, from_states=LIVE)
+
+    def _end(self, job_id: str, who: Principal, state: str, exit_code: int | None,
+             from_states: tuple[str, ...]) -> JobRow:
+        row = self.get(job_id)
+        if not who.may_act_for(row.team):
+            raise Forbidden(f"job {job_id} belongs to team {row.team!r}; your token is for "
+                            f"team {who.team!r}")
+        with self.sessions.begin() as s:
+            done = s.execute(update(JobRow).where(
+                JobRow.id == job_id, JobRow.state.in_(from_states)).values(
+                state=state, finished_at=utcnow(), exit_code=exit_code,
+                outcome=state, lease_expires_at=None))
+            if done.rowcount != 1:
+                current = s.get(JobRow, job_id)
+                if current.state == state:
+                    return current            # repeating a cancel or finish is harmless
+                raise Conflict(f"job {job_id} is {current.state}; only a job that is "
+                               f"{' or '.join(from_states)} can become {state}")
+            self._release(s, job_id)
+            self._event(s, state, f"{state}" + (f" (exit code {exit_code})"
+                                                if exit_code is not None else ""), job=job_id)
+        self.wake.set()
+        return self.get(job_id)
+
+    def heartbeat(self, job_id: str, who: Principal) -> JobRow:
+        """The launcher is alive: extend the lease; the first heartbeat marks it running."""
+        row = self.get(job_id)
+        if not who.may_act_for(row.team):
+            raise Forbidden(f"job {job_id} belongs to team {row.team!r}; your token is for "
+                            f"team {who.team!r}")
+        now = utcnow()
+        lease = now + timedelta(seconds=self.settings.lease_ttl)
+        with self.sessions.begin() as s:
+            started = s.execute(update(JobRow).where(
+                JobRow.id == job_id, JobRow.state == "admitted").values(
+                state="running", started_at=now, lease_expires_at=lease))
+            if started.rowcount == 1:
+                self._event(s, "running", "the launcher confirmed the start", job=job_id)
+            else:
+                kept = s.execute(update(JobRow).where(
+                    JobRow.id == job_id, JobRow.state == "running").values(
+                    lease_expires_at=lease))
+                if kept.rowcount != 1:
+                    raise Conflict(f"job {job_id} is {row.state}; only admitted or running "
+                                   "jobs take heartbeats")
+        return self.get(job_id)
+
+    def expire_leases(self) -> list[str]:
+        """Admitted or running jobs whose lease ran out become `lost`; resources return."""
+        now = utcnow()
+        lost = []
+        with self.sessions.begin() as s:
+            ids = list(s.scalars(select(JobRow.id).where(
+                JobRow.state.in_(LIVE), JobRow.lease_expires_at < now)))
+            for job_id in ids:
+                done = s.execute(update(JobRow).where(
+                    JobRow.id == job_id, JobRow.state.in_(LIVE),
+                    JobRow.lease_expires_at < now).values(
+                    state="lost", finished_at=now, outcome="lost", lease_expires_at=None))
+                if done.rowcount == 1:
+                    self._release(s, job_id)
+                    self._event(s, "lost", "lease expired: no heartbeat from the launcher "
+                                f"for {self.settings.lease_ttl:g}s", job=job_id)
+                    lost.append(job_id)
+        if lost:
+            self.wake.set()
+        return lost
+
+    @staticmethod
+    def _release(s: Session, job_id: str) -> None:
+        s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == job_id))
+        s.execute(delete(CpuHoldRow).where(CpuHoldRow.job_id == job_id))
+        s.execute(update(AllocationRow).where(AllocationRow.job_id == job_id).values(live=False))
+
+    @staticmethod
+    def _event(s: Session, kind: str, message: str, job: str | None = None,
+               host: str | None = None) -> None:
+        s.add(EventRow(at=utcnow(), job_id=job, host=host, kind=kind, message=message))
+
+    # -- the scheduling pass --------------------------------------------------------------
+    def _policy(self) -> PolicyConfig:
+        with self.sessions() as s:
+            teams = list(s.scalars(select(TeamRow)))
+        if not teams:
+            return self.settings.policy
+        merged = dict(self.settings.policy.teams)
+        for t in teams:
+            base = merged.get(t.name, TeamPolicy())
+            merged[t.name] = TeamPolicy(share=t.share if t.share is not None else base.share,
+                                        quota_gpus=t.quota_gpus)
+        return self.settings.policy.model_copy(update={"teams": merged})
+
+    def schedule_pass(self) -> list[str]:
+        """One pass of the engine on the committed state; admits by writing allocations and
+        holds in one transaction. Returns the admitted job ids."""
+        now = utcnow()
+        t_now = _ts(now)
+        policy = self._policy()
+        with self.sessions.begin() as s:
+            state = ClusterState(self.cluster)
+            for h in s.scalars(select(HostRow)):
+                if h.name in self.cluster.by_name:
+                    if h.drained:
+                        state.set_drained(h.name)
+                    if h.unhealthy_gpus:
+                        state.set_unhealthy_gpus(h.name, list(h.unhealthy_gpus))
+            sched = Scheduler(state, policy, self.reg, now=t_now)
+            self._restore(s, sched, t_now)
+            pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
+                                     .order_by(JobRow.submitted_at, JobRow.id)))
+            for row in pending:
+                spec = JobSpec.model_validate({**row.spec, "name": row.id})
+                try:
+                    sched.submit(spec, _ts(row.submitted_at))
+                except Rejected as exc:   # the cluster shrank under it
+                    s.execute(update(JobRow).where(JobRow.id == row.id,
+                                                   JobRow.state == PENDING).values(
+                        reason_code="Rejected", reason=exc.reason, eta_seconds=None))
+            result = sched.schedule(t_now, explain=True)
+            lease = now + timedelta(seconds=self.settings.lease_ttl)
+            admitted = []
+            for job, placed in result.started:
+                done = s.execute(update(JobRow).where(
+                    JobRow.id == job.name, JobRow.state == PENDING).values(
+                    state="admitted", admitted_at=now, lease_expires_at=lease,
+                    reason_code=None, reason=None, details={}, eta_seconds=None))
+                if done.rowcount != 1:
+                    continue              # cancelled meanwhile
+                self._write_allocations(s, job.name, placed.allocations)
+                hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
+                self._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}",
+                            job=job.name)
+                admitted.append(job.name)
+            for job_id, why in result.pending.items():
+                s.execute(update(JobRow).where(JobRow.id == job_id,
+                                               JobRow.state == PENDING).values(
+                    reason_code=why.code, reason=why.message, details=why.details,
+                    eta_seconds=why.eta))
+        return admitted
+
+    def _restore(self, s: Session, sched: Scheduler, t_now: float) -> None:
+        rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
+        allocs: dict[str, list[AllocationRow]] = {}
+        for a in s.scalars(select(AllocationRow).where(AllocationRow.live.is_(True))
+                           .order_by(AllocationRow.id)):
+            allocs.setdefault(a.job_id, []).append(a)
+        half_lives = 5 * self.settings.policy.fairshare_half_life
+        for row in s.scalars(select(JobRow).where(
+                JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
+                JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
+            sched.fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at),
+                                     _ts(row.finished_at))
+        for row in rows:
+            spec = JobSpec.model_validate({**row.spec, "name": row.id})
+            start = _ts(row.admitted_at)
+            sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
+            resolved = resolve(spec, self.reg.job_classes)
+            runtime = resolved.expected_runtime or self.settings.policy.default_runtime
+            sched.restore(spec, [self._to_engine(a) for a in allocs.get(row.id, [])],
+                          start, runtime)
+
+    def _to_engine(self, a: AllocationRow) -> ReplicaAllocation:
+        host: Host = self.cluster.by_name[a.host]
+        t = host.type
+        cpu_masks: dict[int, int] = {}
+        for c in a.cpus:
+            p = next(i for i, m in enumerate(t.numa_cpus) if m >> c & 1)
+            cpu_masks[p] = cpu_masks.get(p, 0) | 1 << c
+        mem = [(t.numa_ids.index(int(n)), b) for n, b in a.memory_by_numa.items()]
+        return ReplicaAllocation(a.job_id, a.role, a.replica, host,
+                                 sum(1 << g for g in a.gpus), sorted(cpu_masks.items()),
+                                 sorted(mem), list(a.nics))
+
+    @staticmethod
+    def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation]) -> None:
+        for a in allocs:
+            d = a.to_dict()
+            s.add(AllocationRow(job_id=job_id, role=a.role, replica=a.index, host=a.host.name,
+                                gpus=d["gpus"], cpus=d["cpus"],
+                                memory_by_numa=d["memory_by_numa"], nics=d["nics"],
+                                live=True))
+            s.add_all(GpuHoldRow(host=a.host.name, gpu=g, job_id=job_id) for g in a.gpus)
+            s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
+        s.flush()   # the hold keys are checked here, inside the pass's transaction
+
+    # -- the cluster view ---------------------------------------------------------------------
+    def cluster_view(self) -> dict:
+        with self.sessions() as s:
+            hosts = {h.name: h for h in s.scalars(select(HostRow))}
+            holds = {(g.host, g.gpu): g.job_id for g in s.scalars(select(GpuHoldRow))}
+            jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(LIVE)))}
+        out = []
+        for h in self.cluster.hosts:
+            row = hosts.get(h.name)
+            bad = set(row.unhealthy_gpus) if row else set()
+            gpus = []
+            for g in range(h.type.n_gpus):
+                job = holds.get((h.name, g))
+                gpus.append({"index": g, "name": h.type.gpu_name[g],
+                             "numa_node": h.type.numa_ids[h.type.gpu_numa[g]],
+                             "healthy": g not in bad, "job": job,
+                             "team": jobs[job].team if job in jobs else None})
+            out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
+                        "switch": h.switch, "drained": bool(row and row.drained),
+                        "gpus": gpus,
+                        "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"])})
+        return {"cluster": self.cluster.name, "hosts": out,
+                "gpus_total": sum(len(h["gpus"]) for h in out),
+                "gpus_allocated": len(holds)}

@@ -1,0 +1,105 @@
+"""The API's request and response bodies (pydantic); the OpenAPI at /docs comes from them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..jobspec import JobSpec
+from ..store.models import AllocationRow, EventRow, JobRow
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SubmitRequest(_In):
+    spec: JobSpec
+    idempotency_key: str | None = Field(
+        None, min_length=1, max_length=200,
+        description="the same key (per team) returns the job it created first; Airflow uses "
+        "dag id, task id, run id, map index and try number")
+
+
+class FinishRequest(_In):
+    outcome: Literal["succeeded", "failed"]
+    exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+
+
+class ReplicaOut(BaseModel):
+    role: str
+    index: int
+    host: str
+    gpus: list[int]
+    cpus: list[int]
+    memory_by_numa: dict[str, int]
+    nics: list[str]
+    live: bool
+
+    @classmethod
+    def of(cls, a: AllocationRow) -> ReplicaOut:
+        return cls(role=a.role, index=a.replica, host=a.host, gpus=a.gpus, cpus=a.cpus,
+                   memory_by_numa=a.memory_by_numa, nics=a.nics, live=a.live)
+
+
+class ReasonOut(BaseModel):
+    code: str | None
+    reason: str | None
+    details: dict[str, Any]
+    eta_seconds: float | None
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    team: str
+    state: str
+    priority: int
+    spec: dict[str, Any]
+    pending: ReasonOut | None = None
+    submitted_at: datetime
+    admitted_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    lease_expires_at: datetime | None
+    exit_code: int | None
+    replicas: list[ReplicaOut] = []
+
+    @classmethod
+    def of(cls, j: JobRow, allocations: list[AllocationRow] | None = None) -> JobOut:
+        return cls(id=j.id, name=j.name, team=j.team, state=j.state, priority=j.priority,
+                   spec=j.spec,
+                   pending=ReasonOut(code=j.reason_code, reason=j.reason, details=j.details,
+                                     eta_seconds=j.eta_seconds) if j.state == "pending"
+                   else None,
+                   submitted_at=j.submitted_at, admitted_at=j.admitted_at,
+                   started_at=j.started_at, finished_at=j.finished_at,
+                   lease_expires_at=j.lease_expires_at, exit_code=j.exit_code,
+                   replicas=[ReplicaOut.of(a) for a in allocations or []])
+
+
+class EventOut(BaseModel):
+    at: datetime
+    kind: str
+    message: str
+
+    @classmethod
+    def of(cls, e: EventRow) -> EventOut:
+        return cls(at=e.at, kind=e.kind, message=e.message)
+
+
+class ExplainOut(BaseModel):
+    id: str
+    state: str
+    code: str | None
+    reason: str | None
+    details: dict[str, Any]
+    eta_seconds: float | None
+    events: list[EventOut]
+
+
+class HostOut(BaseModel):
+    name: str
+    drained: bool

@@ -1,0 +1,199 @@
+"""The API through FastAPI's test client (the real app, its real store) on SQLite and
+PostgreSQL: the job lifecycle, idempotency, auth, validation, leases, explain, metrics."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_gpu.scheduler_core.service.app import create_app
+from airflow_gpu.scheduler_core.service.auth import create_token
+from airflow_gpu.scheduler_core.service.core import Service, Settings
+from tests.helpers import make_cluster
+
+HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
+
+
+def spec(name: str, gpus: int, team: str | None = None, runtime: str = "1h") -> dict:
+    roles = [{"name": "w", "replicas": gpus // 8, "gpus": 8}] if gpus > 8 else [
+        {"name": "w", "gpus": gpus}]
+    out = {"name": name, "roles": roles, "expected_runtime": runtime}
+    if team:
+        out["team"] = team
+    return out
+
+
+@pytest.fixture
+def api(db_url):
+    service = Service(Settings(db_url, make_cluster(*HOSTS), lease_ttl=30))
+    app = create_app(service, run_loop=False)
+    tokens = {t: create_token(service.sessions, t) for t in ("vision", "nlp")}
+    tokens["admin"] = create_token(service.sessions, "ops", admin=True)
+    with TestClient(app) as client:
+        client.tokens = tokens
+        client.tick = app.state.loop.tick
+        client.service = service
+        yield client
+    service.engine.dispose()
+
+
+def auth(api, team: str) -> dict:
+    return {"Authorization": f"Bearer {api.tokens[team]}"}
+
+
+def submit(api, team: str, body: dict, key: str | None = None):
+    return api.post("/api/v1/jobs", json={"spec": body, "idempotency_key": key},
+                    headers=auth(api, team))
+
+
+def test_job_lifecycle(api):
+    r = submit(api, "vision", spec("train", 8))
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert job["state"] == "pending" and job["team"] == "vision"
+    assert api.tick() == [job["id"]]
+    got = api.get(f"/api/v1/jobs/{job['id']}", headers=auth(api, "nlp")).json()
+    assert got["state"] == "admitted"
+    (replica,) = got["replicas"]
+    assert len(replica["gpus"]) == 8 and replica["host"] in ("dgx-1", "dgx-2")
+    r = api.post(f"/api/v1/jobs/{job['id']}/heartbeat", headers=auth(api, "vision"))
+    assert r.json()["state"] == "running" and r.json()["started_at"]
+    r = api.post(f"/api/v1/jobs/{job['id']}/finish", json={"outcome": "succeeded",
+                 "exit_code": 0}, headers=auth(api, "vision"))
+    assert r.json()["state"] == "succeeded" and r.json()["exit_code"] == 0
+    cluster = api.get("/api/v1/cluster", headers=auth(api, "nlp")).json()
+    assert cluster["gpus_allocated"] == 0 and cluster["gpus_total"] == 16
+    events = api.get(f"/api/v1/jobs/{job['id']}/explain", headers=auth(api, "nlp")).json()
+    assert [e["kind"] for e in events["events"]] == ["submitted", "admitted", "running",
+                                                      "succeeded"]
+
+
+def test_idempotency_key_returns_the_same_job(api):
+    first = submit(api, "vision", spec("train", 1), key="dag.task.run.0.1")
+    again = submit(api, "vision", spec("train", 1), key="dag.task.run.0.1")
+    assert (first.status_code, again.status_code) == (201, 200)
+    assert first.json()["id"] == again.json()["id"]
+    other = submit(api, "nlp", spec("train", 1), key="dag.task.run.0.1")
+    assert other.status_code == 201 and other.json()["id"] != first.json()["id"]
+
+
+def test_pending_job_explains_itself_and_starts_when_gpus_free(api):
+    big = submit(api, "vision", spec("big", 16, runtime="2h")).json()
+    api.tick()
+    waiting = submit(api, "nlp", spec("next", 8)).json()
+    assert api.tick() == []
+    why = api.get(f"/api/v1/jobs/{waiting['id']}/explain", headers=auth(api, "nlp")).json()
+    assert why["state"] == "pending" and why["code"] == "Resources"
+    assert why["reason"].startswith("needs w 1x(8 GPUs")
+    assert 7100 < why["eta_seconds"] <= 7200          # when big is expected to end
+    api.delete(f"/api/v1/jobs/{big['id']}", headers=auth(api, "vision"))
+    assert api.tick() == [waiting["id"]]
+
+
+def test_lease_expiry_marks_lost_and_frees_the_gpus(api):
+    api.service.settings.lease_ttl = 0.2
+    a = submit(api, "vision", spec("a", 16)).json()
+    api.tick()
+    b = submit(api, "nlp", spec("b", 16)).json()
+    assert api.tick() == []
+    time.sleep(0.3)
+    assert api.tick() == [b["id"]]
+    assert api.get(f"/api/v1/jobs/{a['id']}", headers=auth(api, "vision")).json()[
+        "state"] == "lost"
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("post", "/api/v1/jobs", {"spec": spec("x", 1)}),
+    ("get", "/api/v1/jobs", None),
+    ("get", "/api/v1/cluster", None),
+    ("delete", "/api/v1/jobs/{id}", None),
+    ("post", "/api/v1/jobs/{id}/heartbeat", None),
+    ("post", "/api/v1/jobs/{id}/finish", {"outcome": "failed"}),
+    ("post", "/api/v1/hosts/dgx-1/drain", None),
+])
+def test_no_token_is_401(api, method, path, body):
+    job = submit(api, "vision", spec("mine", 1)).json()
+    kwargs = {"json": body} if body else {}
+    for headers in ({}, {"Authorization": "Bearer nope"}):
+        r = getattr(api, method)(path.format(id=job["id"]), headers=headers, **kwargs)
+        assert r.status_code == 401, r.text
+        assert r.headers["www-authenticate"] == "Bearer"
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("delete", "/api/v1/jobs/{id}", None),
+    ("post", "/api/v1/jobs/{id}/heartbeat", None),
+    ("post", "/api/v1/jobs/{id}/finish", {"outcome": "failed"}),
+    ("post", "/api/v1/hosts/dgx-1/drain", None),
+    ("post", "/api/v1/hosts/dgx-1/resume", None),
+    ("post", "/api/v1/jobs", {"spec": spec("theirs", 1, team="vision")}),
+])
+def test_wrong_team_is_403(api, method, path, body):
+    job = submit(api, "vision", spec("mine", 1)).json()
+    api.tick()
+    kwargs = {"json": body} if body else {}
+    r = getattr(api, method)(path.format(id=job["id"]), headers=auth(api, "nlp"), **kwargs)
+    assert r.status_code == 403, r.text
+    # an admin may
+    if "hosts" in path or "jobs/{id}" in path:
+        r = getattr(api, method)(path.format(id=job["id"]), headers=auth(api, "admin"),
+                                 **kwargs)
+        assert r.status_code == 200, r.text
+
+
+def test_drain_keeps_new_work_off_a_host(api):
+    r = api.post("/api/v1/hosts/dgx-1/drain", headers=auth(api, "admin"))
+    assert r.json() == {"name": "dgx-1", "drained": True}
+    a = submit(api, "vision", spec("a", 8)).json()
+    b = submit(api, "vision", spec("b", 8)).json()
+    assert api.tick() == [a["id"]]
+    assert api.get(f"/api/v1/jobs/{a['id']}", headers=auth(api, "vision")).json()[
+        "replicas"][0]["host"] == "dgx-2"
+    api.post("/api/v1/hosts/dgx-1/resume", headers=auth(api, "admin"))
+    assert api.tick() == [b["id"]]
+
+
+@pytest.mark.parametrize("body, status, expected", [
+    ({"spec": {**spec("x", 1), "replicaz": 2}}, 422, "replicaz"),
+    ({"spec": spec("x", 1), "extra": 1}, 422, "extra"),
+    ({"spec": {**spec("x", 1), "name": ""}}, 422, "name"),
+    ({"spec": {**spec("x", 1), "priority": 10**30}}, 422, "priority"),
+    ({"spec": spec("x", 24)}, 422, "does not fit even on the empty cluster"),
+    ({"spec": {**spec("x", 1), "job_class": "nope"}}, 422, "unknown class 'nope'"),
+])
+def test_bad_submissions_are_4xx_with_the_field(api, body, status, expected):
+    r = api.post("/api/v1/jobs", json=body, headers=auth(api, "vision"))
+    assert r.status_code == status, r.text
+    assert expected in r.text
+
+
+def test_oversized_body_is_413(api):
+    r = api.post("/api/v1/jobs", content=b"{" + b" " * (2 << 20) + b"}",
+                 headers={**auth(api, "vision"), "content-type": "application/json"})
+    assert r.status_code == 413
+
+
+def test_unknown_job_is_404_and_finishing_twice_is_harmless(api):
+    assert api.get("/api/v1/jobs/nope", headers=auth(api, "vision")).status_code == 404
+    job = submit(api, "vision", spec("a", 1)).json()
+    api.tick()
+    for _ in range(2):
+        r = api.post(f"/api/v1/jobs/{job['id']}/finish", json={"outcome": "failed",
+                     "exit_code": 3}, headers=auth(api, "vision"))
+        assert r.status_code == 200 and r.json()["state"] == "failed"
+    r = api.post(f"/api/v1/jobs/{job['id']}/heartbeat", headers=auth(api, "vision"))
+    assert r.status_code == 409 and "is failed" in r.text
+
+
+def test_metrics_and_healthz(api):
+    submit(api, "vision", spec("a", 8))
+    api.tick()
+    text = api.get("/metrics").text
+    assert 'airflow_gpu_gpus{host="dgx-1"} 8.0' in text
+    assert "airflow_gpu_gpus_allocated{" in text and "8.0" in text
+    assert 'airflow_gpu_jobs{state="admitted",team="vision"} 1.0' in text
+    assert "airflow_gpu_admissions_total 1.0" in text
+    assert "airflow_gpu_scheduling_pass_seconds_count 1.0" in text
+    assert api.get("/healthz").json()["status"] == "ok"
