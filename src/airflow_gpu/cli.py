@@ -13,7 +13,7 @@ from .scheduler_core.errors import InputError
 from .scheduler_core.units import format_duration, format_size
 
 EXIT_INPUT = 2
-DEFAULT_DB = "sqlite:///airflow-gpu.db"
+EXIT_API = 1
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -179,18 +179,6 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
                           f"{m['unfinished']} never started")
 
 
-def _cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from .scheduler_core.store.db import current_revision, make_engine, upgrade
-
-    engine = make_engine(args.db)
-    try:
-        upgrade(engine)
-        print(f"database at revision {current_revision(engine)} ({engine.url!r})")
-    finally:
-        engine.dispose()
-    return 0
-
-
 def _cmd_models(args: argparse.Namespace) -> int:
     from .scheduler_core.hosttype import host_type
     from .scheduler_core.topology import builtin_model_names, load_topology
@@ -248,25 +236,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="DIR", help="write PNG plots into DIR")
     s.add_argument("--records", metavar="FILE", help="write one CSV row per job into FILE")
     s.set_defaults(func=_cmd_simulate)
-    d = sub.add_parser("db", help="the service's database")
-    dsub = d.add_subparsers(dest="db_command", required=True)
-    du = dsub.add_parser("upgrade", help="create or migrate the schema (idempotent)")
-    du.add_argument("--db", default=DEFAULT_DB,
-                    help=f"SQLAlchemy URL (default {DEFAULT_DB}; or postgresql+psycopg://...)")
-    du.set_defaults(func=_cmd_db_upgrade)
     m = sub.add_parser("models", help="list the built-in DGX host models")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_cmd_models)
+    from .service_cli import add_commands
+
+    add_commands(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .scheduler_core.client import ApiError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT
+    except ApiError as exc:
+        print(f"error: the scheduler answered {exc}", file=sys.stderr)
+        return EXIT_API
 
 
 if __name__ == "__main__":

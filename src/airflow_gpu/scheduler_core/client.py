@@ -1,0 +1,93 @@
+"""A small client of the scheduler-core API (httpx), for the CLI and the Airflow hooks.
+
+The service and token come from arguments, else `AIRFLOW_GPU_URL` and `AIRFLOW_GPU_TOKEN`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from .errors import InputError
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+class ApiError(Exception):
+    """The service answered with an error: its status and its message."""
+
+    def __init__(self, status: int, detail: Any):
+        self.status, self.detail = status, detail
+        super().__init__(f"{status}: {_detail_text(detail)}")
+
+
+def _detail_text(detail: Any) -> str:
+    if isinstance(detail, list):   # FastAPI validation errors: name each field path
+        return "; ".join(f"{'.'.join(str(p) for p in d.get('loc', []))}: {d.get('msg')}"
+                         for d in detail)
+    return str(detail)
+
+
+class Client:
+    def __init__(self, url: str | None = None, token: str | None = None,
+                 timeout: float = 30.0):
+        self.url = (url or os.environ.get("AIRFLOW_GPU_URL") or DEFAULT_URL).rstrip("/")
+        self.token = token or os.environ.get("AIRFLOW_GPU_TOKEN")
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, **kw) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise InputError(f"cannot reach the scheduler at {self.url} ({exc}); start it "
+                             "with `airflow-gpu server` or set AIRFLOW_GPU_URL / --url") from None
+        if r.status_code >= 400:
+            try:
+                detail = r.json().get("detail", r.text)
+            except ValueError:
+                detail = r.text
+            raise ApiError(r.status_code, detail)
+        return r.json()
+
+    # -- the API ----------------------------------------------------------------------------
+    def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
+        return self.request("POST", "/api/v1/jobs",
+                            json={"spec": spec, "idempotency_key": idempotency_key})
+
+    def job(self, job_id: str) -> dict:
+        return self.request("GET", f"/api/v1/jobs/{job_id}")
+
+    def jobs(self, state: str | None = None, team: str | None = None) -> list[dict]:
+        params = {k: v for k, v in (("state", state), ("team", team)) if v}
+        return self.request("GET", "/api/v1/jobs", params=params)
+
+    def cancel(self, job_id: str) -> dict:
+        return self.request("DELETE", f"/api/v1/jobs/{job_id}")
+
+    def explain(self, job_id: str) -> dict:
+        return self.request("GET", f"/api/v1/jobs/{job_id}/explain")
+
+    def heartbeat(self, job_id: str) -> dict:
+        return self.request("POST", f"/api/v1/jobs/{job_id}/heartbeat")
+
+    def finish(self, job_id: str, outcome: str, exit_code: int | None = None) -> dict:
+        return self.request("POST", f"/api/v1/jobs/{job_id}/finish",
+                            json={"outcome": outcome, "exit_code": exit_code})
+
+    def cluster(self) -> dict:
+        return self.request("GET", "/api/v1/cluster")
+
+    def drain(self, host: str, drained: bool = True) -> dict:
+        return self.request("POST", f"/api/v1/hosts/{host}/{'drain' if drained else 'resume'}")

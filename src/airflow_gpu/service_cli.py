@@ -1,0 +1,250 @@
+"""`airflow-gpu server`, `token create`, and the client commands on the API
+(`submit`, `status`, `queue`, `cluster`, `explain`, `cancel`, `drain`, `resume`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.table import Table
+
+from .scheduler_core.errors import InputError
+from .scheduler_core.units import format_duration
+
+DEFAULT_DB = "sqlite:///airflow-gpu.db"
+
+
+def _db_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--db", default=DEFAULT_DB,
+                   help=f"SQLAlchemy URL (default {DEFAULT_DB}; or postgresql+psycopg://...)")
+
+
+def cmd_server(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .scheduler_core.cluster import load_cluster
+    from .scheduler_core.policy import PolicyConfig, load_policy
+    from .scheduler_core.service.app import create_app
+    from .scheduler_core.service.core import Service, Settings
+
+    policy = load_policy(args.policy_file) if args.policy_file else PolicyConfig()
+    settings = Settings(args.db, load_cluster(args.cluster), policy, args.lease_ttl,
+                        args.interval)
+    app = create_app(Service(settings))
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from .scheduler_core.service.auth import create_token
+    from .scheduler_core.store.db import make_engine, sessions, upgrade
+
+    engine = make_engine(args.db)
+    try:
+        upgrade(engine)
+        print(create_token(sessions(engine), args.team, args.admin))
+    finally:
+        engine.dispose()
+    return 0
+
+
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from .scheduler_core.store.db import current_revision, make_engine, upgrade
+
+    engine = make_engine(args.db)
+    try:
+        upgrade(engine)
+        print(f"database at revision {current_revision(engine)} ({engine.url!r})")
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _client(args: argparse.Namespace):
+    from .scheduler_core.client import Client
+
+    return Client(args.url, args.token)
+
+
+def _out(args: argparse.Namespace, data: Any, table) -> None:
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        from .cli import _console
+
+        _console().print(table(data))
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from .scheduler_core.errors import load_yaml
+
+    data = load_yaml(args.file)
+    specs = data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
+    if not all(isinstance(s, dict) for s in specs):
+        raise InputError("expected a job spec mapping or 'jobs: [...]'", args.file)
+    if args.key and len(specs) > 1:
+        raise InputError("--key: an idempotency key names one job; the file holds "
+                         f"{len(specs)}", args.file)
+    with _client(args) as c:
+        jobs = [c.submit(s, args.key) for s in specs]
+    if args.json:
+        print(json.dumps(jobs[0] if len(jobs) == 1 else jobs, indent=2, default=str))
+    else:
+        for j in jobs:
+            print(j["id"])
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _out(args, c.job(args.id), _job_table)
+    return 0
+
+
+def cmd_queue(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _out(args, c.jobs(args.state, args.team), _queue_table)
+    return 0
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _out(args, c.cluster(), _cluster_table)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _out(args, c.explain(args.id), _explain_table)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _out(args, c.cancel(args.id), _job_table)
+    return 0
+
+
+def cmd_drain(args: argparse.Namespace, drained: bool = True) -> int:
+    with _client(args) as c:
+        _out(args, c.drain(args.host, drained),
+             lambda h: f"{h['name']}: {'drained' if h['drained'] else 'in service'}")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return cmd_drain(args, drained=False)
+
+
+# -- tables ------------------------------------------------------------------------------
+def _eta(j: dict) -> str:
+    p = j.get("pending") or {}
+    return format_duration(p["eta_seconds"]) if p.get("eta_seconds") is not None else "-"
+
+
+def _queue_table(jobs: list[dict]) -> Table:
+    t = Table(title="Jobs", title_justify="left")
+    for col in ("id", "name", "team", "state", "code", "ETA", "hosts"):
+        t.add_column(col, overflow="fold")
+    for j in jobs:
+        hosts = ",".join(dict.fromkeys(r["host"] for r in j.get("replicas", [])))
+        t.add_row(j["id"], j["name"], j["team"], j["state"],
+                  (j.get("pending") or {}).get("code") or "-", _eta(j), hosts or "-")
+    return t
+
+
+def _job_table(j: dict) -> Table:
+    t = Table(title=f"Job {j['id']} ({j['name']}, team {j['team']}): {j['state']}",
+              title_justify="left")
+    for col in ("role", "#", "host", "GPUs", "CPUs", "NICs"):
+        t.add_column(col)
+    from .scheduler_core.topology import format_cpulist
+
+    for r in j.get("replicas", []):
+        t.add_row(r["role"], str(r["index"]), r["host"], ",".join(map(str, r["gpus"])) or "-",
+                  format_cpulist(r["cpus"]), ",".join(r["nics"]) or "-")
+    p = j.get("pending")
+    if p and p.get("code"):
+        t.caption = f"{p['code']}: {p['reason']} (ETA {_eta(j)})"
+    return t
+
+
+def _explain_table(e: dict) -> Table:
+    t = Table(title=f"Job {e['id']}: {e['state']}" + (
+        f" - {e['code']}: {e['reason']}" if e.get("code") else ""), title_justify="left")
+    t.add_column("at")
+    t.add_column("event")
+    t.add_column("message", overflow="fold")
+    for ev in e["events"]:
+        t.add_row(str(ev["at"]), ev["kind"], ev["message"])
+    if e.get("eta_seconds") is not None:
+        t.caption = f"ETA {format_duration(e['eta_seconds'])}"
+    return t
+
+
+def _cluster_table(c: dict) -> Table:
+    t = Table(title=f"Cluster {c['cluster']}: {c['gpus_allocated']} of {c['gpus_total']} "
+              "GPUs allocated", title_justify="left")
+    for col in ("host", "model", "rack", "switch", "state", "free", "GPUs (job per GPU)"):
+        t.add_column(col, overflow="fold")
+    for h in c["hosts"]:
+        cells = " ".join(("x" if not g["healthy"] else (g["job"] or "")[:8] or ".")
+                         for g in h["gpus"])
+        t.add_row(h["name"], h["model"], h["rack"], h["switch"],
+                  "drained" if h["drained"] else "ok", str(h["free_gpus"]), cells)
+    return t
+
+
+# -- the parsers ---------------------------------------------------------------------------
+def add_commands(sub) -> None:
+    s = sub.add_parser("server", help="run the scheduler-core service (API + scheduling loop)")
+    _db_arg(s)
+    s.add_argument("--cluster", default="example", help="cluster file or built-in name")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--policy-file", help="queue policy file (weights, teams, quotas)")
+    s.add_argument("--lease-ttl", type=float, default=60.0,
+                   help="seconds an admitted job lives without a heartbeat (default 60)")
+    s.add_argument("--interval", type=float, default=2.0,
+                   help="seconds between scheduling passes (default 2)")
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=cmd_server)
+
+    tok = sub.add_parser("token", help="API tokens")
+    tsub = tok.add_subparsers(dest="token_command", required=True)
+    tc = tsub.add_parser("create", help="create a token for a team; prints it once")
+    tc.add_argument("--team", required=True)
+    tc.add_argument("--admin", action="store_true", help="may drain hosts and act for any team")
+    _db_arg(tc)
+    tc.set_defaults(func=cmd_token_create)
+
+    d = sub.add_parser("db", help="the service's database")
+    dsub = d.add_subparsers(dest="db_command", required=True)
+    du = dsub.add_parser("upgrade", help="create or migrate the schema (idempotent)")
+    _db_arg(du)
+    du.set_defaults(func=cmd_db_upgrade)
+
+    client = argparse.ArgumentParser(add_help=False)
+    client.add_argument("--url", help="the service (default $AIRFLOW_GPU_URL or "
+                        "http://127.0.0.1:8080)")
+    client.add_argument("--token", help="bearer token (default $AIRFLOW_GPU_TOKEN)")
+    client.add_argument("--json", action="store_true", help="print JSON")
+    for name, func, helptext, extra in (
+            ("submit", cmd_submit, "submit a job file; prints the job id", ("file",)),
+            ("status", cmd_status, "one job: state and placement", ("id",)),
+            ("queue", cmd_queue, "jobs with their state, reason and ETA", ()),
+            ("cluster", cmd_cluster, "hosts, GPUs and who holds them", ()),
+            ("explain", cmd_explain, "why a job waits, its ETA and its events", ("id",)),
+            ("cancel", cmd_cancel, "cancel a job (releases its resources)", ("id",)),
+            ("drain", cmd_drain, "keep new work off a host (admin)", ("host",)),
+            ("resume", cmd_resume, "put a drained host back in service (admin)", ("host",))):
+        p = sub.add_parser(name, help=helptext, parents=[client])
+        for arg in extra:
+            p.add_argument(arg)
+        if name == "submit":
+            p.add_argument("--key", help="idempotency key: submitting again returns the same job")
+        if name == "queue":
+            p.add_argument("--state", help="only jobs in this state")
+            p.add_argument("--team", help="only this team's jobs")
+        p.set_defaults(func=func)
