@@ -1,0 +1,205 @@
+"""The service under load, crashes and failover, against real server processes on
+SQLite and PostgreSQL: no GPU or core held twice, no acknowledged job lost."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import yaml
+from sqlalchemy import select
+
+from airflow_gpu.scheduler_core.service.auth import create_token
+from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
+from airflow_gpu.scheduler_core.store.models import (
+    AllocationRow,
+    CpuHoldRow,
+    GpuHoldRow,
+    JobRow,
+)
+from tests.helpers import REPO
+from tests.service.test_cli_e2e import free_port
+
+CLUSTER = {"cluster": "load", "hosts": [
+    {"name": "dgx-[1-4]", "model": "dgx-a100", "rack": "r1", "switch": "s1"}]}
+
+
+class Server:
+    def __init__(self, db_url: str, cluster_file, lease_ttl: float = 60):
+        self.db, self.port = db_url, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db_url, "--cluster",
+             str(cluster_file), "--port", str(self.port), "--interval", "0.1",
+             "--lease-ttl", str(lease_ttl), "--log-level", "warning"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while not self.healthy():
+            assert self.proc.poll() is None and time.monotonic() < deadline, "no server"
+            time.sleep(0.1)
+
+    def healthy(self) -> dict | None:
+        try:
+            return httpx.get(f"{self.url}/healthz", timeout=2).json()
+        except (httpx.TransportError, ValueError):
+            return None
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def setup(db_url, tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump(CLUSTER))
+    engine = make_engine(db_url)
+    upgrade(engine)
+    token = create_token(sessions(engine), "load")
+    servers: list[Server] = []
+    yield {"db": db_url, "cluster": cluster, "token": token, "engine": engine,
+           "start": lambda **kw: servers.append(Server(db_url, cluster, **kw)) or servers[-1]}
+    for s in servers:
+        s.stop()
+    engine.dispose()
+
+
+def job_body(i: int) -> dict:
+    gpus = random.Random(i).choice((1, 1, 2, 4, 8))
+    return {"spec": {"name": f"j{i}", "expected_runtime": "10m",
+                     "roles": [{"name": "w", "gpus": gpus, "cpus": 2}]},
+            "idempotency_key": f"key-{i}"}
+
+
+def submit_many(url: str, token: str, ids: range, acked: dict, stop=None) -> None:
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=30) as c:
+        for i in ids:
+            if stop is not None and stop.is_set():
+                return
+            try:
+                r = c.post("/api/v1/jobs", json=job_body(i))
+            except httpx.TransportError:
+                return                   # the server died: the job was not acknowledged
+            assert r.status_code in (200, 201), r.text
+            acked[f"key-{i}"] = r.json()["id"]
+
+
+def check_store(engine) -> dict[str, JobRow]:
+    """No GPU or core in two live allocations; holds are exactly the live allocations."""
+    with sessions(engine)() as s:
+        jobs = {j.id: j for j in s.scalars(select(JobRow))}
+        live = list(s.scalars(select(AllocationRow).where(AllocationRow.live.is_(True))))
+        gpu_holds = {(h.host, h.gpu): h.job_id for h in s.scalars(select(GpuHoldRow))}
+        cpu_holds = {(h.host, h.cpu): h.job_id for h in s.scalars(select(CpuHoldRow))}
+    gpus: dict = {}
+    cpus: dict = {}
+    for a in live:
+        assert jobs[a.job_id].state in ("admitted", "running"), a.job_id
+        for g in a.gpus:
+            assert (a.host, g) not in gpus, f"GPU {a.host}:{g} held twice"
+            gpus[(a.host, g)] = a.job_id
+        for c in a.cpus:
+            assert (a.host, c) not in cpus, f"CPU {a.host}:{c} held twice"
+            cpus[(a.host, c)] = a.job_id
+    assert gpus == gpu_holds and cpus == cpu_holds
+    return jobs
+
+
+def test_fifty_concurrent_submitters_and_a_churning_launcher(setup):
+    server = setup["start"]()
+    acked: dict[str, str] = {}
+    stop = threading.Event()
+
+    def launcher():   # finishes admitted jobs, so GPUs keep changing hands
+        with httpx.Client(base_url=server.url, timeout=30,
+                          headers={"Authorization": f"Bearer {setup['token']}"}) as c:
+            while not stop.is_set():
+                for j in c.get("/api/v1/jobs", params={"state": "admitted"}).json()[:5]:
+                    c.post(f"/api/v1/jobs/{j['id']}/finish", json={"outcome": "succeeded"})
+                time.sleep(0.05)
+
+    churn = threading.Thread(target=launcher)
+    churn.start()
+    with ThreadPoolExecutor(50) as pool:
+        for k in range(50):
+            pool.submit(submit_many, server.url, setup["token"], range(k * 4, k * 4 + 4),
+                        acked)
+    time.sleep(1.0)
+    stop.set()
+    churn.join()
+    jobs = check_store(setup["engine"])
+    assert len(acked) == 200
+    assert {j.idempotency_key: j.id for j in jobs.values()} == acked
+    assert sum(j.state == "succeeded" for j in jobs.values()) > 0
+
+
+def test_sigkill_mid_load_loses_nothing_acknowledged(setup):
+    server = setup["start"]()
+    acked: dict[str, str] = {}
+    stop = threading.Event()
+    threads = [threading.Thread(target=submit_many, args=(
+        server.url, setup["token"], range(k * 100, k * 100 + 100), acked, stop))
+        for k in range(8)]
+    for t in threads:
+        t.start()
+    while len(acked) < 40:
+        time.sleep(0.01)
+    server.kill()
+    stop.set()
+    for t in threads:
+        t.join()
+    before = check_store(setup["engine"])
+    assert set(acked.values()) <= set(before)
+    # restart on the same database: everything is still there and scheduling resumes
+    server = setup["start"]()
+    with httpx.Client(base_url=server.url, timeout=30,
+                      headers={"Authorization": f"Bearer {setup['token']}"}) as c:
+        for job_id in acked.values():
+            assert c.get(f"/api/v1/jobs/{job_id}").json()["state"] == before[job_id].state
+        running = [j["id"] for j in c.get("/api/v1/jobs", params={"state": "admitted"}).json()]
+        for job_id in running:
+            c.delete(f"/api/v1/jobs/{job_id}")
+        deadline = time.monotonic() + 15
+        while not c.get("/api/v1/jobs", params={"state": "admitted"}).json():
+            assert time.monotonic() < deadline, "scheduling did not resume after restart"
+            time.sleep(0.1)
+    check_store(setup["engine"])
+
+
+def test_failover_to_the_other_replica(setup):
+    if not setup["db"].startswith("postgresql"):
+        pytest.skip("several replicas need PostgreSQL; SQLite is single-process")
+    a, b = setup["start"](), setup["start"]()
+    deadline = time.monotonic() + 10
+    while [a.healthy()["scheduling"], b.healthy()["scheduling"]].count(True) != 1:
+        assert time.monotonic() < deadline, "no single leader"
+        time.sleep(0.1)
+    leader, other = (a, b) if a.healthy()["scheduling"] else (b, a)
+    headers = {"Authorization": f"Bearer {setup['token']}"}
+    first = httpx.post(f"{other.url}/api/v1/jobs", json=job_body(1), headers=headers).json()
+    while httpx.get(f"{other.url}/api/v1/jobs/{first['id']}",
+                    headers=headers).json()["state"] != "admitted":
+        assert time.monotonic() < deadline + 10
+        time.sleep(0.1)
+    leader.kill()
+    killed_at = time.monotonic()
+    second = httpx.post(f"{other.url}/api/v1/jobs", json=job_body(2), headers=headers).json()
+    while httpx.get(f"{other.url}/api/v1/jobs/{second['id']}",
+                    headers=headers).json()["state"] != "admitted":
+        assert time.monotonic() - killed_at < 10, "the other replica did not take over"
+        time.sleep(0.1)
+    assert other.healthy()["scheduling"] is True
+    check_store(setup["engine"])
