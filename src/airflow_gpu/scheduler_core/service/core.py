@@ -135,6 +135,7 @@ class Service:
                key: str | None = None) -> tuple[JobRow, bool]:
         """Queue a job; (row, created). The same idempotency key (per team) returns the
         job it created first. Raises Rejected (can never run) or InputError (bad class)."""
+        key = key or None                 # an empty key is no key
         if "team" not in spec.model_fields_set:
             spec = spec.model_copy(update={"team": who.team})
         if not who.may_act_for(spec.team):

@@ -21,11 +21,18 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(conn, _):   # foreign keys are off by default in SQLite
+        def _sqlite_connect(conn, _):
+            conn.isolation_level = None   # transactions are begun below, not by the driver
             cur = conn.cursor()
-            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA foreign_keys=ON")   # off by default in SQLite
             cur.execute("PRAGMA journal_mode=WAL")
             cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):
+            # Take the write lock up front: a transaction that reads and then writes would
+            # otherwise fail at once with "database is locked" when another one writes.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
