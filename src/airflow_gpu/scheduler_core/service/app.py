@@ -133,7 +133,7 @@ def _who(request: Request,
     if cred is None:
         raise _Http(401, "missing bearer token: send 'Authorization: Bearer <token>' "
                     "(airflow-gpu token create --team T)")
-    p = principal_for(request.app.state.service.sessions, cred.credentials)
+    p = principal_for(request.app.state.service.reads, cred.credentials)
     if p is None:
         raise _Http(401, "unknown token: create one with airflow-gpu token create")
     return p

@@ -27,6 +27,6 @@ def create_token(sessions: sessionmaker[Session], team: str, admin: bool = False
 
 
 def principal_for(sessions: sessionmaker[Session], token: str) -> Principal | None:
-    with sessions() as s:
+    with sessions() as s:   # a read
         row = s.scalars(select(TokenRow).where(TokenRow.token_hash == _hash(token))).first()
     return Principal(row.team, row.admin) if row else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -96,7 +97,10 @@ class Service:
         self.reg = reg or default_registry()
         self.engine = make_engine(settings.db_url)
         upgrade(self.engine)
-        self.sessions = sessions(self.engine)
+        self.sessions = sessions(self.engine)          # transactions that write
+        self.reads = (sessions(make_engine(settings.db_url, writes=False))
+                      if self.engine.dialect.name == "sqlite" else self.sessions)
+        self._policy_cache: tuple[float, PolicyConfig] | None = None
         self._empty = ClusterState(self.cluster)
         self._never: dict[str, str | None] = {}
         self.wake = threading.Event()        # set when a pass is worth running now
@@ -166,7 +170,7 @@ class Service:
         return row, True
 
     def _by_key(self, team: str, key: str) -> JobRow | None:
-        with self.sessions() as s:
+        with self.reads() as s:
             return s.scalars(select(JobRow).where(
                 JobRow.team == team, JobRow.idempotency_key == key)).first()
 
@@ -181,7 +185,7 @@ class Service:
         return self._never[key]
 
     def get(self, job_id: str) -> JobRow:
-        with self.sessions() as s:
+        with self.reads() as s:
             row = s.get(JobRow, job_id)
         if row is None:
             raise NotFound(f"job {job_id!r} does not exist")
@@ -194,16 +198,16 @@ class Service:
             q = q.where(JobRow.state == state)
         if team:
             q = q.where(JobRow.team == team)
-        with self.sessions() as s:
+        with self.reads() as s:
             return list(s.scalars(q))
 
     def allocations(self, job_id: str) -> list[AllocationRow]:
-        with self.sessions() as s:
+        with self.reads() as s:
             return list(s.scalars(select(AllocationRow).where(AllocationRow.job_id == job_id)
                                   .order_by(AllocationRow.id)))
 
     def events(self, job_id: str) -> list[EventRow]:
-        with self.sessions() as s:
+        with self.reads() as s:
             return list(s.scalars(select(EventRow).where(EventRow.job_id == job_id)
                                   .order_by(EventRow.id)))
 
@@ -294,8 +298,18 @@ class Service:
 
     # -- the scheduling pass --------------------------------------------------------------
     def _policy(self) -> PolicyConfig:
-        with self.sessions() as s:
+        """The policy file with the admins' team shares and quotas; read at most once a
+        second (a quota change takes effect within a second)."""
+        now = time.monotonic()
+        if self._policy_cache and now - self._policy_cache[0] < 1.0:
+            return self._policy_cache[1]
+        with self.reads() as s:
             teams = list(s.scalars(select(TeamRow)))
+        policy = self._merge_teams(teams)
+        self._policy_cache = (now, policy)
+        return policy
+
+    def _merge_teams(self, teams: list[TeamRow]) -> PolicyConfig:
         if not teams:
             return self.settings.policy
         merged = dict(self.settings.policy.teams)
@@ -346,11 +360,20 @@ class Service:
                 self._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}",
                             job=job.name)
                 admitted.append(job.name)
+            rows = {r.id: r for r in pending}
             for job_id, why in result.pending.items():
+                r = rows[job_id]
+                eta = None if why.eta is None else round(why.eta)
+                old_eta = None if r.eta_seconds is None else round(r.eta_seconds)
+                if (r.reason_code, r.reason, r.details) == (why.code, why.message,
+                                                            why.details) and (
+                        eta == old_eta or (eta is not None and old_eta is not None
+                                           and abs(eta - old_eta) <= 1)):
+                    continue              # unchanged: no write (a pass must stay cheap)
                 s.execute(update(JobRow).where(JobRow.id == job_id,
                                                JobRow.state == PENDING).values(
                     reason_code=why.code, reason=why.message, details=why.details,
-                    eta_seconds=why.eta))
+                    eta_seconds=eta))
         return admitted
 
     def _restore(self, s: Session, sched: Scheduler, t_now: float) -> None:
@@ -400,7 +423,7 @@ class Service:
 
     # -- the cluster view ---------------------------------------------------------------------
     def cluster_view(self) -> dict:
-        with self.sessions() as s:
+        with self.reads() as s:
             hosts = {h.name: h for h in s.scalars(select(HostRow))}
             holds = {(g.host, g.gpu): g.job_id for g in s.scalars(select(GpuHoldRow))}
             jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(LIVE)))}

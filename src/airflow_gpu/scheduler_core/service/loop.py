@@ -19,6 +19,7 @@ LOCK_KEY = 0x61676675   # "agfu": one scheduler per database
 
 
 class SchedulerLoop:
+    COALESCE = 0.05          # seconds to wait after a wake-up before the pass
     def __init__(self, service: Service, metrics=None, interval: float | None = None):
         self.service = service
         self.metrics = metrics
@@ -48,6 +49,8 @@ class SchedulerLoop:
                 log.exception("scheduling pass failed")
                 self._release()
             self.service.wake.wait(self.interval)
+            # Let a burst of submits or finishes gather into one pass.
+            self._stop.wait(self.COALESCE)
             self.service.wake.clear()
 
     def tick(self) -> list[str]:

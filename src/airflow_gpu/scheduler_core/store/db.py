@@ -12,8 +12,11 @@ from ..errors import InputError
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
 
-def make_engine(url: str) -> Engine:
-    """An engine for `url` (sqlite:///FILE or postgresql+psycopg://...)."""
+def make_engine(url: str, writes: bool = True) -> Engine:
+    """An engine for `url` (sqlite:///FILE or postgresql+psycopg://...).
+
+    On SQLite, `writes` engines begin every transaction with the write lock; `writes=False`
+    gives an engine for reads only, which WAL lets run beside a writer."""
     if not url.startswith(("sqlite", "postgresql")):
         raise InputError(f"--db: {url!r} is not a SQLite or PostgreSQL URL; use "
                          "sqlite:///path/to/file.db or postgresql+psycopg://user@host/db")
@@ -30,9 +33,9 @@ def make_engine(url: str) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn):
-            # Take the write lock up front: a transaction that reads and then writes would
-            # otherwise fail at once with "database is locked" when another one writes.
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # Writers take the write lock up front: a transaction that reads and then writes
+            # would otherwise fail at once with "database is locked" when another one writes.
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)

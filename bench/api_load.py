@@ -1,0 +1,192 @@
+"""Load on the service over loopback: submissions per second, and the time from "GPUs
+free" to "job admitted", on SQLite and on PostgreSQL.
+
+    .venv/bin/python bench/api_load.py [--db sqlite,postgresql] [--submits 2000]
+                                       [--clients 16] [--rounds 20]
+                                       [--pg postgresql+psycopg://postgres@127.0.0.1:5432/test]
+
+Each database gets a fresh server process (`airflow-gpu server`, one uvicorn worker,
+scheduling pass every 2 s and at once after submits and finishes) on a 16-host dgx-a100
+cluster. Submissions: `--clients` threads with keep-alive connections post 1-GPU jobs,
+each with its own idempotency key. Admission latency: a 128-GPU job fills the cluster, a
+second one waits; the first is finished and the time until the second reads `admitted`
+is measured, `--rounds` times. Results go to bench/results/api_load.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "results" / "api_load.json"
+TARGET_SUBMITS = 300.0
+TARGET_ADMIT_S = 1.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+class Server:
+    def __init__(self, db: str, cluster: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--cluster",
+             str(cluster), "--port", str(self.port), "--log-level", "warning"],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(300):
+            try:
+                if httpx.get(f"{self.url}/healthz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise SystemExit("the server did not start")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+
+
+def submit_load(url: str, token: str, total: int, clients: int) -> dict:
+    errors: list[str] = []
+    per_client = total // clients
+    barrier = threading.Barrier(clients + 1)
+
+    def run(k: int) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                          timeout=60) as c:
+            barrier.wait()
+            for i in range(per_client):
+                r = c.post("/api/v1/jobs", json={
+                    "spec": {"name": f"load-{k}-{i}", "expected_runtime": "1h",
+                             "roles": [{"name": "w", "gpus": 1}]},
+                    "idempotency_key": f"{k}-{i}"})
+                if r.status_code != 201:
+                    errors.append(f"{r.status_code} {r.text[:200]}")
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    n = per_client * clients
+    return {"submits": n, "clients": clients, "seconds": round(wall, 3),
+            "submits_per_s": round(n / wall, 1), "errors": len(errors),
+            "first_error": errors[0] if errors else None}
+
+
+def admission_latency(url: str, token: str, rounds: int) -> dict:
+    big = {"name": "fill", "expected_runtime": "1h",
+           "roles": [{"name": "w", "replicas": 16, "gpus": 8}]}
+    lat = []
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=60) as c:
+        holder = c.post("/api/v1/jobs", json={"spec": big}).json()["id"]
+        wait_state(c, holder, "admitted")
+        for _ in range(rounds):
+            nxt = c.post("/api/v1/jobs", json={"spec": big}).json()["id"]
+            time.sleep(0.3)                       # let a pass see it waiting
+            assert c.get(f"/api/v1/jobs/{nxt}").json()["state"] == "pending"
+            c.post(f"/api/v1/jobs/{holder}/finish", json={"outcome": "succeeded"})
+            t0 = time.perf_counter()              # the GPUs are free from here on
+            wait_state(c, nxt, "admitted", poll=0.005)
+            lat.append(time.perf_counter() - t0)
+            holder = nxt
+    lat.sort()
+    return {"rounds": rounds, "median_s": round(statistics.median(lat), 4),
+            "p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4),
+            "max_s": round(lat[-1], 4)}
+
+
+def wait_state(c: httpx.Client, job_id: str, state: str, poll: float = 0.05) -> None:
+    deadline = time.monotonic() + 30
+    while c.get(f"/api/v1/jobs/{job_id}").json()["state"] != state:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {job_id} never became {state}")
+        time.sleep(poll)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--db", default="sqlite,postgresql")
+    ap.add_argument("--submits", type=int, default=2000)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--pg", default=os.environ.get(
+        "AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="api-load-"))
+    cluster = tmp / "cluster.yaml"
+    cluster.write_text("cluster: load\nhosts:\n"
+                       "  - {name: 'dgx-[01-16]', model: dgx-a100, rack: r1, switch: s1}\n")
+    results = []
+    for kind in args.db.split(","):
+        schema = None
+        if kind == "sqlite":
+            db = f"sqlite:///{tmp / 'load.db'}"
+        else:
+            schema = f"bench_{uuid.uuid4().hex[:10]}"
+            with create_engine(args.pg).begin() as conn:
+                conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+            db = f"{args.pg}?options=-csearch_path%3D{schema}"
+        cli("db", "upgrade", "--db", db)
+        token = cli("token", "create", "--team", "bench", "--db", db)
+        server = Server(db, cluster)
+        try:
+            load = submit_load(server.url, token, args.submits, args.clients)
+            # clear the queue so the latency rounds see only their own jobs
+            with httpx.Client(base_url=server.url, timeout=60,
+                              headers={"Authorization": f"Bearer {token}"}) as c:
+                for j in c.get("/api/v1/jobs", params={"limit": 10_000}).json():
+                    if j["state"] in ("pending", "admitted"):
+                        c.delete(f"/api/v1/jobs/{j['id']}")
+            admit = admission_latency(server.url, token, args.rounds)
+        finally:
+            server.stop()
+            if schema:
+                with create_engine(args.pg).begin() as conn:
+                    conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        results.append({"db": kind, **load, "admission": admit})
+        print(f"{kind:10s} {load['submits_per_s']:8.1f} submissions/s ({load['clients']} "
+              f"clients, {load['errors']} errors); GPUs free -> admitted: median "
+              f"{admit['median_s'] * 1000:.0f} ms, p95 {admit['p95_s'] * 1000:.0f} ms, "
+              f"max {admit['max_s'] * 1000:.0f} ms", flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "benchmark": "api load", "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(), "targets": {"submits_per_s_postgresql": TARGET_SUBMITS,
+                                            "admission_s": TARGET_ADMIT_S},
+        "results": results}, indent=2))
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
