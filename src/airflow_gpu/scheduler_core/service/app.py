@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import InputError
 from .auth import principal_for
-from .core import Conflict, Forbidden, NotFound, Principal, Service
+from .core import Conflict, Forbidden, NotFound, Principal, Service, eta_seconds
 from .loop import SchedulerLoop
 from .metrics import Metrics
 from .schemas import (
@@ -96,7 +96,7 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     def explain(job_id: str, _: Who):
         j = service.get(job_id)
         return ExplainOut(id=j.id, state=j.state, code=j.reason_code, reason=j.reason,
-                          details=j.details, eta_seconds=j.eta_seconds,
+                          details=j.details, eta_seconds=eta_seconds(j),
                           events=[EventOut.of(e) for e in service.events(job_id)])
 
     @app.post("/api/v1/jobs/{job_id}/heartbeat", response_model=JobOut)

@@ -86,6 +86,18 @@ def _ts(dt: datetime) -> float:
     return dt.timestamp()
 
 
+def _update(table):
+    """An UPDATE that does not walk the session's objects (a pass holds thousands)."""
+    return update(table).execution_options(synchronize_session=False)
+
+
+def eta_seconds(row: JobRow, now: float | None = None) -> int | None:
+    """Whole seconds until the planned start (kept as a time, so it needs no rewrites)."""
+    if row.eta_at is None:
+        return None
+    return max(0, round(row.eta_at - (time.time() if now is None else now)))
+
+
 def spec_gpus(spec: dict) -> int:
     return sum(r.get("gpus", 0) * r.get("replicas", 1) for r in spec.get("roles", []))
 
@@ -225,7 +237,7 @@ class Service:
             raise Forbidden(f"job {job_id} belongs to team {row.team!r}; your token is for "
                             f"team {who.team!r}")
         with self.sessions.begin() as s:
-            done = s.execute(update(JobRow).where(
+            done = s.execute(_update(JobRow).where(
                 JobRow.id == job_id, JobRow.state.in_(from_states)).values(
                 state=state, finished_at=utcnow(), exit_code=exit_code,
                 outcome=state, lease_expires_at=None))
@@ -250,13 +262,13 @@ class Service:
         now = utcnow()
         lease = now + timedelta(seconds=self.settings.lease_ttl)
         with self.sessions.begin() as s:
-            started = s.execute(update(JobRow).where(
+            started = s.execute(_update(JobRow).where(
                 JobRow.id == job_id, JobRow.state == "admitted").values(
                 state="running", started_at=now, lease_expires_at=lease))
             if started.rowcount == 1:
                 self._event(s, "running", "the launcher confirmed the start", job=job_id)
             else:
-                kept = s.execute(update(JobRow).where(
+                kept = s.execute(_update(JobRow).where(
                     JobRow.id == job_id, JobRow.state == "running").values(
                     lease_expires_at=lease))
                 if kept.rowcount != 1:
@@ -272,7 +284,7 @@ class Service:
             ids = list(s.scalars(select(JobRow.id).where(
                 JobRow.state.in_(LIVE), JobRow.lease_expires_at < now)))
             for job_id in ids:
-                done = s.execute(update(JobRow).where(
+                done = s.execute(_update(JobRow).where(
                     JobRow.id == job_id, JobRow.state.in_(LIVE),
                     JobRow.lease_expires_at < now).values(
                     state="lost", finished_at=now, outcome="lost", lease_expires_at=None))
@@ -289,7 +301,7 @@ class Service:
     def _release(s: Session, job_id: str) -> None:
         s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == job_id))
         s.execute(delete(CpuHoldRow).where(CpuHoldRow.job_id == job_id))
-        s.execute(update(AllocationRow).where(AllocationRow.job_id == job_id).values(live=False))
+        s.execute(_update(AllocationRow).where(AllocationRow.job_id == job_id).values(live=False))
 
     @staticmethod
     def _event(s: Session, kind: str, message: str, job: str | None = None,
@@ -342,17 +354,17 @@ class Service:
                 try:
                     sched.submit(spec, _ts(row.submitted_at))
                 except Rejected as exc:   # the cluster shrank under it
-                    s.execute(update(JobRow).where(JobRow.id == row.id,
+                    s.execute(_update(JobRow).where(JobRow.id == row.id,
                                                    JobRow.state == PENDING).values(
-                        reason_code="Rejected", reason=exc.reason, eta_seconds=None))
+                        reason_code="Rejected", reason=exc.reason, eta_at=None))
             result = sched.schedule(t_now, explain=True)
             lease = now + timedelta(seconds=self.settings.lease_ttl)
             admitted = []
             for job, placed in result.started:
-                done = s.execute(update(JobRow).where(
+                done = s.execute(_update(JobRow).where(
                     JobRow.id == job.name, JobRow.state == PENDING).values(
                     state="admitted", admitted_at=now, lease_expires_at=lease,
-                    reason_code=None, reason=None, details={}, eta_seconds=None))
+                    reason_code=None, reason=None, details={}, eta_at=None))
                 if done.rowcount != 1:
                     continue              # cancelled meanwhile
                 self._write_allocations(s, job.name, placed.allocations)
@@ -363,17 +375,14 @@ class Service:
             rows = {r.id: r for r in pending}
             for job_id, why in result.pending.items():
                 r = rows[job_id]
-                eta = None if why.eta is None else round(why.eta)
-                old_eta = None if r.eta_seconds is None else round(r.eta_seconds)
-                if (r.reason_code, r.reason, r.details) == (why.code, why.message,
-                                                            why.details) and (
-                        eta == old_eta or (eta is not None and old_eta is not None
-                                           and abs(eta - old_eta) <= 1)):
+                eta_at = None if why.eta is None else round(t_now + why.eta)
+                if (r.reason_code, r.reason, r.details, r.eta_at) == (
+                        why.code, why.message, why.details, eta_at):
                     continue              # unchanged: no write (a pass must stay cheap)
-                s.execute(update(JobRow).where(JobRow.id == job_id,
-                                               JobRow.state == PENDING).values(
+                s.execute(_update(JobRow).where(JobRow.id == job_id,
+                                                JobRow.state == PENDING).values(
                     reason_code=why.code, reason=why.message, details=why.details,
-                    eta_seconds=eta))
+                    eta_at=eta_at))
         return admitted
 
     def _restore(self, s: Session, sched: Scheduler, t_now: float) -> None:

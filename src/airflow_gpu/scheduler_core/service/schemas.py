@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..jobspec import JobSpec
 from ..store.models import AllocationRow, EventRow, JobRow
+from .core import eta_seconds
 
 
 class _In(BaseModel):
@@ -72,7 +73,7 @@ class JobOut(BaseModel):
         return cls(id=j.id, name=j.name, team=j.team, state=j.state, priority=j.priority,
                    spec=j.spec,
                    pending=ReasonOut(code=j.reason_code, reason=j.reason, details=j.details,
-                                     eta_seconds=j.eta_seconds) if j.state == "pending"
+                                     eta_seconds=eta_seconds(j)) if j.state == "pending"
                    else None,
                    submitted_at=j.submitted_at, admitted_at=j.admitted_at,
                    started_at=j.started_at, finished_at=j.finished_at,

@@ -53,7 +53,7 @@ class JobRow(Base):
     reason_code: Mapped[str | None] = mapped_column(String(40))
     reason: Mapped[str | None] = mapped_column(Text)
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    eta_seconds: Mapped[float | None] = mapped_column(Float)
+    eta_at: Mapped[float | None] = mapped_column(Float)   # planned start, epoch seconds
     submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     admitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))

@@ -50,7 +50,7 @@ def upgrade() -> None:
     sa.Column('reason_code', sa.String(length=40), nullable=True),
     sa.Column('reason', sa.Text(), nullable=True),
     sa.Column('details', sa.JSON(), nullable=False),
-    sa.Column('eta_seconds', sa.Float(), nullable=True),
+    sa.Column('eta_at', sa.Float(), nullable=True),
     sa.Column('submitted_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('admitted_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=True),
