@@ -19,7 +19,7 @@ LOCK_KEY = 0x61676675   # "agfu": one scheduler per database
 
 
 class SchedulerLoop:
-    COALESCE = 0.05          # seconds to wait after a wake-up before the pass
+    COALESCE = 0.2           # seconds to wait after a wake-up, so bursts share a pass
     def __init__(self, service: Service, metrics=None, interval: float | None = None):
         self.service = service
         self.metrics = metrics
