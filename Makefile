@@ -23,6 +23,7 @@ test: $(BIN)/.installed
 bench: $(BIN)/.installed
 	$(BIN)/python bench/placement.py
 	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/api_load.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import InputError
 from .auth import principal_for
-from .core import Conflict, Forbidden, NotFound, Principal, Service, eta_seconds
+from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service, eta_seconds
 from .loop import SchedulerLoop
 from .metrics import Metrics
 from .schemas import (
@@ -82,7 +82,9 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     def list_jobs(_: Who, state: States | None = None,
                   team: Annotated[str | None, Query(max_length=200)] = None,
                   limit: Annotated[int, Query(ge=1, le=10_000)] = 1000):
-        return [JobOut.of(j) for j in service.list_jobs(state, team, limit)]
+        jobs = service.list_jobs(state, team, limit)
+        live = service.live_allocations([j.id for j in jobs if j.state in LIVE])
+        return [JobOut.of(j, live.get(j.id)) for j in jobs]
 
     @app.get("/api/v1/jobs/{job_id}", response_model=JobOut)
     def get_job(job_id: str, _: Who):

@@ -221,6 +221,16 @@ class Service:
             return list(s.scalars(select(AllocationRow).where(AllocationRow.job_id == job_id)
                                   .order_by(AllocationRow.id)))
 
+    def live_allocations(self, job_ids: list[str]) -> dict[str, list[AllocationRow]]:
+        """Live allocations of these jobs, in one query."""
+        out: dict[str, list[AllocationRow]] = {}
+        with self.reads() as s:
+            for a in s.scalars(select(AllocationRow).where(
+                    AllocationRow.live.is_(True), AllocationRow.job_id.in_(job_ids))
+                    .order_by(AllocationRow.id)):
+                out.setdefault(a.job_id, []).append(a)
+        return out
+
     def events(self, job_id: str) -> list[EventRow]:
         with self.reads() as s:
             return list(s.scalars(select(EventRow).where(EventRow.job_id == job_id)
