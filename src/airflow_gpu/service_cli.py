@@ -1,5 +1,6 @@
-"""`airflow-gpu server`, `token create`, and the client commands on the API
-(`submit`, `status`, `queue`, `cluster`, `explain`, `cancel`, `drain`, `resume`)."""
+"""`airflow-gpu server`, `token create`, `db upgrade`, and the client commands on the API
+(`submit`, `status`, `queue`, `cluster`, `explain`, `cancel`, `drain`, `resume`, `teams`,
+`team-set`)."""
 
 from __future__ import annotations
 
@@ -137,7 +138,29 @@ def cmd_resume(args: argparse.Namespace) -> int:
     return cmd_drain(args, drained=False)
 
 
+def cmd_teams(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _out(args, c.teams(), _teams_table)
+    return 0
+
+
+def cmd_team_set(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _out(args, [c.set_team(args.name, args.share, args.quota_gpus)], _teams_table)
+    return 0
+
+
 # -- tables ------------------------------------------------------------------------------
+def _teams_table(teams: list[dict]) -> Table:
+    t = Table(title="Teams", title_justify="left")
+    for col in ("team", "share", "quota GPUs", "GPUs held"):
+        t.add_column(col)
+    for x in teams:
+        quota = "-" if x["quota_gpus"] is None else str(x["quota_gpus"])
+        t.add_row(x["name"], f"{x['share']:g}", quota, str(x["held_gpus"]))
+    return t
+
+
 def _eta(j: dict) -> str:
     p = j.get("pending") or {}
     return format_duration(p["eta_seconds"]) if p.get("eta_seconds") is not None else "-"
@@ -238,12 +261,18 @@ def add_commands(sub) -> None:
             ("explain", cmd_explain, "why a job waits, its ETA and its events", ("id",)),
             ("cancel", cmd_cancel, "cancel a job (releases its resources)", ("id",)),
             ("drain", cmd_drain, "keep new work off a host (admin)", ("host",)),
-            ("resume", cmd_resume, "put a drained host back in service (admin)", ("host",))):
+            ("resume", cmd_resume, "put a drained host back in service (admin)", ("host",)),
+            ("teams", cmd_teams, "teams: share, GPU quota, GPUs held", ()),
+            ("team-set", cmd_team_set, "set a team's share and GPU quota (admin)", ("name",))):
         p = sub.add_parser(name, help=helptext, parents=[client])
         for arg in extra:
             p.add_argument(arg)
         if name == "submit":
             p.add_argument("--key", help="idempotency key: submitting again returns the same job")
+        if name == "team-set":
+            p.add_argument("--share", type=float, help="fair-share weight")
+            p.add_argument("--quota-gpus", type=int,
+                           help="GPUs the team may hold at once (omit: no quota)")
         if name == "queue":
             p.add_argument("--state", help="only jobs in this state")
             p.add_argument("--team", help="only this team's jobs")

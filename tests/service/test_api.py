@@ -197,3 +197,23 @@ def test_metrics_and_healthz(api):
     assert "airflow_gpu_admissions_total 1.0" in text
     assert "airflow_gpu_scheduling_pass_seconds_count 1.0" in text
     assert api.get("/healthz").json()["status"] == "ok"
+
+
+def test_admins_set_quotas_and_they_apply(api):
+    r = api.put("/api/v1/teams/vision", json={"quota_gpus": 8}, headers=auth(api, "vision"))
+    assert r.status_code == 403
+    r = api.put("/api/v1/teams/vision", json={"quota_gpus": 8, "share": 2},
+                headers=auth(api, "admin"))
+    assert r.json() == {"name": "vision", "share": 2.0, "quota_gpus": 8, "held_gpus": 0}
+    a = submit(api, "vision", spec("a", 8)).json()
+    b = submit(api, "vision", spec("b", 4)).json()
+    c = submit(api, "nlp", spec("c", 4)).json()
+    assert sorted(api.tick()) == sorted([a["id"], c["id"]])
+    why = api.get(f"/api/v1/jobs/{b['id']}/explain", headers=auth(api, "vision")).json()
+    assert why["code"] == "Quota" and "quota_gpus 8" in why["reason"]
+    teams = {t["name"]: t for t in api.get("/api/v1/teams", headers=auth(api, "nlp")).json()}
+    assert teams["vision"]["held_gpus"] == 8 and teams["nlp"]["quota_gpus"] is None
+    r = submit(api, "vision", spec("too-big", 16))
+    assert r.status_code == 422 and "quota_gpus 8" in r.text
+    r = api.put("/api/v1/teams/vision", json={"quota_gpus": -1}, headers=auth(api, "admin"))
+    assert r.status_code == 422 and "quota_gpus" in r.text

@@ -91,3 +91,10 @@ class Client:
 
     def drain(self, host: str, drained: bool = True) -> dict:
         return self.request("POST", f"/api/v1/hosts/{host}/{'drain' if drained else 'resume'}")
+
+    def teams(self) -> list[dict]:
+        return self.request("GET", "/api/v1/teams")
+
+    def set_team(self, name: str, share: float | None, quota_gpus: int | None) -> dict:
+        return self.request("PUT", f"/api/v1/teams/{name}",
+                            json={"share": share, "quota_gpus": quota_gpus})

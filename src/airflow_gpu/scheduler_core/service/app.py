@@ -5,7 +5,7 @@ from __future__ import annotations
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
-from fastapi import Depends, FastAPI, Header, Query, Request, Response
+from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -23,6 +23,8 @@ from .schemas import (
     HostOut,
     JobOut,
     SubmitRequest,
+    TeamOut,
+    TeamRequest,
 )
 
 MAX_BODY = 1 << 20          # bytes; larger request bodies get 413
@@ -123,6 +125,16 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     def resume(name: str, p: Who):
         row = service.set_drained(name, False, p)
         return HostOut(name=row.name, drained=row.drained)
+
+    @app.get("/api/v1/teams", response_model=list[TeamOut])
+    def teams(_: Who):
+        return list(service.teams().values())
+
+    @app.put("/api/v1/teams/{name}", response_model=TeamOut)
+    def set_team(name: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                                           max_length=200)],
+                 body: TeamRequest, p: Who):
+        return service.set_team(name, p, body.share, body.quota_gpus)
 
     return app
 

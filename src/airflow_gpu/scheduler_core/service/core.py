@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, insert, inspect, select, update
+from sqlalchemy import delete, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -150,6 +150,33 @@ class Service:
                         host=name)
         self.wake.set()
         return row
+
+    # -- teams ------------------------------------------------------------------------------
+    def set_team(self, name: str, who: Principal, share: float | None,
+                 quota_gpus: int | None) -> dict:
+        """Admins set a team's fair-share weight and GPU quota (None: no quota)."""
+        if not who.admin:
+            raise Forbidden("only admins change team shares and quotas")
+        with self.sessions.begin() as s:
+            row = s.get(TeamRow, name) or TeamRow(name=name)
+            row.share, row.quota_gpus = share, quota_gpus
+            s.add(row)
+            self._event(s, "team", f"team {name}: share {share}, quota_gpus {quota_gpus}")
+        self._policy_cache = None
+        self.wake.set()
+        return self.teams()[name]
+
+    def teams(self) -> dict[str, dict]:
+        """Every team with a policy, a job or a quota: share, quota and GPUs held now."""
+        policy = self._policy()
+        with self.reads() as s:
+            held = dict(s.execute(select(JobRow.team, func.count(GpuHoldRow.gpu))
+                                  .join(GpuHoldRow, GpuHoldRow.job_id == JobRow.id)
+                                  .group_by(JobRow.team)).all())
+            names = set(s.scalars(select(JobRow.team).distinct()))
+        names |= set(policy.teams)
+        return {t: {"name": t, "share": policy.share(t), "quota_gpus": policy.quota(t),
+                    "held_gpus": held.get(t, 0)} for t in sorted(names)}
 
     # -- jobs -----------------------------------------------------------------------------
     def submit(self, spec: JobSpec, who: Principal,

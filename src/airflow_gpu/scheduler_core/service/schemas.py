@@ -104,3 +104,17 @@ class ExplainOut(BaseModel):
 class HostOut(BaseModel):
     name: str
     drained: bool
+
+
+class TeamRequest(_In):
+    share: float | None = Field(None, gt=0, le=1e6, description="fair-share weight; "
+                                "none: the policy file's")
+    quota_gpus: int | None = Field(None, ge=0, le=1_000_000,
+                                   description="GPUs the team may hold at once; none: no quota")
+
+
+class TeamOut(BaseModel):
+    name: str
+    share: float
+    quota_gpus: int | None
+    held_gpus: int
