@@ -50,12 +50,13 @@ def cli(*args: str) -> str:
 
 
 class Server:
-    def __init__(self, db: str, cluster: Path):
+    def __init__(self, db: str, cluster: Path, workers: int = 1):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--cluster",
-             str(cluster), "--port", str(self.port), "--log-level", "warning"],
+             str(cluster), "--port", str(self.port), "--log-level", "warning",
+             "--workers", str(workers)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         for _ in range(300):
             try:
@@ -138,6 +139,8 @@ def main() -> int:
     ap.add_argument("--submits", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="server processes on PostgreSQL (SQLite: always 1)")
     ap.add_argument("--pg", default=os.environ.get(
         "AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     ap.add_argument("--out", type=Path, default=OUT)
@@ -158,7 +161,7 @@ def main() -> int:
             db = f"{args.pg}?options=-csearch_path%3D{schema}"
         cli("db", "upgrade", "--db", db)
         token = cli("token", "create", "--team", "bench", "--db", db)
-        server = Server(db, cluster)
+        server = Server(db, cluster, args.workers if kind == "postgresql" else 1)
         try:
             load = submit_load(server.url, token, args.submits, args.clients)
             # clear the queue so the latency rounds see only their own jobs
@@ -173,8 +176,10 @@ def main() -> int:
             if schema:
                 with create_engine(args.pg).begin() as conn:
                     conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        results.append({"db": kind, **load, "admission": admit})
-        print(f"{kind:10s} {load['submits_per_s']:8.1f} submissions/s ({load['clients']} "
+        workers = args.workers if kind == "postgresql" else 1
+        results.append({"db": kind, "workers": workers, **load, "admission": admit})
+        print(f"{kind:10s} {load['submits_per_s']:8.1f} submissions/s ({workers} server "
+              f"process(es), {load['clients']} "
               f"clients, {load['errors']} errors); GPUs free -> admitted: median "
               f"{admit['median_s'] * 1000:.0f} ms, p95 {admit['p95_s'] * 1000:.0f} ms, "
               f"max {admit['max_s'] * 1000:.0f} ms", flush=True)

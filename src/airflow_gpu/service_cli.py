@@ -22,18 +22,29 @@ def _db_arg(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_server(args: argparse.Namespace) -> int:
+    import os
+
     import uvicorn
 
     from .scheduler_core.cluster import load_cluster
-    from .scheduler_core.policy import PolicyConfig, load_policy
-    from .scheduler_core.service.app import create_app
-    from .scheduler_core.service.core import Service, Settings
+    from .scheduler_core.policy import load_policy
 
-    policy = load_policy(args.policy_file) if args.policy_file else PolicyConfig()
-    settings = Settings(args.db, load_cluster(args.cluster), policy, args.lease_ttl,
-                        args.interval)
-    app = create_app(Service(settings))
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    load_cluster(args.cluster)               # bad input fails here, with its message
+    if args.policy_file:
+        load_policy(args.policy_file)
+    if args.workers > 1 and args.db.startswith("sqlite"):
+        raise InputError(f"--workers: {args.workers} processes cannot share a SQLite "
+                         "database; use PostgreSQL (--db postgresql+psycopg://...) or 1")
+    # Each worker process builds its own app from these (uvicorn needs an import string
+    # to start several); with PostgreSQL one of them schedules, all serve the API.
+    os.environ.update({
+        "AIRFLOW_GPU_DB": args.db, "AIRFLOW_GPU_CLUSTER": args.cluster,
+        "AIRFLOW_GPU_POLICY_FILE": args.policy_file or "",
+        "AIRFLOW_GPU_LEASE_TTL": str(args.lease_ttl),
+        "AIRFLOW_GPU_INTERVAL": str(args.interval)})
+    uvicorn.run("airflow_gpu.scheduler_core.service.app:app_from_env", factory=True,
+                host=args.host, port=args.port, log_level=args.log_level,
+                workers=args.workers)
     return 0
 
 
@@ -231,6 +242,8 @@ def add_commands(sub) -> None:
                    help="seconds an admitted job lives without a heartbeat (default 60)")
     s.add_argument("--interval", type=float, default=2.0,
                    help="seconds between scheduling passes (default 2)")
+    s.add_argument("--workers", type=int, default=1,
+                   help="API processes (PostgreSQL only; one of them schedules)")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=cmd_server)
 

@@ -31,6 +31,23 @@ MAX_BODY = 1 << 20          # bytes; larger request bodies get 413
 States = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "lost"]
 
 
+def app_from_env() -> FastAPI:
+    """The app as `airflow-gpu server` starts it in each worker process."""
+    import os
+
+    from ..cluster import load_cluster
+    from ..policy import PolicyConfig, load_policy
+    from .core import Settings
+
+    env = os.environ
+    policy_file = env.get("AIRFLOW_GPU_POLICY_FILE")
+    settings = Settings(env["AIRFLOW_GPU_DB"], load_cluster(env["AIRFLOW_GPU_CLUSTER"]),
+                        load_policy(policy_file) if policy_file else PolicyConfig(),
+                        float(env.get("AIRFLOW_GPU_LEASE_TTL", 60)),
+                        float(env.get("AIRFLOW_GPU_INTERVAL", 2)))
+    return create_app(Service(settings))
+
+
 def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     metrics = Metrics(service)
     loop = SchedulerLoop(service, metrics)
