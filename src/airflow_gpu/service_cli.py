@@ -108,57 +108,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _out(args, c.job(args.id), _job_table)
-    return 0
+def _show(call, table):
+    """A client command: call the API, print the answer as a table (or JSON)."""
+    def run(args: argparse.Namespace) -> int:
+        with _client(args) as c:
+            _out(args, call(c, args), table)
+        return 0
+    return run
 
 
-def cmd_queue(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _out(args, c.jobs(args.state, args.team), _queue_table)
-    return 0
-
-
-def cmd_cluster(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _out(args, c.cluster(), _cluster_table)
-    return 0
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _out(args, c.explain(args.id), _explain_table)
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _out(args, c.cancel(args.id), _job_table)
-    return 0
-
-
-def cmd_drain(args: argparse.Namespace, drained: bool = True) -> int:
-    with _client(args) as c:
-        _out(args, c.drain(args.host, drained),
-             lambda h: f"{h['name']}: {'drained' if h['drained'] else 'in service'}")
-    return 0
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    return cmd_drain(args, drained=False)
-
-
-def cmd_teams(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _out(args, c.teams(), _teams_table)
-    return 0
-
-
-def cmd_team_set(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _out(args, [c.set_team(args.name, args.share, args.quota_gpus)], _teams_table)
-    return 0
+def _host_line(h: dict) -> str:
+    return f"{h['name']}: {'drained' if h['drained'] else 'in service'}"
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -268,15 +228,25 @@ def add_commands(sub) -> None:
     client.add_argument("--json", action="store_true", help="print JSON")
     for name, func, helptext, extra in (
             ("submit", cmd_submit, "submit a job file; prints the job id", ("file",)),
-            ("status", cmd_status, "one job: state and placement", ("id",)),
-            ("queue", cmd_queue, "jobs with their state, reason and ETA", ()),
-            ("cluster", cmd_cluster, "hosts, GPUs and who holds them", ()),
-            ("explain", cmd_explain, "why a job waits, its ETA and its events", ("id",)),
-            ("cancel", cmd_cancel, "cancel a job (releases its resources)", ("id",)),
-            ("drain", cmd_drain, "keep new work off a host (admin)", ("host",)),
-            ("resume", cmd_resume, "put a drained host back in service (admin)", ("host",)),
-            ("teams", cmd_teams, "teams: share, GPU quota, GPUs held", ()),
-            ("team-set", cmd_team_set, "set a team's share and GPU quota (admin)", ("name",))):
+            ("status", _show(lambda c, a: c.job(a.id), _job_table),
+             "one job: state and placement", ("id",)),
+            ("queue", _show(lambda c, a: c.jobs(a.state, a.team), _queue_table),
+             "jobs with their state, reason and ETA", ()),
+            ("cluster", _show(lambda c, a: c.cluster(), _cluster_table),
+             "hosts, GPUs and who holds them", ()),
+            ("explain", _show(lambda c, a: c.explain(a.id), _explain_table),
+             "why a job waits, its ETA and its events", ("id",)),
+            ("cancel", _show(lambda c, a: c.cancel(a.id), _job_table),
+             "cancel a job (releases its resources)", ("id",)),
+            ("drain", _show(lambda c, a: c.drain(a.host, True), _host_line),
+             "keep new work off a host (admin)", ("host",)),
+            ("resume", _show(lambda c, a: c.drain(a.host, False), _host_line),
+             "put a drained host back in service (admin)", ("host",)),
+            ("teams", _show(lambda c, a: c.teams(), _teams_table),
+             "teams: share, GPU quota, GPUs held", ()),
+            ("team-set", _show(lambda c, a: [c.set_team(a.name, a.share, a.quota_gpus)],
+                               _teams_table),
+             "set a team's share and GPU quota (admin)", ("name",))):
         p = sub.add_parser(name, help=helptext, parents=[client])
         for arg in extra:
             p.add_argument(arg)
