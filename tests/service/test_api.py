@@ -217,3 +217,29 @@ def test_admins_set_quotas_and_they_apply(api):
     assert r.status_code == 422 and "quota_gpus 8" in r.text
     r = api.put("/api/v1/teams/vision", json={"quota_gpus": -1}, headers=auth(api, "admin"))
     assert r.status_code == 422 and "quota_gpus" in r.text
+
+
+def test_host_report_keeps_work_off_an_unhealthy_gpu(api):
+    body = {"gpus": [{"index": 3, "healthy": False, "reason": "XID 79"}]}
+    assert api.post("/api/v1/hosts/dgx-1/report", json=body,
+                    headers=auth(api, "vision")).status_code == 403
+    r = api.post("/api/v1/hosts/dgx-1/report", json=body, headers=auth(api, "admin"))
+    assert r.status_code == 200, r.text
+    assert [g["healthy"] for g in r.json()] == [True, True, True, False] + [True] * 4
+    a = submit(api, "vision", spec("whole-1", 8)).json()
+    b = submit(api, "vision", spec("whole-2", 8)).json()
+    assert api.tick() == [a["id"]]
+    got = api.get(f"/api/v1/jobs/{a['id']}", headers=auth(api, "vision")).json()
+    assert got["replicas"][0]["host"] == "dgx-2"
+    why = api.get(f"/api/v1/jobs/{b['id']}/explain", headers=auth(api, "vision")).json()
+    assert why["code"] in ("Resources", "Unhealthy")
+    cluster = api.get("/api/v1/cluster", headers=auth(api, "vision")).json()
+    gpu3 = cluster["hosts"][0]["gpus"][3]
+    assert gpu3["healthy"] is False and gpu3["health_reason"] == "XID 79"
+    assert 'airflow_gpu_gpus_healthy{host="dgx-1"} 7.0' in api.get("/metrics").text
+    bad = {"gpus": [{"index": 9, "healthy": False}]}
+    r = api.post("/api/v1/hosts/dgx-1/report", json=bad, headers=auth(api, "admin"))
+    assert r.status_code == 422 and "gpus[].index: 9 is not a GPU of dgx-1" in r.text
+    body["gpus"][0]["healthy"] = True
+    api.post("/api/v1/hosts/dgx-1/report", json=body, headers=auth(api, "admin"))
+    assert api.tick() == [b["id"]]

@@ -20,7 +20,9 @@ from .schemas import (
     EventOut,
     ExplainOut,
     FinishRequest,
+    GpuOut,
     HostOut,
+    HostReport,
     JobOut,
     SubmitRequest,
     TeamOut,
@@ -142,6 +144,12 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     def resume(name: str, p: Who):
         row = service.set_drained(name, False, p)
         return HostOut(name=row.name, drained=row.drained)
+
+    @app.post("/api/v1/hosts/{name}/report", response_model=list[GpuOut])
+    def report(name: str, body: HostReport, p: Who):
+        rows = service.report_gpus(name, p, [g.model_dump() for g in body.gpus])
+        return [GpuOut(index=g.index, name=g.name, healthy=g.healthy,
+                       health_reason=g.health_reason) for g in rows]
 
     @app.get("/api/v1/teams", response_model=list[TeamOut])
     def teams(_: Who):

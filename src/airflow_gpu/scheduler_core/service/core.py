@@ -21,6 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ..cluster import Cluster, Host
+from ..errors import InputError
 from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..placement import compile_needs, never_fits
@@ -34,6 +35,7 @@ from ..store.models import (
     CpuHoldRow,
     EventRow,
     GpuHoldRow,
+    GpuRow,
     HostRow,
     JobRow,
     TeamRow,
@@ -133,10 +135,46 @@ class Service:
                 if row is None:
                     s.add(HostRow(name=h.name, model=h.type.model, rack=h.rack,
                                   switch=h.switch, docker_url=h.docker_url,
-                                  labels=dict(h.labels), drained=False, unhealthy_gpus=[]))
+                                  labels=dict(h.labels), drained=False))
                 else:
                     row.model, row.rack, row.switch = h.type.model, h.rack, h.switch
                     row.docker_url, row.labels = h.docker_url, dict(h.labels)
+            s.flush()
+            gpus = {(g.host, g.index) for g in s.scalars(select(GpuRow))}
+            for h in self.cluster.hosts:
+                t = h.type
+                s.add_all(GpuRow(host=h.name, index=i, name=t.gpu_name[i],
+                                 memory_bytes=t.gpu_mem[i], numa_node=t.numa_ids[t.gpu_numa[i]],
+                                 healthy=True) for i in range(t.n_gpus)
+                          if (h.name, i) not in gpus)
+
+    def report_gpus(self, name: str, who: Principal, gpus: list[dict]) -> list[GpuRow]:
+        """Health of a host's GPUs, as its node agent (or an admin) reports it. An unhealthy
+        GPU gets no new work; what runs on it is left to the job's owner."""
+        if not who.admin:
+            raise Forbidden("only admin tokens (node agents, admins) report host health")
+        host = self.cluster.by_name.get(name)
+        if host is None:
+            raise NotFound(f"host {name!r} is not in the cluster")
+        now = utcnow()
+        with self.sessions.begin() as s:
+            for g in gpus:
+                if not 0 <= g["index"] < host.type.n_gpus:
+                    raise InputError(f"gpus[].index: {g['index']} is not a GPU of {name} "
+                                     f"(it has GPUs 0-{host.type.n_gpus - 1})")
+                row = s.get(GpuRow, (name, g["index"]))
+                if row.healthy != g["healthy"]:
+                    self._event(s, "health", f"GPU {name}:{g['index']} "
+                                f"{'healthy' if g['healthy'] else 'unhealthy'}"
+                                + (f" ({g.get('reason')})" if g.get("reason") else ""),
+                                host=name)
+                row.healthy, row.health_reason, row.reported_at = (
+                    g["healthy"], g.get("reason"), now)
+            s.get(HostRow, name).reported_at = now
+        self.wake.set()
+        with self.reads() as s:
+            return list(s.scalars(select(GpuRow).where(GpuRow.host == name)
+                                  .order_by(GpuRow.index)))
 
     def set_drained(self, name: str, drained: bool, who: Principal) -> HostRow:
         if not who.admin:
@@ -379,12 +417,15 @@ class Service:
         policy = self._policy()
         with self.sessions.begin() as s:
             state = ClusterState(self.cluster)
-            for h in s.scalars(select(HostRow)):
+            for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
                 if h.name in self.cluster.by_name:
-                    if h.drained:
-                        state.set_drained(h.name)
-                    if h.unhealthy_gpus:
-                        state.set_unhealthy_gpus(h.name, list(h.unhealthy_gpus))
+                    state.set_drained(h.name)
+            bad: dict[str, list[int]] = {}
+            for g in s.scalars(select(GpuRow).where(GpuRow.healthy.is_(False))):
+                bad.setdefault(g.host, []).append(g.index)
+            for name, indexes in bad.items():
+                if name in self.cluster.by_name:
+                    state.set_unhealthy_gpus(name, indexes)
             sched = Scheduler(state, policy, self.reg, now=t_now)
             self._restore(s, sched, t_now)
             pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
@@ -476,18 +517,20 @@ class Service:
     def cluster_view(self) -> dict:
         with self.reads() as s:
             hosts = {h.name: h for h in s.scalars(select(HostRow))}
+            health = {(g.host, g.index): g for g in s.scalars(select(GpuRow))}
             holds = {(g.host, g.gpu): g.job_id for g in s.scalars(select(GpuHoldRow))}
             jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(LIVE)))}
         out = []
         for h in self.cluster.hosts:
             row = hosts.get(h.name)
-            bad = set(row.unhealthy_gpus) if row else set()
             gpus = []
             for g in range(h.type.n_gpus):
                 job = holds.get((h.name, g))
+                rec = health.get((h.name, g))
                 gpus.append({"index": g, "name": h.type.gpu_name[g],
                              "numa_node": h.type.numa_ids[h.type.gpu_numa[g]],
-                             "healthy": g not in bad, "job": job,
+                             "healthy": rec.healthy if rec else True,
+                             "health_reason": rec.health_reason if rec else None, "job": job,
                              "team": jobs[job].team if job in jobs else None})
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
                         "switch": h.switch, "drained": bool(row and row.drained),

@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
-from ..store.models import GpuHoldRow, HostRow, JobRow
+from ..store.models import GpuHoldRow, GpuRow, JobRow
 
 
 class Metrics:
@@ -39,15 +39,15 @@ class _StoreCollector:
         jobs = GaugeMetricFamily("airflow_gpu_jobs", "jobs per team and state",
                                  labels=["team", "state"])
         with svc.sessions() as s:
-            hosts = {h.name: h for h in s.scalars(select(HostRow))}
+            unhealthy = dict(s.execute(select(GpuRow.host, func.count()).where(
+                GpuRow.healthy.is_(False)).group_by(GpuRow.host)).all())
             held = dict(s.execute(select(GpuHoldRow.host, func.count())
                                   .group_by(GpuHoldRow.host)).all())
             counts = s.execute(select(JobRow.team, JobRow.state, func.count()).where(
                 JobRow.state.in_(("pending", "admitted", "running")))
                 .group_by(JobRow.team, JobRow.state)).all()
         for h in svc.cluster.hosts:
-            row = hosts.get(h.name)
-            bad = len(row.unhealthy_gpus) if row else 0
+            bad = unhealthy.get(h.name, 0)
             total.add_metric([h.name], h.type.n_gpus)
             healthy.add_metric([h.name], h.type.n_gpus - bad)
             allocated.add_metric([h.name], held.get(h.name, 0))

@@ -118,3 +118,20 @@ class TeamOut(BaseModel):
     share: float
     quota_gpus: int | None
     held_gpus: int
+
+
+class GpuHealth(_In):
+    index: int = Field(ge=0, le=63)
+    healthy: bool
+    reason: str | None = Field(None, max_length=1000)
+
+
+class HostReport(_In):
+    gpus: list[GpuHealth] = Field(max_length=64)
+
+
+class GpuOut(BaseModel):
+    index: int
+    name: str
+    healthy: bool
+    health_reason: str | None

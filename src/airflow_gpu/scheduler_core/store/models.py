@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -36,7 +37,20 @@ class HostRow(Base):
     docker_url: Mapped[str | None] = mapped_column(String(1000))
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     drained: Mapped[bool] = mapped_column(Boolean, default=False)
-    unhealthy_gpus: Mapped[list[Any]] = mapped_column(default=list)
+    reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class GpuRow(Base):
+    """One GPU of a host: what it is, and its health as last reported."""
+
+    __tablename__ = "gpus"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME))
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
+    numa_node: Mapped[int] = mapped_column(Integer)
+    healthy: Mapped[bool] = mapped_column(Boolean, default=True)
+    health_reason: Mapped[str | None] = mapped_column(Text)
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 

@@ -35,7 +35,6 @@ def upgrade() -> None:
     sa.Column('docker_url', sa.String(length=1000), nullable=True),
     sa.Column('labels', sa.JSON(), nullable=False),
     sa.Column('drained', sa.Boolean(), nullable=False),
-    sa.Column('unhealthy_gpus', sa.JSON(), nullable=False),
     sa.Column('reported_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('name')
     )
@@ -121,9 +120,22 @@ def upgrade() -> None:
     with op.batch_alter_table('gpu_holds', schema=None) as batch_op:
         batch_op.create_index(batch_op.f('ix_gpu_holds_job_id'), ['job_id'], unique=False)
 
+    op.create_table('gpus',
+    sa.Column('host', sa.String(length=200), nullable=False),
+    sa.Column('index', sa.Integer(), nullable=False),
+    sa.Column('name', sa.String(length=200), nullable=False),
+    sa.Column('memory_bytes', sa.BigInteger(), nullable=False),
+    sa.Column('numa_node', sa.Integer(), nullable=False),
+    sa.Column('healthy', sa.Boolean(), nullable=False),
+    sa.Column('health_reason', sa.Text(), nullable=True),
+    sa.Column('reported_at', sa.DateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(['host'], ['hosts.name'], ),
+    sa.PrimaryKeyConstraint('host', 'index')
+    )
 
 
 def downgrade() -> None:
+    op.drop_table('gpus')
     with op.batch_alter_table('gpu_holds', schema=None) as batch_op:
         batch_op.drop_index(batch_op.f('ix_gpu_holds_job_id'))
 
