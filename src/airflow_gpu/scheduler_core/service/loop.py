@@ -20,6 +20,7 @@ LOCK_KEY = 0x61676675   # "agfu": one scheduler per database
 
 class SchedulerLoop:
     COALESCE = 0.2           # seconds to wait after a wake-up, so bursts share a pass
+    MAX_COALESCE = 0.5
     def __init__(self, service: Service, metrics=None, interval: float | None = None):
         self.service = service
         self.metrics = metrics
@@ -28,6 +29,7 @@ class SchedulerLoop:
         self._thread: threading.Thread | None = None
         self._lock_conn = None
         self.leader = False
+        self.last_pass = 0.0     # seconds the last pass took
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="scheduler-loop", daemon=True)
@@ -49,16 +51,18 @@ class SchedulerLoop:
                 log.exception("scheduling pass failed")
                 self._release()
             self.service.wake.wait(self.interval)
-            # Let a burst of submits or finishes gather into one pass.
-            self._stop.wait(self.COALESCE)
+            # Let a burst of submits or finishes gather into one pass; the longer passes
+            # take, the longer the gathering, so passes never crowd out the API.
+            self._stop.wait(min(self.MAX_COALESCE, max(self.COALESCE, 2 * self.last_pass)))
             self.service.wake.clear()
 
     def tick(self) -> list[str]:
         lost = self.service.expire_leases()
         t0 = time.perf_counter()
         admitted = self.service.schedule_pass()
+        self.last_pass = time.perf_counter() - t0
         if self.metrics:
-            self.metrics.pass_seconds.observe(time.perf_counter() - t0)
+            self.metrics.pass_seconds.observe(self.last_pass)
             self.metrics.admissions.inc(len(admitted))
             self.metrics.lease_expiries.inc(len(lost))
         return admitted
