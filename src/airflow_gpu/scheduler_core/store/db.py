@@ -33,6 +33,8 @@ def make_engine(url: str, writes: bool = True) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn):
+            if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+                return                    # each statement commits itself
             # Writers take the write lock up front: a transaction that reads and then writes
             # would otherwise fail at once with "database is locked" when another one writes.
             conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
