@@ -112,6 +112,9 @@ def test_lease_expiry_marks_lost_and_frees_the_gpus(api):
     ("post", "/api/v1/jobs/{id}/heartbeat", None),
     ("post", "/api/v1/jobs/{id}/finish", {"outcome": "failed"}),
     ("post", "/api/v1/hosts/dgx-1/drain", None),
+    ("post", "/api/v1/hosts/dgx-1/resume", None),
+    ("post", "/api/v1/hosts/dgx-1/report", {"gpus": []}),
+    ("put", "/api/v1/teams/vision", {"quota_gpus": 1}),
 ])
 def test_no_token_is_401(api, method, path, body):
     job = submit(api, "vision", spec("mine", 1)).json()
@@ -129,6 +132,8 @@ def test_no_token_is_401(api, method, path, body):
     ("post", "/api/v1/hosts/dgx-1/drain", None),
     ("post", "/api/v1/hosts/dgx-1/resume", None),
     ("post", "/api/v1/jobs", {"spec": spec("theirs", 1, team="vision")}),
+    ("post", "/api/v1/hosts/dgx-1/report", {"gpus": []}),
+    ("put", "/api/v1/teams/nlp", {"quota_gpus": 1}),
 ])
 def test_wrong_team_is_403(api, method, path, body):
     job = submit(api, "vision", spec("mine", 1)).json()
@@ -137,7 +142,7 @@ def test_wrong_team_is_403(api, method, path, body):
     r = getattr(api, method)(path.format(id=job["id"]), headers=auth(api, "nlp"), **kwargs)
     assert r.status_code == 403, r.text
     # an admin may
-    if "hosts" in path or "jobs/{id}" in path:
+    if "hosts" in path or "jobs/{id}" in path or "teams" in path:
         r = getattr(api, method)(path.format(id=job["id"]), headers=auth(api, "admin"),
                                  **kwargs)
         assert r.status_code == 200, r.text

@@ -13,12 +13,11 @@ from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from tests.service.test_robustness import Server
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("fuzz")
-    cluster = tmp / "cluster.yaml"
+@pytest.fixture
+def fuzz_server(db_url, tmp_path):
+    cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({"hosts": [{"name": "dgx-1", "model": "dgx-a100"}]}))
-    db = f"sqlite:///{tmp / 'fuzz.db'}"
+    db = db_url
     engine = make_engine(db)
     upgrade(engine)
     token = create_token(sessions(engine), "fuzz", admin=True)
