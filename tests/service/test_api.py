@@ -248,3 +248,14 @@ def test_host_report_keeps_work_off_an_unhealthy_gpu(api):
     body["gpus"][0]["healthy"] = True
     api.post("/api/v1/hosts/dgx-1/report", json=body, headers=auth(api, "admin"))
     assert api.tick() == [b["id"]]
+
+
+@pytest.mark.parametrize("method, path, kwargs", [
+    ("get", "/api/v1/jobs", {"params": {"team": "\x00"}}),
+    ("get", "/api/v1/jobs/a%00b", {}),
+    ("post", "/api/v1/hosts/a%00b/drain", {}),
+    ("post", "/api/v1/jobs", {"json": {"spec": spec("x", 1), "idempotency_key": "k\x00"}}),
+])
+def test_nul_characters_are_4xx_not_5xx(api, method, path, kwargs):
+    r = getattr(api, method)(path, headers=auth(api, "admin"), **kwargs)
+    assert 400 <= r.status_code < 500, r.text

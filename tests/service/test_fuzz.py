@@ -21,7 +21,7 @@ def fuzz_server(db_url, tmp_path):
     engine = make_engine(db)
     upgrade(engine)
     token = create_token(sessions(engine), "fuzz", admin=True)
-    server = Server(db, cluster)
+    server = Server(db, cluster, log=tmp_path / "server.log")
     server.token = token
     yield server
     server.stop()
@@ -34,15 +34,16 @@ def test_no_server_errors(fuzz_server):
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 11
     for op in operations:
-        _fuzz(op, headers)
+        _fuzz(op, headers, fuzz_server.log)
 
 
-def _fuzz(op, headers: dict) -> None:
+def _fuzz(op, headers: dict, log) -> None:
     @given(case=op.as_strategy())
     @settings(max_examples=30, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     def no_5xx(case):
         response = case.call(headers=headers, timeout=30)
-        assert response.status_code < 500, (op.method, case.formatted_path, response.text)
+        assert response.status_code < 500, (op.method, case.formatted_path, response.text,
+                                            log.read_text()[-3000:])
 
     no_5xx()

@@ -32,14 +32,15 @@ CLUSTER = {"cluster": "load", "hosts": [
 
 
 class Server:
-    def __init__(self, db_url: str, cluster_file, lease_ttl: float = 60):
-        self.db, self.port = db_url, free_port()
+    def __init__(self, db_url: str, cluster_file, lease_ttl: float = 60, log=None):
+        self.db, self.port, self.log = db_url, free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db_url, "--cluster",
              str(cluster_file), "--port", str(self.port), "--interval", "0.1",
              "--lease-ttl", str(lease_ttl), "--log-level", "warning"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cwd=REPO, stdout=subprocess.DEVNULL,
+            stderr=open(log, "w") if log else subprocess.DEVNULL)  # noqa: SIM115
         deadline = time.monotonic() + 30
         while not self.healthy():
             assert self.proc.poll() is None and time.monotonic() < deadline, "no server"

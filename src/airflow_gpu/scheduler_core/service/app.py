@@ -10,6 +10,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import DataError
 
 from ..errors import InputError
 from .auth import principal_for
@@ -30,6 +31,7 @@ from .schemas import (
 )
 
 MAX_BODY = 1 << 20          # bytes; larger request bodies get 413
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"       # team names, as in the job spec
 States = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "lost"]
 
 
@@ -78,6 +80,10 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     for exc_type, status in ((InputError, 422), (NotFound, 404), (Forbidden, 403),
                              (Conflict, 409)):
         app.add_exception_handler(exc_type, _handler(status))
+    # e.g. a NUL character, which PostgreSQL text cannot hold: the client's input, not a fault
+    app.add_exception_handler(DataError, lambda _, e: JSONResponse(
+        {"detail": "a value cannot be stored: it holds a character (such as NUL) or a size "
+         f"the database refuses ({str(e.orig).splitlines()[0]})"}, status_code=422))
     app.add_exception_handler(_Http, lambda _, e: JSONResponse(
         {"detail": e.detail}, status_code=e.status,
         headers={"WWW-Authenticate": "Bearer"} if e.status == 401 else None))
@@ -101,7 +107,7 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
 
     @app.get("/api/v1/jobs", response_model=list[JobOut])
     def list_jobs(_: Who, state: States | None = None,
-                  team: Annotated[str | None, Query(max_length=200)] = None,
+                  team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
                   limit: Annotated[int, Query(ge=1, le=10_000)] = 1000):
         jobs = service.list_jobs(state, team, limit)
         live = service.live_allocations([j.id for j in jobs if j.state in LIVE])
@@ -156,8 +162,7 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
         return list(service.teams().values())
 
     @app.put("/api/v1/teams/{name}", response_model=TeamOut)
-    def set_team(name: Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
-                                           max_length=200)],
+    def set_team(name: Annotated[str, Path(pattern=NAME, max_length=200)],
                  body: TeamRequest, p: Who):
         return service.set_team(name, p, body.share, body.quota_gpus)
 

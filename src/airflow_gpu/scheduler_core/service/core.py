@@ -20,15 +20,15 @@ from sqlalchemy import delete, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..cluster import Cluster, Host
+from ..cluster import Cluster
 from ..errors import InputError
 from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..placement import compile_needs, never_fits
 from ..plugins import Registry, default_registry
 from ..policy import PolicyConfig, TeamPolicy
-from ..scheduler import Rejected, Scheduler
-from ..state import ClusterState, ReplicaAllocation
+from ..scheduler import Rejected
+from ..state import ClusterState
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import (
     AllocationRow,
@@ -413,108 +413,11 @@ class Service:
         return self.settings.policy.model_copy(update={"teams": merged})
 
     def schedule_pass(self) -> list[str]:
-        """One pass of the engine on the committed state; admits by writing allocations and
-        holds in one transaction. Returns the admitted job ids."""
-        now = utcnow()
-        t_now = _ts(now)
-        policy = self._policy()
-        with self.sessions.begin() as s:
-            state = ClusterState(self.cluster)
-            for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
-                if h.name in self.cluster.by_name:
-                    state.set_drained(h.name)
-            bad: dict[str, list[int]] = {}
-            for g in s.scalars(select(GpuRow).where(GpuRow.healthy.is_(False))):
-                bad.setdefault(g.host, []).append(g.index)
-            for name, indexes in bad.items():
-                if name in self.cluster.by_name:
-                    state.set_unhealthy_gpus(name, indexes)
-            sched = Scheduler(state, policy, self.reg, now=t_now)
-            self._restore(s, sched, t_now)
-            pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
-                                     .order_by(JobRow.submitted_at, JobRow.id)))
-            self._specs = {r.id: self._specs.get(r.id) or JobSpec.model_validate(
-                {**r.spec, "name": r.id}) for r in pending}
-            for row in pending:
-                spec = self._specs[row.id]
-                try:
-                    sched.submit(spec, _ts(row.submitted_at))
-                except Rejected as exc:   # the cluster shrank under it
-                    s.execute(_update(JobRow).where(JobRow.id == row.id,
-                                                   JobRow.state == PENDING).values(
-                        reason_code="Rejected", reason=exc.reason, eta_at=None))
-            result = sched.schedule(t_now, explain=True)
-            lease = now + timedelta(seconds=self.settings.lease_ttl)
-            admitted = []
-            for job, placed in result.started:
-                done = s.execute(_update(JobRow).where(
-                    JobRow.id == job.name, JobRow.state == PENDING).values(
-                    state="admitted", admitted_at=now, lease_expires_at=lease,
-                    reason_code=None, reason=None, details={}, eta_at=None))
-                if done.rowcount != 1:
-                    continue              # cancelled meanwhile
-                self._write_allocations(s, job.name, placed.allocations)
-                hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
-                self._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}",
-                            job=job.name)
-                admitted.append(job.name)
-            rows = {r.id: r for r in pending}
-            for job_id, why in result.pending.items():
-                r = rows[job_id]
-                eta_at = None if why.eta is None else round(t_now + why.eta)
-                if (r.reason_code, r.reason, r.details, r.eta_at) == (
-                        why.code, why.message, why.details, eta_at):
-                    continue              # unchanged: no write (a pass must stay cheap)
-                s.execute(_update(JobRow).where(JobRow.id == job_id,
-                                                JobRow.state == PENDING).values(
-                    reason_code=why.code, reason=why.message, details=why.details,
-                    eta_at=eta_at))
-        return admitted
+        """One pass of the engine on the committed state (see storepass.py); returns the
+        admitted job ids."""
+        from .storepass import run_pass
 
-    def _restore(self, s: Session, sched: Scheduler, t_now: float) -> None:
-        rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
-        allocs: dict[str, list[AllocationRow]] = {}
-        for a in s.scalars(select(AllocationRow).where(AllocationRow.live.is_(True))
-                           .order_by(AllocationRow.id)):
-            allocs.setdefault(a.job_id, []).append(a)
-        half_lives = 5 * self.settings.policy.fairshare_half_life
-        for row in s.scalars(select(JobRow).where(
-                JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
-                JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
-            sched.fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at),
-                                     _ts(row.finished_at))
-        for row in rows:
-            spec = JobSpec.model_validate({**row.spec, "name": row.id})
-            start = _ts(row.admitted_at)
-            sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
-            resolved = resolve(spec, self.reg.job_classes)
-            runtime = resolved.expected_runtime or self.settings.policy.default_runtime
-            sched.restore(spec, [self._to_engine(a) for a in allocs.get(row.id, [])],
-                          start, runtime)
-
-    def _to_engine(self, a: AllocationRow) -> ReplicaAllocation:
-        host: Host = self.cluster.by_name[a.host]
-        t = host.type
-        cpu_masks: dict[int, int] = {}
-        for c in a.cpus:
-            p = next(i for i, m in enumerate(t.numa_cpus) if m >> c & 1)
-            cpu_masks[p] = cpu_masks.get(p, 0) | 1 << c
-        mem = [(t.numa_ids.index(int(n)), b) for n, b in a.memory_by_numa.items()]
-        return ReplicaAllocation(a.job_id, a.role, a.replica, host,
-                                 sum(1 << g for g in a.gpus), sorted(cpu_masks.items()),
-                                 sorted(mem), list(a.nics))
-
-    @staticmethod
-    def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation]) -> None:
-        for a in allocs:
-            d = a.to_dict()
-            s.add(AllocationRow(job_id=job_id, role=a.role, replica=a.index, host=a.host.name,
-                                gpus=d["gpus"], cpus=d["cpus"],
-                                memory_by_numa=d["memory_by_numa"], nics=d["nics"],
-                                live=True))
-            s.add_all(GpuHoldRow(host=a.host.name, gpu=g, job_id=job_id) for g in a.gpus)
-            s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
-        s.flush()   # the hold keys are checked here, inside the pass's transaction
+        return run_pass(self)
 
     # -- the cluster view ---------------------------------------------------------------------
     def cluster_view(self) -> dict:

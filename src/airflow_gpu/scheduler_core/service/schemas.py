@@ -19,7 +19,7 @@ class _In(BaseModel):
 class SubmitRequest(_In):
     spec: JobSpec
     idempotency_key: str | None = Field(
-        None, min_length=1, max_length=200,
+        None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$",
         description="the same key (per team) returns the job it created first; Airflow uses "
         "dag id, task id, run id, map index and try number")
 

@@ -1,0 +1,126 @@
+"""The scheduling pass on the store: rebuild the engine's state from what is committed,
+run the one scheduling pass (`Scheduler.schedule`), and write the admissions (allocations
+and holds) and the changed pending reasons in one transaction."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..cluster import Host
+from ..jobclasses import resolve
+from ..jobspec import JobSpec
+from ..scheduler import Rejected, Scheduler
+from ..state import ClusterState, ReplicaAllocation
+from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
+from .core import ENDED, LIVE, PENDING, Service, _ts, _update, spec_gpus, utcnow
+
+
+def run_pass(svc: Service) -> list[str]:
+    """One pass of the engine on the committed state; admits by writing allocations and
+    holds in one transaction. Returns the admitted job ids."""
+    now = utcnow()
+    t_now = _ts(now)
+    policy = svc._policy()
+    with svc.sessions.begin() as s:
+        state = ClusterState(svc.cluster)
+        for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
+            if h.name in svc.cluster.by_name:
+                state.set_drained(h.name)
+        bad: dict[str, list[int]] = {}
+        for g in s.scalars(select(GpuRow).where(GpuRow.healthy.is_(False))):
+            bad.setdefault(g.host, []).append(g.index)
+        for name, indexes in bad.items():
+            if name in svc.cluster.by_name:
+                state.set_unhealthy_gpus(name, indexes)
+        sched = Scheduler(state, policy, svc.reg, now=t_now)
+        _restore(svc, s, sched, t_now)
+        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
+                                 .order_by(JobRow.submitted_at, JobRow.id)))
+        svc._specs = {r.id: svc._specs.get(r.id) or JobSpec.model_validate(
+            {**r.spec, "name": r.id}) for r in pending}
+        for row in pending:
+            spec = svc._specs[row.id]
+            try:
+                sched.submit(spec, _ts(row.submitted_at))
+            except Rejected as exc:   # the cluster shrank under it
+                s.execute(_update(JobRow).where(JobRow.id == row.id,
+                                               JobRow.state == PENDING).values(
+                    reason_code="Rejected", reason=exc.reason, eta_at=None))
+        result = sched.schedule(t_now, explain=True)
+        lease = now + timedelta(seconds=svc.settings.lease_ttl)
+        admitted = []
+        for job, placed in result.started:
+            done = s.execute(_update(JobRow).where(
+                JobRow.id == job.name, JobRow.state == PENDING).values(
+                state="admitted", admitted_at=now, lease_expires_at=lease,
+                reason_code=None, reason=None, details={}, eta_at=None))
+            if done.rowcount != 1:
+                continue              # cancelled meanwhile
+            _write_allocations(s, job.name, placed.allocations)
+            hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
+            svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}",
+                        job=job.name)
+            admitted.append(job.name)
+        rows = {r.id: r for r in pending}
+        for job_id, why in result.pending.items():
+            r = rows[job_id]
+            eta_at = None if why.eta is None else round(t_now + why.eta)
+            if (r.reason_code, r.reason, r.details, r.eta_at) == (
+                    why.code, why.message, why.details, eta_at):
+                continue              # unchanged: no write (a pass must stay cheap)
+            s.execute(_update(JobRow).where(JobRow.id == job_id,
+                                            JobRow.state == PENDING).values(
+                reason_code=why.code, reason=why.message, details=why.details,
+                eta_at=eta_at))
+    return admitted
+
+
+def _restore(svc: Service, s: Session, sched: Scheduler, t_now: float) -> None:
+    rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
+    allocs: dict[str, list[AllocationRow]] = {}
+    for a in s.scalars(select(AllocationRow).where(AllocationRow.live.is_(True))
+                       .order_by(AllocationRow.id)):
+        allocs.setdefault(a.job_id, []).append(a)
+    half_lives = 5 * svc.settings.policy.fairshare_half_life
+    for row in s.scalars(select(JobRow).where(
+            JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
+            JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
+        sched.fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at),
+                                 _ts(row.finished_at))
+    for row in rows:
+        spec = JobSpec.model_validate({**row.spec, "name": row.id})
+        start = _ts(row.admitted_at)
+        sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
+        resolved = resolve(spec, svc.reg.job_classes)
+        runtime = resolved.expected_runtime or svc.settings.policy.default_runtime
+        sched.restore(spec, [_to_engine(svc, a) for a in allocs.get(row.id, [])],
+                      start, runtime)
+
+
+def _to_engine(svc: Service, a: AllocationRow) -> ReplicaAllocation:
+    host: Host = svc.cluster.by_name[a.host]
+    t = host.type
+    cpu_masks: dict[int, int] = {}
+    for c in a.cpus:
+        p = next(i for i, m in enumerate(t.numa_cpus) if m >> c & 1)
+        cpu_masks[p] = cpu_masks.get(p, 0) | 1 << c
+    mem = [(t.numa_ids.index(int(n)), b) for n, b in a.memory_by_numa.items()]
+    return ReplicaAllocation(a.job_id, a.role, a.replica, host,
+                             sum(1 << g for g in a.gpus), sorted(cpu_masks.items()),
+                             sorted(mem), list(a.nics))
+
+
+def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation]) -> None:
+    for a in allocs:
+        d = a.to_dict()
+        s.add(AllocationRow(job_id=job_id, role=a.role, replica=a.index, host=a.host.name,
+                            gpus=d["gpus"], cpus=d["cpus"],
+                            memory_by_numa=d["memory_by_numa"], nics=d["nics"],
+                            live=True))
+        s.add_all(GpuHoldRow(host=a.host.name, gpu=g, job_id=job_id) for g in a.gpus)
+        s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
+    s.flush()   # the hold keys are checked here, inside the pass's transaction
+
