@@ -94,15 +94,10 @@ class Sample:
     seconds: float
 
 
-def _free_gpus(state: ClusterState) -> int:
-    # The by-free-GPU index gives this in O(GPUs per host), cheap enough for every step.
-    return sum(n * len(bucket) for n, bucket in enumerate(state.by_free))
-
-
 def run(cluster: Cluster, jobs: list[tuple[JobSpec, list[Need]]], warmup: int, decisions: int,
         release_prob: float, seed: int, reg: Registry, explain: bool = False) -> dict[str, Any]:
     state = ClusterState(cluster)
-    total_gpus = sum(h.type.n_gpus for h in cluster.hosts)
+    total_gpus = cluster.total_gpus
     # A host with all its GPUs free sits in by_free[its GPU count].
     host_sizes = sorted({h.type.n_gpus for h in cluster.hosts})
     rng = random.Random(seed + 1)         # release choices, apart from the job stream
@@ -138,7 +133,7 @@ def run(cluster: Cluster, jobs: list[tuple[JobSpec, list[Need]]], warmup: int, d
             release_one()                 # and jobs end anyway, now and then
         if step >= warmup:
             samples.append(Sample(job.total_gpus, placed, dt))
-            util.append(1 - _free_gpus(state) / total_gpus)
+            util.append(1 - state.usable_total / total_gpus)
             whole_free.append(sum(len(state.by_free[n]) for n in host_sizes))
     loop_seconds = clock() - loop_start
 

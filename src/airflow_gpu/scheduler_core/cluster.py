@@ -83,6 +83,7 @@ class Cluster:
         self.switches: dict[tuple[str, str], list[Host]] = {}
         self.racks: dict[str, list[Host]] = {}
         self.max_host_gpus = max((h.type.n_gpus for h in self.hosts), default=0)
+        self.total_gpus = sum(h.type.n_gpus for h in self.hosts)
         for h in self.hosts:
             self.switches.setdefault(h.switch_key, []).append(h)
             self.racks.setdefault(h.rack, []).append(h)

@@ -24,6 +24,15 @@ from .state import ClusterState
 from .units import format_duration
 
 
+def over_quota(config: PolicyConfig, team: str, gpus: int) -> str | None:
+    """Why a job of `gpus` GPUs can never start for `team`, if its quota is smaller."""
+    quota = config.quota(team)
+    if quota is not None and gpus > quota:
+        return (f"needs {gpus} GPUs but team {team!r} has quota_gpus {quota}; "
+                "raise the team's quota or shrink the job")
+    return None
+
+
 class Rejected(InputError):
     """The job can never run on this cluster under this policy."""
 
@@ -81,32 +90,36 @@ class Scheduler:
         if spec.name in self.queue or spec.name in self.running:
             raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
-        jc = self.reg.job_classes.get(spec.job_class or "")
-        if runtime is None:
-            runtime = spec.expected_runtime or self.config.default_runtime
-        job = self.queue.make(spec, now, self._seq, float(runtime),
-                              jc.priority_weight if jc else 0)
-        self._seq += 1
+        job = self._make(spec, now, runtime)
         why = self.rejection(job)
         if why:
             raise Rejected(spec.name, why)
         self.queue.add(job)
         return job
 
-    def restore(self, spec: JobSpec, allocations, start: float, runtime: float) -> None:
+    def restore(self, spec: JobSpec, allocations, start: float,
+                runtime: float | None = None) -> None:
         """A job that already holds resources (a driver rebuilding from its store)."""
-        spec = resolve(spec, self.reg.job_classes)
-        job = self.queue.make(spec, start, self._seq, float(runtime), 0)
+        self._start(self._make(resolve(spec, self.reg.job_classes), start, runtime),
+                    allocations, start)
+
+    def _make(self, spec: JobSpec, submit: float, runtime: float | None) -> QueuedJob:
+        """A resolved spec as a queue entry; the runtime defaults to the spec's (or its
+        class's), else the policy's."""
+        jc = self.reg.job_classes.get(spec.job_class or "")
+        if runtime is None:
+            runtime = spec.expected_runtime or self.config.default_runtime
+        job = self.queue.make(spec, submit, self._seq, float(runtime),
+                              jc.priority_weight if jc else 0)
         self._seq += 1
-        self._start(job, allocations, start)
+        return job
 
     def rejection(self, job: QueuedJob) -> str | None:
-        quota = self.config.quota(job.team)
-        if quota is not None and job.gpus > quota:
-            return (f"needs {job.gpus} GPUs but team {job.team!r} has quota_gpus {quota}; "
-                    "raise the team's quota or shrink the job")
+        why = over_quota(self.config, job.team, job.gpus)
+        if why:
+            return why
         if self.config.mode == "count":
-            total = sum(h.type.n_gpus for h in self.state.cluster.hosts)
+            total = self.state.cluster.total_gpus
             return None if job.gpus <= total else (
                 f"needs {job.gpus} GPUs, the cluster has {total}")
         if job.shape not in self._never:

@@ -120,7 +120,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     started_at = time.perf_counter()
     sched = Scheduler(ClusterState(cluster), options.policy, reg or default_registry())
     host_gpus = cluster.max_host_gpus
-    total = sum(h.type.n_gpus for h in cluster.hosts)
+    total = cluster.total_gpus
     trace = sorted(trace, key=lambda t: t.submit)            # stable: file order on ties
     records = {t.job_id: JobRecord(t.job_id, t.team, t.gpus, t.submit, t.duration)
                for t in trace}

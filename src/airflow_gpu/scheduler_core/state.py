@@ -117,8 +117,7 @@ class ClusterState:
         # bumped whenever resources come back earlier than planned (early ends, repairs):
         # reservations planned before may now start sooner
         self.epoch = 0
-        top = max((h.type.n_gpus for h in cluster.hosts), default=0)
-        self.by_free: list[dict[int, None]] = [{} for _ in range(top + 1)]
+        self.by_free: list[dict[int, None]] = [{} for _ in range(cluster.max_host_gpus + 1)]
         self._bucket = [0] * len(self.hosts)
         # usable GPUs per switch and per rack, kept current, to rank domains without a scan
         self.switch_free: dict[tuple[str, str], int] = {}
