@@ -23,11 +23,12 @@ from sqlalchemy.orm import Session
 from ..cluster import Cluster
 from ..errors import InputError
 from ..jobclasses import resolve
+from ..jobqueue import job_shape
 from ..jobspec import JobSpec
 from ..placement import compile_needs, never_fits
 from ..plugins import Registry, default_registry
 from ..policy import PolicyConfig, TeamPolicy
-from ..scheduler import Rejected
+from ..scheduler import Rejected, over_quota
 from ..state import ClusterState
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import (
@@ -122,7 +123,7 @@ class Service:
         self._policy_cache: tuple[float, PolicyConfig] | None = None
         self._specs: dict[str, JobSpec] = {}   # job id -> parsed spec, for passes
         self._empty = ClusterState(self.cluster)
-        self._never: dict[str, str | None] = {}
+        self._never: dict[tuple, str | None] = {}   # job shape -> why it never fits
         self.wake = threading.Event()        # set when a pass is worth running now
         self.sync_hosts()
 
@@ -255,11 +256,10 @@ class Service:
                 JobRow.team == team, JobRow.idempotency_key == key)).first()
 
     def _rejection(self, spec: JobSpec) -> str | None:
-        quota = self._policy().quota(spec.team)
-        if quota is not None and spec.total_gpus > quota:
-            return (f"needs {spec.total_gpus} GPUs but team {spec.team!r} has quota_gpus "
-                    f"{quota}; raise the team's quota or shrink the job")
-        key = spec.model_dump_json(include={"roles", "placement"})
+        why = over_quota(self._policy(), spec.team, spec.total_gpus)
+        if why:
+            return why
+        key = job_shape(spec)
         if key not in self._never:
             self._never[key] = never_fits(spec, self._empty, self.reg, compile_needs(spec))
         return self._never[key]
@@ -311,12 +311,17 @@ class Service:
                exit_code: int | None) -> JobRow:
         return self._end(job_id, who, outcome, exit_code, from_states=LIVE)
 
-    def _end(self, job_id: str, who: Principal, state: str, exit_code: int | None,
-             from_states: tuple[str, ...]) -> JobRow:
+    def _owned(self, job_id: str, who: Principal) -> JobRow:
+        """The job, if `who` may act on it (its team, or an admin)."""
         row = self.get(job_id)
         if not who.may_act_for(row.team):
             raise Forbidden(f"job {job_id} belongs to team {row.team!r}; your token is for "
                             f"team {who.team!r}")
+        return row
+
+    def _end(self, job_id: str, who: Principal, state: str, exit_code: int | None,
+             from_states: tuple[str, ...]) -> JobRow:
+        self._owned(job_id, who)
         with self.sessions.begin() as s:
             done = s.execute(_update(JobRow).where(
                 JobRow.id == job_id, JobRow.state.in_(from_states)).values(
@@ -336,10 +341,7 @@ class Service:
 
     def heartbeat(self, job_id: str, who: Principal) -> JobRow:
         """The launcher is alive: extend the lease; the first heartbeat marks it running."""
-        row = self.get(job_id)
-        if not who.may_act_for(row.team):
-            raise Forbidden(f"job {job_id} belongs to team {row.team!r}; your token is for "
-                            f"team {who.team!r}")
+        row = self._owned(job_id, who)
         now = utcnow()
         lease = now + timedelta(seconds=self.settings.lease_ttl)
         with self.sessions.begin() as s:

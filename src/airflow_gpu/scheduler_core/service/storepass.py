@@ -10,7 +10,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..cluster import Host
-from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..scheduler import Rejected, Scheduler
 from ..state import ClusterState, ReplicaAllocation
@@ -36,19 +35,19 @@ def run_pass(svc: Service) -> list[str]:
             if name in svc.cluster.by_name:
                 state.set_unhealthy_gpus(name, indexes)
         sched = Scheduler(state, policy, svc.reg, now=t_now)
-        _restore(svc, s, sched, t_now)
+        specs: dict[str, JobSpec] = {}    # the live and pending jobs' parsed specs
+        _restore(svc, s, sched, t_now, specs)
         pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
                                  .order_by(JobRow.submitted_at, JobRow.id)))
-        svc._specs = {r.id: svc._specs.get(r.id) or JobSpec.model_validate(
-            {**r.spec, "name": r.id}) for r in pending}
         for row in pending:
-            spec = svc._specs[row.id]
             try:
-                sched.submit(spec, _ts(row.submitted_at))
+                sched.submit(_spec(svc, row, specs), _ts(row.submitted_at))
             except Rejected as exc:   # the cluster shrank under it
-                s.execute(_update(JobRow).where(JobRow.id == row.id,
-                                               JobRow.state == PENDING).values(
-                    reason_code="Rejected", reason=exc.reason, eta_at=None))
+                if (row.reason_code, row.reason) != ("Rejected", exc.reason):
+                    s.execute(_update(JobRow).where(JobRow.id == row.id,
+                                                    JobRow.state == PENDING).values(
+                        reason_code="Rejected", reason=exc.reason, eta_at=None))
+        svc._specs = specs
         result = sched.schedule(t_now, explain=True)
         lease = now + timedelta(seconds=svc.settings.lease_ttl)
         admitted = []
@@ -61,8 +60,7 @@ def run_pass(svc: Service) -> list[str]:
                 continue              # cancelled meanwhile
             _write_allocations(s, job.name, placed.allocations)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
-            svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}",
-                        job=job.name)
+            svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}", job=job.name)
             admitted.append(job.name)
         rows = {r.id: r for r in pending}
         for job_id, why in result.pending.items():
@@ -78,7 +76,15 @@ def run_pass(svc: Service) -> list[str]:
     return admitted
 
 
-def _restore(svc: Service, s: Session, sched: Scheduler, t_now: float) -> None:
+def _spec(svc: Service, row: JobRow, specs: dict[str, JobSpec]) -> JobSpec:
+    """A job's spec, parsed once while the job is pending or live (specs never change)."""
+    spec = svc._specs.get(row.id) or JobSpec.model_validate({**row.spec, "name": row.id})
+    specs[row.id] = spec
+    return spec
+
+
+def _restore(svc: Service, s: Session, sched: Scheduler, t_now: float,
+             specs: dict[str, JobSpec]) -> None:
     rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
     allocs: dict[str, list[AllocationRow]] = {}
     for a in s.scalars(select(AllocationRow).where(AllocationRow.live.is_(True))
@@ -91,13 +97,10 @@ def _restore(svc: Service, s: Session, sched: Scheduler, t_now: float) -> None:
         sched.fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at),
                                  _ts(row.finished_at))
     for row in rows:
-        spec = JobSpec.model_validate({**row.spec, "name": row.id})
+        spec = _spec(svc, row, specs)
         start = _ts(row.admitted_at)
         sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
-        resolved = resolve(spec, svc.reg.job_classes)
-        runtime = resolved.expected_runtime or svc.settings.policy.default_runtime
-        sched.restore(spec, [_to_engine(svc, a) for a in allocs.get(row.id, [])],
-                      start, runtime)
+        sched.restore(spec, [_to_engine(svc, a) for a in allocs.get(row.id, [])], start)
 
 
 def _to_engine(svc: Service, a: AllocationRow) -> ReplicaAllocation:
