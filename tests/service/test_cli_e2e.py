@@ -5,25 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-import httpx
 import pytest
 import yaml
 
 from tests.helpers import REPO
+from tests.service.servers import Server
 
 CLUSTER = {"cluster": "e2e", "hosts": [
     {"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"}]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -36,26 +29,9 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 def server(db_url, tmp_path):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER))
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db_url, "--cluster",
-         str(cluster), "--port", str(port), "--interval", "0.2", "--log-level", "warning"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"{url}/healthz").status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"server did not start: {proc.stdout.read()}")
-        time.sleep(0.1)
-    yield {"url": url, "db": db_url, "proc": proc}
-    proc.terminate()
-    proc.wait(timeout=10)
+    srv = Server(db_url, cluster, log=tmp_path / "server.log", interval=0.2)
+    yield {"url": srv.url, "db": db_url}
+    srv.stop()
 
 
 def wait_state(env: dict, job_id: str, state: str) -> dict:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
-from tests.service.test_robustness import Server
+from tests.service.servers import Server
 
 
 @pytest.fixture

@@ -4,9 +4,6 @@ SQLite and PostgreSQL: no GPU or core held twice, no acknowledged job lost."""
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -24,42 +21,10 @@ from airflow_gpu.scheduler_core.store.models import (
     GpuHoldRow,
     JobRow,
 )
-from tests.helpers import REPO
-from tests.service.test_cli_e2e import free_port
+from tests.service.servers import Server
 
 CLUSTER = {"cluster": "load", "hosts": [
     {"name": "dgx-[1-4]", "model": "dgx-a100", "rack": "r1", "switch": "s1"}]}
-
-
-class Server:
-    def __init__(self, db_url: str, cluster_file, lease_ttl: float = 60, log=None):
-        self.db, self.port, self.log = db_url, free_port(), log
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db_url, "--cluster",
-             str(cluster_file), "--port", str(self.port), "--interval", "0.1",
-             "--lease-ttl", str(lease_ttl), "--log-level", "warning"],
-            cwd=REPO, stdout=subprocess.DEVNULL,
-            stderr=open(log, "w") if log else subprocess.DEVNULL)  # noqa: SIM115
-        deadline = time.monotonic() + 30
-        while not self.healthy():
-            assert self.proc.poll() is None and time.monotonic() < deadline, "no server"
-            time.sleep(0.1)
-
-    def healthy(self) -> dict | None:
-        try:
-            return httpx.get(f"{self.url}/healthz", timeout=2).json()
-        except (httpx.TransportError, ValueError):
-            return None
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
 
 
 @pytest.fixture
