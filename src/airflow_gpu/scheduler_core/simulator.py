@@ -128,13 +128,11 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
                        list(records.values()))
     ends: list[tuple[float, int, str]] = []                  # (end, tiebreak, job name)
     ids: dict[str, str] = {}                                 # job name -> trace id
-    busy = 0
     i, n = 0, len(trace)
     while i < n or ends:
         now = min(trace[i].submit if i < n else math.inf, ends[0][0] if ends else math.inf)
         while ends and ends[0][0] == now:
             _, _, name = heapq.heappop(ends)
-            busy -= sched.running[name].gpus
             sched.finish(name, now)
             records[ids[name]].end = now
         while i < n and trace[i].submit == now:
@@ -157,9 +155,8 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             factor = options.slowdown[0 if len(hosts) <= 1 else 1 if len(switches) == 1 else 2]
             rec.start, rec.hosts, rec.switches = now, len(hosts), len(switches)
             heapq.heappush(ends, (now + rec.duration * factor, result.passes, job.name))
-            busy += job.gpus
         result.times.append(now)
-        result.busy.append(busy)
+        result.busy.append(total - sched.state.usable_total)   # nothing is drained here
         result.queued.append(len(sched.queue))
     result.wall_s = time.perf_counter() - started_at
     return result
