@@ -69,8 +69,11 @@ class Client:
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/api/v1/jobs/{job_id}")
 
-    def jobs(self, state: str | None = None, team: str | None = None) -> list[dict]:
-        params = {k: v for k, v in (("state", state), ("team", team)) if v}
+    def jobs(self, state: str | None = None, team: str | None = None, name: str | None = None,
+             newest_first: bool = False, limit: int | None = None) -> list[dict]:
+        params = {k: v for k, v in (("state", state), ("team", team), ("name", name),
+                                    ("order", "newest" if newest_first else None),
+                                    ("limit", limit)) if v}
         return self.request("GET", "/api/v1/jobs", params=params)
 
     def cancel(self, job_id: str) -> dict:

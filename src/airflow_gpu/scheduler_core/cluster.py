@@ -41,6 +41,8 @@ class HostEntry(BaseModel):
     rack: str = "default"
     switch: str = Field("default", description="leaf / top-of-rack switch")
     docker_url: str | None = None
+    address: str | None = Field(None, description="address other hosts reach this one at "
+                                "(rendezvous of distributed jobs); default: the host name")
     labels: dict[str, str] = {}
 
     @field_validator("name")
@@ -66,6 +68,7 @@ class Host:
     switch: str
     docker_url: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    address: str | None = None
 
     @property
     def switch_key(self) -> tuple[str, str]:
@@ -103,7 +106,8 @@ def build_cluster(spec: ClusterFile, base_dir: Path | None = None, source: str =
                                  "each host name must be unique", source or None)
             seen.add(name)
             hosts.append(Host(len(hosts), name, htype, entry.rack, entry.switch,
-                              entry.docker_url, dict(entry.labels)))
+                              entry.docker_url, dict(entry.labels),
+                              entry.address))
     return Cluster(spec.cluster, hosts)
 
 

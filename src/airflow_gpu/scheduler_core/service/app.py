@@ -108,8 +108,10 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     @app.get("/api/v1/jobs", response_model=list[JobOut])
     def list_jobs(_: Who, state: States | None = None,
                   team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
+                  name: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
+                  order: Literal["submitted", "newest"] = "submitted",
                   limit: Annotated[int, Query(ge=1, le=10_000)] = 1000):
-        jobs = service.list_jobs(state, team, limit)
+        jobs = service.list_jobs(state, team, limit, name, order == "newest")
         live = service.live_allocations([j.id for j in jobs if j.state in LIVE])
         return [JobOut.of(j, live.get(j.id)) for j in jobs]
 

@@ -272,12 +272,17 @@ class Service:
         return row
 
     def list_jobs(self, state: str | None = None, team: str | None = None,
-                  limit: int = 1000) -> list[JobRow]:
-        q = select(JobRow).order_by(JobRow.submitted_at, JobRow.id).limit(limit)
+                  limit: int = 1000, name: str | None = None,
+                  newest_first: bool = False) -> list[JobRow]:
+        order = (JobRow.submitted_at.desc(), JobRow.id.desc()) if newest_first else (
+            JobRow.submitted_at, JobRow.id)
+        q = select(JobRow).order_by(*order).limit(limit)
         if state:
             q = q.where(JobRow.state == state)
         if team:
             q = q.where(JobRow.team == team)
+        if name:
+            q = q.where(JobRow.name == name)
         with self.reads() as s:
             return list(s.scalars(q))
 
@@ -441,7 +446,8 @@ class Service:
                              "health_reason": rec.health_reason if rec else None, "job": job,
                              "team": jobs[job].team if job in jobs else None})
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
-                        "switch": h.switch, "drained": bool(row and row.drained),
+                        "switch": h.switch, "docker_url": h.docker_url,
+                        "address": h.address or h.name, "drained": bool(row and row.drained),
                         "gpus": gpus,
                         "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"])})
         return {"cluster": self.cluster.name, "hosts": out,
