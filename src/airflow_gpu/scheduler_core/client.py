@@ -30,13 +30,36 @@ def _detail_text(detail: Any) -> str:
     return str(detail)
 
 
+def _answer(url: str, r: httpx.Response) -> Any:
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text
+        raise ApiError(r.status_code, detail)
+    return r.json()
+
+
+def _unreachable(url: str, exc: Exception) -> InputError:
+    return InputError(f"cannot reach the scheduler at {url} ({exc}); start it with "
+                      "`airflow-gpu server` or set AIRFLOW_GPU_URL / --url")
+
+
+def _options(url: str | None, token: str | None, timeout: float,
+             verify: bool | str) -> tuple[str, dict]:
+    url = (url or os.environ.get("AIRFLOW_GPU_URL") or DEFAULT_URL).rstrip("/")
+    token = token or os.environ.get("AIRFLOW_GPU_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return url, {"base_url": url, "headers": headers, "timeout": timeout, "verify": verify}
+
+
 class Client:
+    """`verify`: TLS certificate check, True or a CA bundle path (https URLs)."""
+
     def __init__(self, url: str | None = None, token: str | None = None,
-                 timeout: float = 30.0):
-        self.url = (url or os.environ.get("AIRFLOW_GPU_URL") or DEFAULT_URL).rstrip("/")
-        self.token = token or os.environ.get("AIRFLOW_GPU_TOKEN")
-        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+                 timeout: float = 30.0, verify: bool | str = True):
+        self.url, options = _options(url, token, timeout, verify)
+        self.http = httpx.Client(**options)
 
     def close(self) -> None:
         self.http.close()
@@ -51,15 +74,8 @@ class Client:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.TransportError as exc:
-            raise InputError(f"cannot reach the scheduler at {self.url} ({exc}); start it "
-                             "with `airflow-gpu server` or set AIRFLOW_GPU_URL / --url") from None
-        if r.status_code >= 400:
-            try:
-                detail = r.json().get("detail", r.text)
-            except ValueError:
-                detail = r.text
-            raise ApiError(r.status_code, detail)
-        return r.json()
+            raise _unreachable(self.url, exc) from None
+        return _answer(self.url, r)
 
     # -- the API ----------------------------------------------------------------------------
     def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
@@ -101,3 +117,31 @@ class Client:
     def set_team(self, name: str, share: float | None, quota_gpus: int | None) -> dict:
         return self.request("PUT", f"/api/v1/teams/{name}",
                             json={"share": share, "quota_gpus": quota_gpus})
+
+
+class AsyncClient:
+    """What the deferrable trigger needs, without blocking the triggerer's event loop."""
+
+    def __init__(self, url: str | None = None, token: str | None = None,
+                 timeout: float = 30.0, verify: bool | str = True):
+        self.url, options = _options(url, token, timeout, verify)
+        self.http = httpx.AsyncClient(**options)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, path: str, **kw) -> Any:
+        try:
+            r = await self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise _unreachable(self.url, exc) from None
+        return _answer(self.url, r)
+
+    async def job(self, job_id: str) -> dict:
+        return await self.request("GET", f"/api/v1/jobs/{job_id}")
+
+    async def cancel(self, job_id: str) -> dict:
+        return await self.request("DELETE", f"/api/v1/jobs/{job_id}")

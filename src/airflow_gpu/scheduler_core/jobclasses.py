@@ -23,6 +23,9 @@ class JobClass:
     default_runtime: int | None = None   # seconds
     max_gpus: int | None = None          # per job
     gpu_roles: bool = True               # may roles ask for GPUs?
+    # Operators may take a job's expected runtime from its task's last successful runs
+    # (class default otherwise); off for classes whose runs vary too much to predict.
+    runtime_from_history: bool = True
 
     def check(self, spec: JobSpec) -> list[str]:
         problems = []

@@ -1,0 +1,148 @@
+"""Replicas as containers on the admitted host's Docker engine (the host's `docker_url`):
+the granted GPUs (a device request, CDI names or NVIDIA_VISIBLE_DEVICES), cpuset,
+NUMA memory nodes and memory limit from the placement, labels naming job, DAG and task."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import docker
+from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.types import DeviceRequest, Mount
+
+from ..scheduler_core.topology import format_cpulist
+from .handle import LaunchError
+from .replica import Replica
+
+GPU_MODES = ("device-request", "cdi", "env")
+STOP_GRACE = 10        # seconds docker waits between SIGTERM and SIGKILL
+
+
+def parse_mount(spec: str | Mount) -> Mount:
+    """A docker Mount, or `source:target[:ro]` for a bind mount."""
+    if isinstance(spec, Mount):
+        return spec
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ValueError(f"mounts: {spec!r} is not 'source:target' or 'source:target:ro'")
+    return Mount(target=parts[1], source=parts[0], type="bind",
+                 read_only=len(parts) == 3 and parts[2] == "ro")
+
+
+def gpu_options(mode: str, gpus: list[int], runtime: str | None) -> dict:
+    """The create_container arguments that hand these GPUs to the container."""
+    if mode not in GPU_MODES:
+        raise ValueError(f"gpu_mode: {mode!r} is not one of {', '.join(GPU_MODES)}")
+    if not gpus:
+        return {"runtime": runtime} if runtime else {}
+    ids = [str(g) for g in gpus]
+    if mode == "device-request":
+        return {"device_requests": [DeviceRequest(driver="nvidia", device_ids=ids,
+                                                  capabilities=[["gpu"]])]}
+    if mode == "cdi":
+        return {"device_requests": [DeviceRequest(driver="cdi", device_ids=[
+            f"nvidia.com/gpu={g}" for g in ids])]}
+    # env: the NVIDIA container runtime (or the engine's default runtime, where the
+    # NVIDIA toolkit is configured as default) reads NVIDIA_VISIBLE_DEVICES
+    return {"runtime": runtime} if runtime else {}
+
+
+@dataclass
+class DockerLauncher:
+    image: str
+    command: str | list[str] | None = None
+    gpu_mode: str = "device-request"
+    runtime: str | None = None             # e.g. "nvidia" for gpu_mode "env"
+    network_mode: str = "host"             # rendezvous of distributed jobs uses host ports
+    mounts: list[str | Mount] = field(default_factory=list)
+    default_url: str | None = None         # engine for hosts without a docker_url
+    labels: dict[str, str] = field(default_factory=dict)
+    shm_size: str | None = "1g"            # NCCL and data loaders need more than 64 MiB
+
+    def create(self, r: Replica, env: dict[str, str]):
+        """The container for a replica, created but not started."""
+        client = self._client(r)
+        env = {**r.env(), **env}
+        if self.gpu_mode == "env" and r.gpus:
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(map(str, r.gpus))
+        kwargs = dict(
+            image=self.image, command=self.command, environment=env,
+            name=f"airflow-gpu-{r.job_id[:8]}-{r.name}",
+            labels={**self.labels, "airflow-gpu.job": r.job_id, "airflow-gpu.role": r.role,
+                    "airflow-gpu.replica": str(r.index), "airflow-gpu.host": r.host},
+            cpuset_cpus=format_cpulist(r.cpus) or None,
+            cpuset_mems=",".join(map(str, r.numa_nodes)) or None,
+            mem_limit=r.memory_bytes or None, network_mode=self.network_mode,
+            mounts=[parse_mount(m) for m in self.mounts], shm_size=self.shm_size,
+            detach=True, **gpu_options(self.gpu_mode, r.gpus, self.runtime))
+        try:
+            try:
+                return client.containers.create(**kwargs)
+            except ImageNotFound:
+                client.images.pull(self.image)
+                return client.containers.create(**kwargs)
+        except NotFound as exc:
+            raise LaunchError(f"{r.name}: image {self.image!r} is not on host {r.host}'s "
+                              f"Docker engine and cannot be pulled ({exc.explanation}); "
+                              "load it on the host or push it to a reachable registry") from None
+        except APIError as exc:
+            raise LaunchError(f"{r.name}: the Docker engine of host {r.host} refused the "
+                              f"container: {exc.explanation or exc}") from None
+
+    def start(self, r: Replica, env: dict[str, str]) -> ContainerHandle:
+        container = self.create(r, env)
+        try:
+            container.start()
+        except APIError as exc:
+            container.remove(force=True)
+            raise LaunchError(self._start_error(r, str(exc.explanation or exc))) from None
+        return ContainerHandle(r.name, container)
+
+    def _start_error(self, r: Replica, why: str) -> str:
+        msg = f"{r.name}: the container could not start on host {r.host}: {why}"
+        if "could not select device driver" in why:
+            msg += (f". The engine has no NVIDIA runtime for the GPU device request (GPUs "
+                    f"{r.gpus}): install the NVIDIA Container Toolkit on {r.host}, or set "
+                    "gpu_mode='cdi' (CDI specs generated) or gpu_mode='env' with runtime="
+                    "'nvidia'")
+        return msg
+
+    def _client(self, r: Replica) -> docker.DockerClient:
+        url = r.docker_url or self.default_url
+        try:
+            return docker.DockerClient(base_url=url) if url else docker.from_env()
+        except DockerException as exc:
+            raise LaunchError(f"{r.name}: cannot reach the Docker engine of host {r.host} "
+                              f"at {url or 'DOCKER_HOST / the local socket'} ({exc}); set "
+                              "docker_url for the host in the cluster file") from None
+
+
+class ContainerHandle:
+    def __init__(self, name: str, container):
+        self.name, self.container = name, container
+
+    def lines(self) -> Iterator[str]:
+        rest = b""
+        for chunk in self.container.logs(stream=True, follow=True):
+            rest += chunk
+            *done, rest = rest.split(b"\n")
+            for line in done:
+                yield line.decode(errors="replace")
+        if rest:
+            yield rest.decode(errors="replace")
+
+    def wait(self) -> int:
+        code = self.container.wait()["StatusCode"]
+        self._remove()
+        return code
+
+    def stop(self) -> None:
+        with contextlib.suppress(NotFound, APIError):
+            self.container.stop(timeout=STOP_GRACE)
+        self._remove()
+
+    def _remove(self) -> None:
+        with contextlib.suppress(NotFound, APIError):
+            self.container.remove(force=True)

@@ -1,0 +1,57 @@
+"""One admitted replica as a launcher sees it, and the environment every replica gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..scheduler_core.topology import format_cpulist
+
+
+@dataclass(frozen=True)
+class Replica:
+    job_id: str
+    role: str
+    index: int            # within its role
+    rank: int             # within the job (order of the scheduler's allocations)
+    host: str
+    address: str          # where other replicas reach this host
+    docker_url: str | None
+    gpus: list[int]       # host-local GPU indices
+    cpus: list[int]       # host-local logical CPU ids
+    numa_nodes: list[int]
+    memory_bytes: int
+    nics: list[str]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    def env(self) -> dict[str, str]:
+        """What the process needs to know about its grant (NCCL reads NCCL_IB_HCA)."""
+        env = {"AIRFLOW_GPU_JOB_ID": self.job_id, "AIRFLOW_GPU_ROLE": self.role,
+               "AIRFLOW_GPU_REPLICA": str(self.index), "AIRFLOW_GPU_HOST": self.host,
+               "AIRFLOW_GPU_GPUS": ",".join(map(str, self.gpus)),
+               "AIRFLOW_GPU_CPUS": format_cpulist(self.cpus),
+               "AIRFLOW_GPU_NUMA_NODES": ",".join(map(str, self.numa_nodes)),
+               "AIRFLOW_GPU_MEMORY_BYTES": str(self.memory_bytes)}
+        if self.nics:
+            env["NCCL_IB_HCA"] = ",".join(self.nics)
+        return env
+
+    def describe(self) -> str:
+        return (f"{self.name} on {self.host}: GPUs {self.gpus or '-'}, CPUs "
+                f"{format_cpulist(self.cpus)}, NUMA {self.numa_nodes}, memory "
+                f"{self.memory_bytes / 2**30:.1f} GiB, NICs {self.nics or '-'}")
+
+
+def replicas_of(job: dict, hosts: dict[str, dict]) -> list[Replica]:
+    """The job's live replicas (API shape) joined with the cluster view's hosts."""
+    out = []
+    for rank, r in enumerate(x for x in job["replicas"] if x["live"]):
+        host = hosts.get(r["host"], {})
+        numa = sorted(int(n) for n in r["memory_by_numa"])
+        out.append(Replica(job["id"], r["role"], r["index"], rank, r["host"],
+                           host.get("address") or r["host"], host.get("docker_url"),
+                           list(r["gpus"]), list(r["cpus"]), numa,
+                           sum(r["memory_by_numa"].values()), list(r["nics"])))
+    return out

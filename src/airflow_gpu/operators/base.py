@@ -1,0 +1,261 @@
+"""What every GPU operator shares: the job spec from the operator's arguments, submit with
+an idempotency key, deferral until admission, the lease heartbeat, finish and on_kill.
+Subclasses only say how replicas start (containers, processes, a Python callable)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import statistics
+import threading
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from pydantic import ValidationError
+
+from ..hooks.scheduler import GpuSchedulerHook
+from ..launch.handle import Handle, LaunchError
+from ..launch.replica import Replica, replicas_of
+from ..launch.supervise import Interrupted, Outcome, stop_all, supervise
+from ..scheduler_core.client import ApiError
+from ..scheduler_core.errors import InputError
+from ..scheduler_core.jobspec import JobSpec
+from ..triggers.admission import AdmissionTrigger
+
+LIVE = ("admitted", "running")
+HISTORY = 5             # successful runs averaged (median) for the expected runtime
+LAUNCH_KEYS = ("image", "command", "environment")
+
+
+def job_name(dag_id: str, task_id: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{dag_id}.{task_id}")
+    return name[:200]
+
+
+def idempotency_key(ti) -> str:
+    """One job per task try: a retry is a new job, a re-run of the same try is not."""
+    key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}/{ti.try_number}"
+    if len(key) > 200:
+        key = key[:150] + "#" + hashlib.sha256(key.encode()).hexdigest()[:32]
+    return key
+
+
+def split_role(role: dict) -> tuple[dict, dict]:
+    """A role as DAG authors write it: the scheduler's fields, and how it starts."""
+    return ({k: v for k, v in role.items() if k not in LAUNCH_KEYS},
+            {k: role[k] for k in LAUNCH_KEYS if k in role})
+
+
+class GpuBaseOperator(BaseOperator):
+    """Base of the GPU operators. The task asks for resources, never for a host or GPU.
+
+    :param gpus: GPUs per replica. :param gpu_model: accepted GPU models (substrings of
+    the GPU name, e.g. "A100"). :param gpu_memory: minimum memory per GPU ("48GiB").
+    :param cpus: logical CPUs per replica. :param memory: host memory per replica.
+    :param job_class: e.g. pytorch, tensorflow-ps, etl, validation.
+    :param priority: higher runs first. :param expected_runtime: e.g. "2h"; default: the
+    median of the task's last successful runs where the class allows, else the class's.
+    :param team: default: the connection's `team` extra, else the token's team.
+    :param placement: e.g. {"locality": "switch", "affinity": "strict"}.
+    :param admission_timeout: seconds to wait for admission before failing (default: none).
+    """
+
+    template_fields: Sequence[str] = ("expected_runtime",)
+    ui_color = "#76b900"
+
+    def __init__(self, *, gpus: int = 0, gpu_model: str | list[str] | None = None,
+                 gpu_memory: str | int | None = None, cpus: int = 1,
+                 memory: str | int = "1GiB", job_class: str | None = None, priority: int = 0,
+                 expected_runtime: str | int | None = None, team: str | None = None,
+                 placement: dict[str, Any] | None = None,
+                 gpu_scheduler_conn_id: str = GpuSchedulerHook.default_conn_name,
+                 poll_interval: float = 5.0, admission_timeout: float | None = None,
+                 roles: list[dict] | None = None, **kwargs) -> None:
+        super().__init__(**kwargs)
+        gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory)) if v}
+        self.roles = roles or [{"name": "main", "gpus": gpus, "cpus": cpus,
+                                "memory": memory, **({"gpu": gpu} if gpu else {})}]
+        self.job_class, self.priority, self.team = job_class, priority, team
+        self.expected_runtime, self.placement = expected_runtime, placement or {}
+        self.gpu_scheduler_conn_id = gpu_scheduler_conn_id
+        self.poll_interval, self.admission_timeout = poll_interval, admission_timeout
+        self._spec("check")            # a DAG with a bad request fails when it is parsed
+        self._job_id: str | None = None
+        self._handles: list[Handle] = []
+        self._stop = threading.Event()
+
+    # -- the job spec ---------------------------------------------------------------------
+    def _spec(self, name: str, team: str | None = None,
+              runtime: str | int | None = None) -> dict:
+        spec: dict[str, Any] = {"name": name, "priority": self.priority,
+                                "roles": [split_role(r)[0] for r in self.roles]}
+        for key, value in (("team", team or self.team), ("job_class", self.job_class),
+                           ("expected_runtime", runtime or self.expected_runtime),
+                           ("placement", self.placement)):
+            if value:
+                spec[key] = value
+        try:
+            JobSpec.model_validate(spec)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
+                                 for e in exc.errors())
+            raise ValueError(f"task {self.task_id!r}: the GPU request is invalid: "
+                             f"{problems}") from None
+        return spec
+
+    def _runtime(self, client, name: str) -> int | None:
+        """Median of the last successful runs, where the job class allows it."""
+        from ..scheduler_core.plugins import default_registry
+
+        if self.expected_runtime:
+            return None
+        jc = default_registry().job_classes.get(self.job_class or "")
+        if jc is not None and not jc.runtime_from_history:
+            return None
+        runs = [j for j in client.jobs(state="succeeded", name=name, newest_first=True,
+                                       limit=HISTORY) if j["started_at"] and j["finished_at"]]
+        if not runs:
+            return None
+        took = statistics.median(
+            (datetime.fromisoformat(j["finished_at"]) - datetime.fromisoformat(j["started_at"]))
+            .total_seconds() for j in runs)
+        seconds = max(1, round(took))
+        self.log.info("expected runtime %ss: median of the last %d successful runs",
+                      seconds, len(runs))
+        return seconds
+
+    # -- submit and wait ------------------------------------------------------------------
+    @property
+    def hook(self) -> GpuSchedulerHook:
+        return GpuSchedulerHook(self.gpu_scheduler_conn_id)
+
+    def execute(self, context: Context) -> Any:
+        ti = context["ti"]
+        name = job_name(ti.dag_id, ti.task_id)
+        with self.hook.get_conn() as client:
+            team = self.team or self.hook.get_connection(
+                self.gpu_scheduler_conn_id).extra_dejson.get("team")
+            spec = self._spec(name, team, self._runtime(client, name))
+            try:
+                job = client.submit(spec, idempotency_key(ti))
+            except ApiError as exc:
+                if exc.status == 422:
+                    raise AirflowFailException(f"the GPU scheduler refused the job: "
+                                               f"{exc}") from None
+                raise AirflowException(f"submitting the GPU job failed: {exc}") from None
+        ti.xcom_push(key="gpu_job_id", value=job["id"])
+        self.log.info("GPU job %s submitted (%s)", job["id"], job["state"])
+        if job["state"] in LIVE:
+            return self._run(context, job["id"])
+        if job["state"] != "pending":
+            raise AirflowException(f"GPU job {job['id']} is already {job['state']}")
+        self._defer(job)
+
+    def _defer(self, job: dict) -> None:
+        why = job.get("pending") or {}
+        self.log.info("waiting for GPUs without a worker slot (deferred): %s",
+                      why.get("reason") or "queued")
+        self.defer(trigger=AdmissionTrigger(job["id"], self.gpu_scheduler_conn_id,
+                                            self.poll_interval),
+                   method_name="execute_admitted", timeout=self.admission_timeout)
+
+    def execute_admitted(self, context: Context, event: dict[str, Any]) -> Any:
+        if event["status"] != "admitted":
+            raise AirflowException(f"GPU job {event['job_id']}: {event['message']}")
+        self.log.info("GPU job %s %s", event["job_id"], event["message"])
+        return self._run(context, event["job_id"])
+
+    # -- run ------------------------------------------------------------------------------
+    def _run(self, context: Context, job_id: str) -> Any:
+        self._job_id = job_id
+        with self.hook.get_conn() as client:
+            try:
+                job = client.heartbeat(job_id)       # confirms the start
+            except ApiError as exc:
+                raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
+            hosts = {h["name"]: h for h in client.cluster()["hosts"]}
+            replicas = replicas_of(job, hosts)
+            for r in replicas:
+                self.log.info("granted %s", r.describe())
+            try:
+                self._handles = []
+                self._launch(context, replicas, self._handles)
+            except LaunchError as exc:
+                stop_all(self._handles)
+                self._finish(client, job_id, "failed", None)
+                raise AirflowException(str(exc)) from None
+            outcome = supervise(self._handles, self.log, lambda: self._beat(client, job_id),
+                                self._beat_interval(job), self._stop)
+            return self._conclude(context, client, job_id, replicas, outcome)
+
+    def _conclude(self, context: Context, client, job_id: str, replicas: list[Replica],
+                  outcome: Outcome) -> Any:
+        if outcome.ok:
+            self._finish(client, job_id, "succeeded", 0)
+            return self._result(replicas)
+        why = outcome.interrupted
+        if why is not None and why.state == "pending":
+            self.log.warning("the scheduler requeued the job (%s): waiting for a new "
+                             "placement", why)
+            self._defer(client.job(job_id))
+        if why is not None:
+            raise AirflowException(f"GPU job {job_id}: {why}")
+        self._finish(client, job_id, "failed", outcome.exit_code)
+        tail = "\n".join(f"  [{outcome.failed}] {line}" for line in outcome.tail)
+        raise AirflowException(f"replica {outcome.failed} exited with code "
+                               f"{outcome.exit_code}; its last lines:\n{tail}")
+
+    def _result(self, replicas: list[Replica]) -> Any:
+        return {"job_id": self._job_id,
+                "replicas": [{"role": r.role, "index": r.index, "host": r.host,
+                              "gpus": r.gpus, "cpus": r.cpus, "numa_nodes": r.numa_nodes,
+                              "nics": r.nics} for r in replicas]}
+
+    @staticmethod
+    def _beat_interval(job: dict) -> float:
+        expires = job.get("lease_expires_at")
+        if not expires:
+            return 10.0
+        left = (datetime.fromisoformat(expires) - datetime.now(
+            datetime.fromisoformat(expires).tzinfo)).total_seconds()
+        return min(30.0, max(0.5, left / 3))
+
+    def _beat(self, client, job_id: str) -> None:
+        try:
+            client.heartbeat(job_id)
+        except ApiError as exc:
+            if exc.status == 409:
+                state = "pending" if "is pending" in str(exc.detail) else "ended"
+                raise Interrupted(state, str(exc.detail)) from None
+            self.log.warning("heartbeat failed: %s", exc)
+        except InputError as exc:          # the service restarts: the lease still runs
+            self.log.warning("heartbeat failed: %s", exc)
+
+    def _finish(self, client, job_id: str, outcome: str, code: int | None) -> None:
+        try:
+            client.finish(job_id, outcome, code)
+        except (ApiError, InputError) as exc:
+            self.log.warning("could not report the end of GPU job %s: %s", job_id, exc)
+
+    def _launch(self, context: Context, replicas: list[Replica],
+                started: list[Handle]) -> None:
+        """Start every replica, appending each handle to `started` as it starts."""
+        raise NotImplementedError
+
+    def _warn(self, replica: Replica, warnings: list[str]) -> None:
+        for w in warnings:
+            self.log.warning("%s: %s", replica.name, w)
+
+    def on_kill(self) -> None:
+        """The task is killed: stop the replicas and release the GPUs now."""
+        self._stop.set()
+        stop_all(self._handles)
+        if self._job_id:
+            with self.hook.get_conn() as client:
+                try:
+                    client.cancel(self._job_id)
+                except (ApiError, InputError) as exc:
+                    self.log.warning("could not cancel GPU job %s: %s", self._job_id, exc)

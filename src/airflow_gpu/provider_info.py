@@ -1,0 +1,42 @@
+"""What Airflow's provider manager reads about this package."""
+
+from . import __version__
+
+_INTEGRATION = "GPU scheduler"
+
+PROVIDER_INFO = {
+    "package-name": "airflow-provider-gpu",
+    "name": "GPU scheduler (airflow-provider-gpu)",
+    "description": "GPU-aware workload management for NVIDIA DGX clusters: topology-aware "
+                   "admission, gangs, fair share and backfill, CPU/NUMA/cgroup isolation.",
+    "versions": [__version__],
+    "integrations": [{"integration-name": _INTEGRATION, "tags": ["service"]}],
+    "hooks": [{"integration-name": _INTEGRATION,
+               "python-modules": ["airflow_gpu.hooks.scheduler"]}],
+    "operators": [{"integration-name": _INTEGRATION,
+                   "python-modules": ["airflow_gpu.operators.docker",
+                                      "airflow_gpu.operators.bash",
+                                      "airflow_gpu.operators.gang"]}],
+    "triggers": [{"integration-name": _INTEGRATION,
+                  "python-modules": ["airflow_gpu.triggers.admission"]}],
+    "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu.decorators.gpu.gpu_task"}],
+    "connection-types": [{
+        "hook-class-name": "airflow_gpu.hooks.scheduler.GpuSchedulerHook",
+        "hook-name": "GPU scheduler",
+        "connection-type": "gpu_scheduler",
+        "conn-fields": {
+            "tls": {"label": "Use TLS (https)",
+                    "schema": {"type": ["boolean", "null"], "default": False}},
+            "verify": {"label": "CA bundle path (or false to skip verification)",
+                       "schema": {"type": ["string", "boolean", "null"]}},
+            "team": {"label": "Team (default: the token's team)",
+                     "schema": {"type": ["string", "null"]}},
+        },
+        "ui-field-behaviour": {
+            "hidden-fields": ["schema", "login", "extra"],
+            "relabeling": {"password": "Token"},
+            "placeholders": {"host": "127.0.0.1", "port": "8080",
+                             "password": "token from `airflow-gpu token create --team T`"},
+        },
+    }],
+}

@@ -1,0 +1,178 @@
+"""Real Airflow (`dag.test()` on SQLite in a temporary AIRFLOW_HOME), the real
+scheduler-core on a loopback port, and the machine's Docker engine.
+
+The cluster is two simulated hosts whose model is *this* machine (its CPUs and NUMA
+nodes, plus four declared GPUs), so cpusets, NUMA memory nodes and memory limits from the
+placement can really be applied and read back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from airflow_gpu.scheduler_core.topology import format_cpulist
+from tests.helpers import REPO
+from tests.service.servers import Server
+
+IMAGE = "airflow-gpu-test/busybox:1"
+DAGS = Path(__file__).parent / "dags"
+GPUS = 4
+
+
+def machine_model(path: Path) -> Path:
+    """A gpu-topology/v1 file for this machine: its CPUs, one NUMA node, 4 declared GPUs."""
+    cpus = sorted(os.sched_getaffinity(0))
+    gpus = [{"index": i, "name": "NVIDIA A100-SXM4-80GB", "memory_mb": 81920,
+             "numa_node": 0, "cpu_affinity": format_cpulist(cpus),
+             "pcie_switch": f"sw{i // 2}",
+             "nvlink_peers": {j: 12 for j in range(GPUS) if j != i}} for i in range(GPUS)]
+    path.write_text(yaml.safe_dump({
+        "schema": "gpu-topology/v1", "model": "this-machine",
+        "host": {"cpu_model": "test", "sockets": 1, "cores_per_socket": len(cpus),
+                 "threads_per_core": 1, "total_cores": len(cpus),
+                 "total_threads": len(cpus), "memory_gb": 8,
+                 "numa_nodes": [{"id": 0, "socket": 0, "cpus": format_cpulist(cpus),
+                                 "memory_gb": 8}]},
+        "nvlink": {"fabric": "nvswitch", "switches": 6, "links_per_gpu": 12},
+        "pcie_switches": [{"id": f"sw{s}", "numa_node": 0,
+                           "members": [f"GPU{2 * s}", f"GPU{2 * s + 1}", f"mlx5_{s}"]}
+                          for s in range(GPUS // 2)],
+        "gpus": gpus,
+        "nics": [{"name": f"mlx5_{s}", "role": "compute", "numa_node": 0,
+                  "pcie_switch": f"sw{s}", "pix_gpus": [2 * s, 2 * s + 1]}
+                 for s in range(GPUS // 2)]}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def docker_engine():
+    try:
+        subprocess.run(["docker", "image", "inspect", IMAGE], check=True,
+                       capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        pytest.fail(f"no Docker engine with the test image {IMAGE}: run "
+                    "scripts/ensure-docker.sh (make test does)")
+    return IMAGE
+
+
+@pytest.fixture(scope="session")
+def airflow_home(tmp_path_factory):
+    home = tmp_path_factory.mktemp("airflow-home")
+    env = airflow_env(home)
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env, check=True,
+                   capture_output=True, timeout=300)
+    return home
+
+
+def airflow_env(home: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "PYTHONPATH": str(REPO), **extra}
+
+
+class Scheduler:
+    """A running scheduler-core with an admin token and a team token."""
+
+    def __init__(self, tmp: Path, lease_ttl: float):
+        cluster = tmp / "cluster.yaml"
+        model = machine_model(tmp / "this-machine.yaml")
+        cluster.write_text(yaml.safe_dump({"cluster": "e2e", "hosts": [
+            {"name": "host-[1-2]", "model": str(model), "rack": "r1", "switch": "s1",
+             "address": "127.0.0.1"}]}))
+        self.db = f"sqlite:///{tmp}/scheduler.db"
+        self.server = Server(self.db, cluster, lease_ttl=lease_ttl, log=tmp / "server.log",
+                             interval=0.2)
+        self.url = self.server.url
+        self.token = self._token("ml")
+        self.admin = self._token("ops", "--admin")
+        self.http = httpx.Client(base_url=self.url, timeout=10,
+                                 headers={"Authorization": f"Bearer {self.admin}"})
+
+    def _token(self, team: str, *flags: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "token", "create",
+                              "--team", team, "--db", self.db, *flags], cwd=REPO,
+                             capture_output=True, text=True, check=True, timeout=60)
+        return out.stdout.strip().splitlines()[-1]
+
+    def connection(self) -> str:
+        host, port = self.url.removeprefix("http://").split(":")
+        return json.dumps({"conn_type": "gpu_scheduler", "host": host, "port": int(port),
+                           "password": self.token})
+
+    def jobs(self, **params) -> list[dict]:
+        return self.http.get("/api/v1/jobs", params=params).raise_for_status().json()
+
+    def job(self, job_id: str) -> dict:
+        return self.http.get(f"/api/v1/jobs/{job_id}").raise_for_status().json()
+
+    def events(self, job_id: str) -> list[dict]:
+        return self.http.get(f"/api/v1/jobs/{job_id}/explain").raise_for_status().json()[
+            "events"]
+
+    def wait_for(self, predicate, timeout: float = 60, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = predicate()
+            if found:
+                return found
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def stop(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+
+@pytest.fixture
+def scheduler(tmp_path):
+    s = Scheduler(tmp_path, lease_ttl=4)
+    yield s
+    s.stop()
+
+
+class DagRun:
+    """`dag.test()` of a DAG file in its own process, with the scheduler's connection."""
+
+    def __init__(self, home: Path, scheduler: Scheduler, dag_file: str, dag_id: str,
+                 conf: dict | None = None, **env: str):
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).parent / "run_dag.py"), str(DAGS / dag_file),
+             dag_id, json.dumps(conf or {})], cwd=REPO, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env=airflow_env(home, AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT=scheduler.connection(),
+                            **env))
+        self.output = ""
+
+    def result(self, timeout: float = 240) -> dict:
+        self.output, _ = self.proc.communicate(timeout=timeout)
+        lines = [x for x in self.output.splitlines() if x.startswith("DAG-RESULT ")]
+        assert lines, f"dag.test() did not finish:\n{self.output[-6000:]}"
+        return json.loads(lines[-1].removeprefix("DAG-RESULT "))
+
+
+@pytest.fixture
+def run_dag(airflow_home, scheduler, docker_engine):
+    started: list[DagRun] = []
+
+    def start(dag_file: str, dag_id: str, conf: dict | None = None, **env) -> DagRun:
+        run = DagRun(airflow_home, scheduler, dag_file, dag_id, conf, **env)
+        started.append(run)
+        return run
+
+    yield start
+    for run in started:
+        if run.proc.poll() is None:
+            run.proc.kill()
+            run.proc.wait()
+    subprocess.run("docker ps -aq --filter label=airflow-gpu.job | xargs -r docker rm -f",
+                   shell=True, capture_output=True)
