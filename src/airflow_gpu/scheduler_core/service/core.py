@@ -25,6 +25,7 @@ from ..errors import InputError
 from ..jobclasses import resolve
 from ..jobqueue import job_shape
 from ..jobspec import JobSpec
+from ..nvlink_groups import nvlink_groups
 from ..placement import compile_needs, never_fits
 from ..plugins import Registry, default_registry
 from ..policy import PolicyConfig, TeamPolicy
@@ -448,6 +449,8 @@ class Service:
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
                         "switch": h.switch, "docker_url": h.docker_url,
                         "address": h.address or h.name, "drained": bool(row and row.drained),
+                        "nvlink": {"fabric": h.type.fabric,
+                                   "groups": nvlink_groups(h.type.links)},
                         "gpus": gpus,
                         "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"])})
         return {"cluster": self.cluster.name, "hosts": out,

@@ -56,6 +56,7 @@ class JobOut(BaseModel):
     id: str
     name: str
     team: str
+    idempotency_key: str | None = None      # Airflow: dag/task/run/map_index/try
     state: str
     priority: int
     spec: dict[str, Any]
@@ -70,7 +71,8 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, j: JobRow, allocations: list[AllocationRow] | None = None) -> JobOut:
-        return cls(id=j.id, name=j.name, team=j.team, state=j.state, priority=j.priority,
+        return cls(id=j.id, name=j.name, team=j.team, idempotency_key=j.idempotency_key,
+                   state=j.state, priority=j.priority,
                    spec=j.spec,
                    pending=ReasonOut(code=j.reason_code, reason=j.reason, details=j.details,
                                      eta_seconds=eta_seconds(j)) if j.state == "pending"
