@@ -239,9 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list the built-in DGX host models")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_cmd_models)
+    from .agent.cli import add_commands as add_agent_commands
     from .service_cli import add_commands
 
     add_commands(sub)
+    add_agent_commands(sub)
     return parser
 
 

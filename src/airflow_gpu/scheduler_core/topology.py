@@ -11,6 +11,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from .errors import InputError, load_yaml, validate
 
+MAX_CPU = 65535      # highest logical CPU id a host model may name (Linux NR_CPUS is 8192)
+
 
 def parse_cpulist(text: str | int) -> list[int]:
     """Linux cpulist (`0-15,128-143`) to a sorted list of CPU ids."""
@@ -28,6 +30,8 @@ def parse_cpulist(text: str | int) -> list[int]:
             raise ValueError(f"not a cpulist: {text!r} (expected e.g. '0-15,128-143')") from None
         if last < first or first < 0:
             raise ValueError(f"bad range {part!r} in cpulist {text!r}")
+        if last > MAX_CPU:
+            raise ValueError(f"cpu {last} in cpulist {text!r} is over the limit of {MAX_CPU}")
         cpus.update(range(first, last + 1))
     return sorted(cpus)
 
@@ -50,7 +54,7 @@ CpuList = Annotated[list[int], BeforeValidator(
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class NumaNode(_Model):
@@ -96,6 +100,7 @@ class Gpu(_Model):
     nvlink_peers: dict[int, int] = {}
     uuid: str | None = None
     pci_bus_id: str | None = None
+    mig_mode: bool | None = None     # discovered hosts: MIG enabled on this GPU
 
 
 class Nic(_Model):
@@ -139,6 +144,9 @@ class Topology(_Model):
         seen: dict[int, int] = {}
         for n in self.host.numa_nodes:
             for cpu in n.cpus:
+                if not 0 <= cpu <= MAX_CPU:
+                    raise ValueError(f"host.numa_nodes: cpu {cpu} of node {n.id} is not a "
+                                     f"CPU id (0-{MAX_CPU})")
                 if cpu in seen:
                     raise ValueError(f"host.numa_nodes: cpu {cpu} is in nodes {seen[cpu]} "
                                      f"and {n.id}")
@@ -163,6 +171,16 @@ class Topology(_Model):
                 if gi not in indexes:
                     raise ValueError(f"nics {nic.name}: no GPU {gi}")
         return self
+
+    def document(self) -> dict:
+        """The model as a `gpu-topology/v1` document (JSON-ready, cpulists as strings), the
+        form node agents send and the built-in files use."""
+        doc = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for n in doc["host"]["numa_nodes"]:
+            n["cpus"] = format_cpulist(n["cpus"])
+        for g in doc["gpus"]:
+            g["cpu_affinity"] = format_cpulist(g["cpu_affinity"])
+        return doc
 
     def gpu_local_nics(self, gpu: int, role: str = "compute") -> list[str]:
         """NICs of `role` behind the GPU's PCIe switch (PIX/PXB), else on its NUMA node."""

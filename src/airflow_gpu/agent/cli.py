@@ -1,0 +1,124 @@
+"""`airflow-gpu agent` (run the node agent on a host) and `airflow-gpu topo` (print a host
+model as `nvidia-smi topo -m` would)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _config(args: argparse.Namespace):
+    """The agent's settings: the --config file, with the flags given on top."""
+    from .config import AgentConfig, load_config
+
+    config = load_config(args.config) if args.config else AgentConfig()
+    given = {k: v for k, v in (("server", args.server), ("token", args.token),
+                               ("name", args.name), ("rack", args.rack),
+                               ("switch", args.switch), ("docker_url", args.docker_url),
+                               ("address", args.address), ("interval", args.interval),
+                               ("declared", args.declared),
+                               ("max_temperature", args.max_temperature)) if v is not None}
+    from ..scheduler_core.errors import validate
+
+    merged = validate(AgentConfig, {**config.model_dump(exclude_unset=True), **given},
+                      "flags")
+    if not merged.name:
+        import socket
+
+        merged = merged.model_copy(update={"name": socket.gethostname().split(".")[0]})
+    return merged
+
+
+def _source(config, args: argparse.Namespace, nvml=None):
+    from .declared import DeclaredSource
+    from .source import NvmlSource, load_nvml
+
+    if config.declared:
+        return DeclaredSource(config.declared)
+    return NvmlSource(nvml or load_nvml(), Path(args.sysfs), Path(args.procfs), config.name,
+                      config.max_temperature)
+
+
+def cmd_agent(args: argparse.Namespace, nvml=None) -> int:
+    import logging
+    import signal
+    import threading
+
+    from ..scheduler_core.client import Client
+    from .run import Agent
+
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = _config(args)
+    source = _source(config, args, nvml)
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        with Client(config.server, config.token) as client:
+            return Agent(config, source, client).run(stop, once=args.once)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        source.close()
+
+
+def cmd_topo(args: argparse.Namespace, nvml=None) -> int:
+    import yaml
+
+    from .topoprint import topo_text
+
+    if args.model == "discovered":
+        from .source import NvmlSource, load_nvml
+
+        source = NvmlSource(nvml or load_nvml(), Path(args.sysfs), Path(args.procfs))
+        topo = source.topology
+        source.close()
+    else:
+        from ..scheduler_core.topology import load_topology
+
+        topo = load_topology(args.model)
+    if args.yaml:
+        print(yaml.safe_dump(topo.document(), sort_keys=False, width=120), end="")
+    else:
+        print(topo_text(topo))
+    return 0
+
+
+def _host_paths(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sysfs", default="/sys", help=argparse.SUPPRESS)
+    p.add_argument("--procfs", default="/proc", help=argparse.SUPPRESS)
+
+
+def add_commands(sub) -> None:
+    a = sub.add_parser("agent", help="run the node agent: discover this host with NVML, "
+                       "register it, heartbeat GPU health and utilization")
+    a.add_argument("--server", help="the service (default $AIRFLOW_GPU_URL or "
+                   "http://127.0.0.1:8080)")
+    a.add_argument("--token", help="an admin token (default $AIRFLOW_GPU_TOKEN)")
+    a.add_argument("--name", help="this host's name in the cluster (default: hostname)")
+    a.add_argument("--rack", help="rack of a host the cluster file does not list")
+    a.add_argument("--switch", help="leaf switch of a host the cluster file does not list")
+    a.add_argument("--docker-url", help="where containers start on this host")
+    a.add_argument("--address", help="address other hosts reach this one at")
+    a.add_argument("--config", help="YAML file with any of the settings above")
+    a.add_argument("--declared", metavar="MODEL",
+                   help="report this built-in model (or gpu-topology/v1 file) as if "
+                   "discovered: hosts without NVML, simulation")
+    a.add_argument("--interval", type=float, help="seconds between heartbeats (default 10)")
+    a.add_argument("--max-temperature", type=float,
+                   help="GPU temperature (C) that makes a GPU unhealthy (default: the "
+                   "GPU's slowdown temperature)")
+    a.add_argument("--once", action="store_true", help="register, send one heartbeat, exit")
+    a.add_argument("--log-level", default="info")
+    _host_paths(a)
+    a.set_defaults(func=cmd_agent)
+    t = sub.add_parser("topo", help="print this host's topology (or a built-in model's) "
+                       "like nvidia-smi topo -m")
+    t.add_argument("--model", default="discovered",
+                   help="a built-in model or gpu-topology/v1 file (default: discover this "
+                   "host with NVML)")
+    t.add_argument("--yaml", action="store_true",
+                   help="print the gpu-topology/v1 document instead (a model file)")
+    _host_paths(t)
+    t.set_defaults(func=cmd_topo)

@@ -1,0 +1,35 @@
+"""The agent's settings: flags, or a YAML file (`--config`) for what stays the same on a
+host. Flags win over the file."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..scheduler_core.errors import load_yaml, validate
+
+NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    server: str | None = Field(None, description="the scheduler-core service URL")
+    token: str | None = Field(None, description="an admin token (airflow-gpu token create "
+                              "--team ops --admin)")
+    name: str | None = Field(None, max_length=200, pattern=NAME,
+                             description="host name in the cluster (default: hostname)")
+    rack: str | None = Field(None, max_length=200)
+    switch: str | None = Field(None, max_length=200, description="leaf / top-of-rack switch")
+    docker_url: str | None = None
+    address: str | None = Field(None, description="address other hosts reach this one at")
+    labels: dict[str, str] = {}
+    interval: float = Field(10.0, gt=0, le=3600, description="seconds between heartbeats")
+    declared: str | None = Field(None, description="report this built-in model (or "
+                                 "gpu-topology/v1 file) instead of discovering with NVML")
+    max_temperature: float | None = Field(None, gt=0, le=200, description="GPU temperature "
+                                          "(C) over which a GPU is unhealthy; default: the "
+                                          "GPU's slowdown temperature")
+
+
+def load_config(path: str) -> AgentConfig:
+    return validate(AgentConfig, load_yaml(path) or {}, path)
