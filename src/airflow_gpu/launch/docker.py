@@ -105,7 +105,7 @@ class DockerLauncher:
         if "could not select device driver" in why:
             msg += (f". The engine has no NVIDIA runtime for the GPU device request (GPUs "
                     f"{r.gpus}): install the NVIDIA Container Toolkit on {r.host}, or set "
-                    "gpu_mode='cdi' (CDI specs generated) or gpu_mode='env' with runtime="
+                    "gpu_mode='cdi' (CDI specs generated) or gpu_mode='env' with docker_runtime="
                     "'nvidia'")
         return msg
 

@@ -24,6 +24,7 @@ from ..scheduler_core.client import ApiError
 from ..scheduler_core.errors import InputError
 from ..scheduler_core.jobspec import JobSpec
 from ..triggers.admission import AdmissionTrigger
+from .links import GpuJobLink
 
 LIVE = ("admitted", "running")
 HISTORY = 5             # successful runs averaged (median) for the expected runtime
@@ -65,6 +66,7 @@ class GpuBaseOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("expected_runtime",)
     ui_color = "#76b900"
+    operator_extra_links = (GpuJobLink(),)
 
     def __init__(self, *, gpus: int = 0, gpu_model: str | list[str] | None = None,
                  gpu_memory: str | int | None = None, cpus: int = 1,

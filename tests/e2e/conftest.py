@@ -83,12 +83,12 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
 class Scheduler:
     """A running scheduler-core with an admin token and a team token."""
 
-    def __init__(self, tmp: Path, lease_ttl: float):
+    def __init__(self, tmp: Path, lease_ttl: float, hosts: int = 2):
         cluster = tmp / "cluster.yaml"
         model = machine_model(tmp / "this-machine.yaml")
         cluster.write_text(yaml.safe_dump({"cluster": "e2e", "hosts": [
-            {"name": "host-[1-2]", "model": str(model), "rack": "r1", "switch": "s1",
-             "address": "127.0.0.1"}]}))
+            {"name": f"host-{i}", "model": str(model), "rack": "r1", "switch": "s1",
+             "address": f"127.0.0.{i}"} for i in range(1, hosts + 1)]}))
         self.db = f"sqlite:///{tmp}/scheduler.db"
         self.server = Server(self.db, cluster, lease_ttl=lease_ttl, log=tmp / "server.log",
                              interval=0.2)
@@ -134,8 +134,10 @@ class Scheduler:
 
 
 @pytest.fixture
-def scheduler(tmp_path):
-    s = Scheduler(tmp_path, lease_ttl=4)
+def scheduler(request, tmp_path):
+    """Two hosts by default; `@pytest.mark.parametrize("scheduler", [N], indirect=True)`
+    for N hosts."""
+    s = Scheduler(tmp_path, lease_ttl=4, hosts=getattr(request, "param", 2))
     yield s
     s.stop()
 

@@ -9,6 +9,19 @@ import json
 import sys
 
 
+def returned(dag_id: str, run_id: str) -> dict:
+    """Each task's return value (XCom `return_value`)."""
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        rows = s.scalars(select(XComModel).where(XComModel.dag_id == dag_id,
+                                                 XComModel.run_id == run_id,
+                                                 XComModel.key == "return_value"))
+        return {r.task_id: XComModel.deserialize_value(r) for r in rows}
+
+
 def main(path: str, dag_id: str, conf: str = "{}") -> int:
     spec = importlib.util.spec_from_file_location("dag_under_test", path)
     module = importlib.util.module_from_spec(spec)
@@ -17,7 +30,9 @@ def main(path: str, dag_id: str, conf: str = "{}") -> int:
         v for v in vars(module).values() if getattr(v, "dag_id", None) == dag_id)
     run = dag.test(run_conf=json.loads(conf))
     states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
-    print("DAG-RESULT " + json.dumps({"state": str(run.state), "tasks": states}))
+    print("DAG-RESULT " + json.dumps({"state": str(run.state), "tasks": states,
+                                      "returned": returned(dag.dag_id, run.run_id)},
+                                     default=str))
     return 0
 
 

@@ -10,13 +10,16 @@ PROBE = ("echo cpuset.cpus=$(cat /sys/fs/cgroup/cpuset/cpuset.cpus); "
          "echo cpuset.mems=$(cat /sys/fs/cgroup/cpuset/cpuset.mems); "
          "echo memory.limit=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes); "
          "env | sort | grep -E '^(NVIDIA_VISIBLE_DEVICES|AIRFLOW_GPU_|NCCL_IB_HCA)'; "
-         "sleep ${PROBE_SLEEP:-0}; exit ${PROBE_EXIT:-0}")
+         "if [ -n \"$PROBE_WAIT\" ]; then while [ ! -e $PROBE_WAIT ]; do sleep 0.2; done; fi; "
+         "trap 'exit 143' TERM; sleep ${PROBE_SLEEP:-0} & wait $!; exit ${PROBE_EXIT:-0}")
+MOUNT = os.environ.get("TEST_MOUNT")    # host_dir:container_dir, for PROBE_WAIT files
 
 with DAG("gpu_docker", schedule=None, catchup=False) as dag:
     GpuDockerOperator(
         task_id="probe", image="airflow-gpu-test/busybox:1", command=["sh", "-c", PROBE],
         gpus=int(os.environ.get("TEST_GPUS", "2")), cpus=1, memory="256MiB",
         gpu_mode=os.environ.get("TEST_GPU_MODE", "env"), network_mode="none",
-        environment={"PROBE_SLEEP": os.environ.get("PROBE_SLEEP", "0"),
-                     "PROBE_EXIT": os.environ.get("PROBE_EXIT", "0")},
+        environment={k: os.environ.get(k, "") for k in ("PROBE_SLEEP", "PROBE_EXIT",
+                                                         "PROBE_WAIT")},
+        mounts=[MOUNT] if MOUNT else [],
         job_class="validation", poll_interval=0.5)

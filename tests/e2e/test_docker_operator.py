@@ -1,0 +1,122 @@
+"""GpuDockerOperator end to end: real Airflow (dag.test), the real scheduler-core, a real
+Docker engine. What the container sees must be what the scheduler granted."""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import docker
+import pytest
+
+from airflow_gpu.launch.docker import DockerLauncher
+from airflow_gpu.launch.handle import LaunchError
+from airflow_gpu.launch.replica import Replica
+from airflow_gpu.scheduler_core.topology import parse_cpulist
+
+
+def probe_values(output: str) -> dict[str, str]:
+    """`key=value` lines the probe container printed into the task log."""
+    return dict(re.findall(r"\[main-0\] ([A-Za-z_.]+)=(\S*)", output))
+
+
+def only_job(scheduler, **params) -> dict:
+    jobs = scheduler.jobs(**params)
+    assert len(jobs) == 1, jobs
+    return scheduler.job(jobs[0]["id"])
+
+
+def test_container_gets_exactly_its_grant(run_dag, scheduler):
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", TEST_GPU_MODE="env")
+    assert run.result()["tasks"] == {"probe": "success"}
+    job = only_job(scheduler)
+    assert job["state"] == "succeeded" and job["exit_code"] == 0
+    (grant,) = job["replicas"]
+    seen = probe_values(run.output)
+    assert parse_cpulist(seen["cpuset.cpus"]) == grant["cpus"]
+    assert seen["cpuset.mems"] == ",".join(grant["memory_by_numa"])
+    assert int(seen["memory.limit"]) == sum(grant["memory_by_numa"].values()) == 256 * 2**20
+    assert seen["NVIDIA_VISIBLE_DEVICES"] == ",".join(map(str, grant["gpus"]))
+    assert len(grant["gpus"]) == 2
+    assert seen["AIRFLOW_GPU_HOST"] == grant["host"]
+    assert seen["NCCL_IB_HCA"] == ",".join(grant["nics"]) and grant["nics"]
+    # the lease was released: nothing is held any more
+    cluster = scheduler.http.get("/api/v1/cluster").json()
+    assert cluster["gpus_allocated"] == 0
+
+
+def test_device_request_holds_exactly_the_granted_gpus(docker_engine):
+    replica = Replica("0f0f0f0f-test", "worker", 3, 0, "host-1", "127.0.0.1", None,
+                      [1, 3], [0], [0], 64 * 2**20, [])
+    launcher = DockerLauncher(image=docker_engine, command=["true"], network_mode="none")
+    container = launcher.create(replica, {})
+    try:
+        container.reload()
+        requests = container.attrs["HostConfig"]["DeviceRequests"]
+        assert requests == [{"Driver": "nvidia", "Count": 0, "DeviceIDs": ["1", "3"],
+                             "Capabilities": [["gpu"]], "Options": {}}]
+        assert container.labels["airflow-gpu.job"] == replica.job_id
+    finally:
+        container.remove(force=True)
+    # No NVIDIA runtime on this machine: starting says so, and what to change
+    with pytest.raises(LaunchError, match="no NVIDIA runtime.*NVIDIA Container Toolkit"):
+        launcher.start(replica, {})
+    assert not docker.from_env().containers.list(all=True, filters={
+        "label": f"airflow-gpu.job={replica.job_id}"})
+
+
+def test_device_request_failure_fails_the_task_and_frees_the_gpus(run_dag, scheduler):
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="1",
+                  TEST_GPU_MODE="device-request")
+    assert run.result()["tasks"] == {"probe": "failed"}
+    assert "could not select device driver" in run.output
+    assert "NVIDIA Container Toolkit" in run.output
+    job = only_job(scheduler)
+    assert job["state"] == "failed"
+    assert scheduler.http.get("/api/v1/cluster").json()["gpus_allocated"] == 0
+
+
+@pytest.mark.parametrize("scheduler", [1], indirect=True)
+def test_second_task_waits_deferred_then_runs_on_freed_gpus(run_dag, scheduler, tmp_path):
+    """One host, 4 GPUs: 3 + 2 GPUs cannot run together. The second task defers (no
+    worker slot) while the first runs, and starts only after the first released."""
+    first = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="3",
+                    TEST_MOUNT=f"{tmp_path}:/signal", PROBE_WAIT="/signal/go")
+    scheduler.wait_for(lambda: [j for j in scheduler.jobs(state="running")], what="first")
+    second = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2")
+    waiting = scheduler.wait_for(lambda: [j for j in scheduler.jobs(state="pending")
+                                          if j["pending"]["code"]], what="a pending reason")
+    assert waiting[0]["pending"]["code"] == "Resources"
+    (tmp_path / "go").touch()                       # now the first task may end
+    assert first.result()["tasks"] == {"probe": "success"}
+    assert second.result()["tasks"] == {"probe": "success"}
+    assert "waiting for GPUs without a worker slot (deferred)" in second.output
+    a, b = sorted((scheduler.job(j["id"]) for j in scheduler.jobs()),
+                  key=lambda j: j["submitted_at"])
+    assert b["admitted_at"] >= a["finished_at"]      # never two jobs on one GPU at once
+    assert set(a["replicas"][0]["gpus"]) & set(b["replicas"][0]["gpus"])  # it had to wait
+
+
+def test_killed_task_removes_its_container_and_frees_the_gpus(run_dag, scheduler):
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", PROBE_SLEEP="300")
+    job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
+    engine = docker.from_env()
+    label = {"label": f"airflow-gpu.job={job['id']}"}
+    scheduler.wait_for(lambda: engine.containers.list(filters=label), what="container")
+    run.proc.send_signal(signal.SIGTERM)            # what Airflow does to a killed task
+    run.proc.wait(timeout=60)
+    assert not engine.containers.list(all=True, filters=label)
+    assert scheduler.job(job["id"])["state"] == "cancelled"
+    assert scheduler.http.get("/api/v1/cluster").json()["gpus_allocated"] == 0
+
+
+def test_dead_worker_is_released_when_its_lease_expires(run_dag, scheduler):
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", PROBE_SLEEP="300")
+    job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
+    run.proc.send_signal(signal.SIGKILL)            # the worker dies: no on_kill, no finish
+    run.proc.wait(timeout=30)
+    lost = scheduler.wait_for(lambda: scheduler.job(job["id"])["state"] == "lost", 30,
+                              "the lease to expire")
+    assert lost
+    assert any(e["kind"] == "lost" for e in scheduler.events(job["id"]))
+    assert scheduler.http.get("/api/v1/cluster").json()["gpus_allocated"] == 0
