@@ -13,10 +13,11 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/airflow-gpu plan --cluster example --jobs examples/jobs.yaml
+	$(BIN)/airflow-gpu demo
 
 test: $(BIN)/.installed
 	scripts/ensure-postgres.sh
+	scripts/ensure-docker.sh
 	$(BIN)/ruff check src tests bench
 	$(BIN)/pytest -q
 

@@ -240,10 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_cmd_models)
     from .agent.cli import add_commands as add_agent_commands
+    from .demo import add_command as add_demo_command
     from .service_cli import add_commands
 
     add_commands(sub)
     add_agent_commands(sub)
+    add_demo_command(sub)
     return parser
 
 

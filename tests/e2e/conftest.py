@@ -148,7 +148,7 @@ class DagRun:
     def __init__(self, home: Path, scheduler: Scheduler, dag_file: str, dag_id: str,
                  conf: dict | None = None, **env: str):
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).parent / "run_dag.py"), str(DAGS / dag_file),
+            [sys.executable, "-m", "airflow_gpu.demo", "--dag-test", str(DAGS / dag_file),
              dag_id, json.dumps(conf or {})], cwd=REPO, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             env=airflow_env(home, AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT=scheduler.connection(),
