@@ -41,6 +41,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         "AIRFLOW_GPU_DB": args.db, "AIRFLOW_GPU_CLUSTER": args.cluster,
         "AIRFLOW_GPU_POLICY_FILE": args.policy_file or "",
         "AIRFLOW_GPU_LEASE_TTL": str(args.lease_ttl),
+        "AIRFLOW_GPU_HOST_TIMEOUT": str(args.host_timeout),
         "AIRFLOW_GPU_INTERVAL": str(args.interval)})
     uvicorn.run("airflow_gpu.scheduler_core.service.app:app_from_env", factory=True,
                 host=args.host, port=args.port, log_level=args.log_level,
@@ -74,9 +75,32 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace):
+    """The service and token from flags, else AIRFLOW_GPU_URL / AIRFLOW_GPU_TOKEN, else
+    (inside Airflow) the `gpu_scheduler` connection named by --conn-id."""
+    import os
+
     from .scheduler_core.client import Client
 
-    return Client(args.url, args.token)
+    url = args.url or os.environ.get("AIRFLOW_GPU_URL")
+    token = args.token or os.environ.get("AIRFLOW_GPU_TOKEN")
+    if not (url and token):
+        options = _airflow_connection(args.conn_id)
+        if options:
+            url, token = url or options["url"], token or options["token"]
+            return Client(url, token, options["timeout"], options["verify"])
+    return Client(url, token)
+
+
+def _airflow_connection(conn_id: str) -> dict | None:
+    """The connection's client options, where Airflow is installed and defines it."""
+    try:
+        from .hooks.scheduler import GpuSchedulerHook, client_options
+    except ImportError:                     # no Airflow here: flags and environment only
+        return None
+    try:
+        return client_options(GpuSchedulerHook.get_connection(conn_id))
+    except Exception:   # undefined connection, no metadata DB: fall back to the defaults
+        return None
 
 
 def _out(args: argparse.Namespace, data: Any, table) -> None:
@@ -180,13 +204,20 @@ def _explain_table(e: dict) -> Table:
 def _cluster_table(c: dict) -> Table:
     t = Table(title=f"Cluster {c['cluster']}: {c['gpus_allocated']} of {c['gpus_total']} "
               "GPUs allocated", title_justify="left")
-    for col in ("host", "model", "rack", "switch", "state", "free", "GPUs (job per GPU)"):
+    for col in ("host", "model", "rack", "switch", "state", "free", "GPUs (job per GPU)",
+                "util % (per GPU)", "power"):
         t.add_column(col, overflow="fold")
     for h in c["hosts"]:
         cells = " ".join(("x" if not g["healthy"] else (g["job"] or "")[:8] or ".")
                          for g in h["gpus"])
-        t.add_row(h["name"], h["model"], h["rack"], h["switch"],
-                  "drained" if h["drained"] else "ok", str(h["free_gpus"]), cells)
+        util = [g.get("utilization_gpu") for g in h["gpus"]]
+        watts = [g["power_watts"] for g in h["gpus"] if g.get("power_watts") is not None]
+        state = ("unreachable" if not h.get("reachable", True) else
+                 "drained" if h["drained"] else "ok")
+        t.add_row(h["name"], h["model"], h["rack"], h["switch"], state, str(h["free_gpus"]),
+                  cells, " ".join("-" if u is None else f"{u:.0f}" for u in util)
+                  if any(u is not None for u in util) else "-",
+                  f"{sum(watts):.0f} W" if watts else "-")
     return t
 
 
@@ -202,6 +233,9 @@ def add_commands(sub) -> None:
                    help="seconds an admitted job lives without a heartbeat (default 60)")
     s.add_argument("--interval", type=float, default=2.0,
                    help="seconds between scheduling passes (default 2)")
+    s.add_argument("--host-timeout", type=float, default=60.0,
+                   help="seconds a host's node agent may be silent before the host is "
+                   "unreachable (default 60; keep it above 3x the agents' --interval)")
     s.add_argument("--workers", type=int, default=1,
                    help="API processes (PostgreSQL only; one of them schedules)")
     s.add_argument("--log-level", default="info")
@@ -225,6 +259,9 @@ def add_commands(sub) -> None:
     client.add_argument("--url", help="the service (default $AIRFLOW_GPU_URL or "
                         "http://127.0.0.1:8080)")
     client.add_argument("--token", help="bearer token (default $AIRFLOW_GPU_TOKEN)")
+    client.add_argument("--conn-id", default="gpu_scheduler_default",
+                        help="inside Airflow, without --url/--token or the variables: the "
+                        "gpu_scheduler connection to read them from")
     client.add_argument("--json", action="store_true", help="print JSON")
     for name, func, helptext, extra in (
             ("submit", cmd_submit, "submit a job file; prints the job id", ("file",)),

@@ -37,12 +37,12 @@ def _job(job_id: str, key: str | None = None, team: str = "vision") -> JobRow:
 
 
 def test_migrations_match_the_models_and_rerun_cleanly(engine):
-    assert current_revision(engine) == "0001"
+    assert current_revision(engine) == "0002"
     with engine.connect() as conn:
         diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
     assert diff == []
     upgrade(engine)   # already at head: nothing to do, nothing breaks
-    assert current_revision(engine) == "0001"
+    assert current_revision(engine) == "0002"
 
 
 @pytest.mark.parametrize("hold", [

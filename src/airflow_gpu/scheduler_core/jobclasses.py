@@ -6,7 +6,7 @@ A class fills only what the spec leaves unset: a user's explicit value wins.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from .errors import InputError
 from .jobspec import JobSpec
@@ -26,6 +26,9 @@ class JobClass:
     # Operators may take a job's expected runtime from its task's last successful runs
     # (class default otherwise); off for classes whose runs vary too much to predict.
     runtime_from_history: bool = True
+    # When a GPU the job holds turns unhealthy: requeue the whole gang (same job id, back
+    # to pending), cancel it, or keep it running (it is flagged either way).
+    on_gpu_failure: Literal["requeue", "cancel", "keep"] = "requeue"
 
     def check(self, spec: JobSpec) -> list[str]:
         problems = []
@@ -64,10 +67,12 @@ BUILTIN = [
              priority_weight=0, default_runtime=6 * 3600),
     JobClass("etl", "CPU-only data preparation, any locality",
              placement={"pack": False, "affinity": "none", "nics": False, "locality": "any"},
-             priority_weight=0, default_runtime=3600, gpu_roles=False),
+             priority_weight=0, default_runtime=3600, gpu_roles=False, on_gpu_failure="keep"),
     JobClass("validation", "small GPU jobs (evaluation, tests) on one host",
              placement={"pack": True, "affinity": "preferred", "locality": "host"},
-             priority_weight=10, default_runtime=1800, max_gpus=8),
+             priority_weight=10, default_runtime=1800, max_gpus=8,
+             # short runs on a suspect GPU: end them; the Airflow task's retries decide
+             on_gpu_failure="cancel"),
 ]
 
 

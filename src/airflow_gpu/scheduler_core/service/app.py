@@ -23,6 +23,7 @@ from .schemas import (
     FinishRequest,
     GpuOut,
     HostOut,
+    HostRegistration,
     HostReport,
     JobOut,
     SubmitRequest,
@@ -48,7 +49,8 @@ def app_from_env() -> FastAPI:
     settings = Settings(env["AIRFLOW_GPU_DB"], load_cluster(env["AIRFLOW_GPU_CLUSTER"]),
                         load_policy(policy_file) if policy_file else PolicyConfig(),
                         float(env.get("AIRFLOW_GPU_LEASE_TTL", 60)),
-                        float(env.get("AIRFLOW_GPU_INTERVAL", 2)))
+                        float(env.get("AIRFLOW_GPU_INTERVAL", 2)),
+                        host_timeout=float(env.get("AIRFLOW_GPU_HOST_TIMEOUT") or 60))
     return create_app(Service(settings))
 
 
@@ -153,9 +155,25 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
         row = service.set_drained(name, False, p)
         return HostOut(name=row.name, drained=row.drained)
 
+    @app.put("/api/v1/hosts/{name}")
+    def register(name: Annotated[str, Path(pattern=NAME, max_length=200)],
+                 body: HostRegistration, p: Who) -> dict:
+        """A node agent registers its host's model (admin tokens); answers the host's
+        entry of the cluster view."""
+        return service.register_host(name, p, body.topology,
+                                     body.model_dump(exclude={"topology"}))
+
+    @app.delete("/api/v1/hosts/{name}", status_code=204)
+    def forget(name: Annotated[str, Path(pattern=NAME, max_length=200)], p: Who):
+        """Remove the node agent's registration of a host (admins)."""
+        service.forget_host(name, p)
+        return Response(status_code=204)
+
     @app.post("/api/v1/hosts/{name}/report", response_model=list[GpuOut])
     def report(name: str, body: HostReport, p: Who):
-        rows = service.report_gpus(name, p, [g.model_dump() for g in body.gpus])
+        """The host's heartbeat: its GPUs' health and utilization (admin tokens)."""
+        rows = service.report_gpus(name, p, [g.model_dump(exclude_unset=True)
+                                             for g in body.gpus])
         return [GpuOut(index=g.index, name=g.name, healthy=g.healthy,
                        health_reason=g.health_reason) for g in rows]
 

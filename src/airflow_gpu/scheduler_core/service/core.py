@@ -46,6 +46,8 @@ from ..store.models import (
 log = logging.getLogger(__name__)
 
 PENDING = "pending"
+UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "power_watts",
+               "temperature_c")
 LIVE = ("admitted", "running")
 ENDED = ("succeeded", "failed", "cancelled", "lost")
 
@@ -78,6 +80,7 @@ class Settings:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     lease_ttl: float = 60.0          # seconds an admitted/running job lives without heartbeat
     pass_interval: float = 2.0       # seconds between scheduling passes
+    host_timeout: float = 60.0       # seconds a host's node agent may be silent (unreachable)
 
 
 def utcnow() -> datetime:
@@ -126,6 +129,13 @@ class Service:
         self._empty = ClusterState(self.cluster)
         self._never: dict[tuple, str | None] = {}   # job shape -> why it never fits
         self.wake = threading.Event()        # set when a pass is worth running now
+        # hosts registered by node agents join the file's (agents.py)
+        self._models: dict = {}
+        self._cluster_sig: tuple | None = ()
+        self._cluster_checked = 0.0
+        self._cluster_lock = threading.Lock()
+        self._silent: set[str] = set()       # hosts the last pass found unreachable
+        self.refresh_cluster(force=True)
         self.sync_hosts()
 
     # -- hosts ----------------------------------------------------------------------------
@@ -151,16 +161,55 @@ class Service:
                                  healthy=True) for i in range(t.n_gpus)
                           if (h.name, i) not in gpus)
 
+    def refresh_cluster(self, force: bool = False) -> None:
+        """Take in hosts node agents registered (here or on another replica)."""
+        from .agents import refresh
+
+        refresh(self, force)
+
+    def register_host(self, name: str, who: Principal, topology, reg: dict) -> dict:
+        """A node agent registers its host's model; the host joins the cluster (or its
+        declared model is replaced) and counts as reporting. Returns its cluster view."""
+        from .agents import register
+
+        if not who.admin:
+            raise Forbidden("only admin tokens (node agents, admins) register hosts")
+        register(self, name, topology, reg, utcnow())
+        self.refresh_cluster(force=True)
+        self.wake.set()
+        return self.host_view(name)
+
+    def forget_host(self, name: str, who: Principal) -> None:
+        from .agents import forget
+
+        if not who.admin:
+            raise Forbidden("only admins remove a host's node agent registration")
+        forget(self, name)
+        self.refresh_cluster(force=True)
+        self.wake.set()
+
     def report_gpus(self, name: str, who: Principal, gpus: list[dict]) -> list[GpuRow]:
-        """Health of a host's GPUs, as its node agent (or an admin) reports it. An unhealthy
-        GPU gets no new work; what runs on it is left to the job's owner."""
+        """Health and utilization of a host's GPUs, as its node agent (or an admin) reports
+        it (a heartbeat of the host). An unhealthy GPU gets no new work; jobs on it are
+        handled by their class's on_gpu_failure policy (faults.py)."""
+        from .agents import reachable
+        from .faults import handle_gpu_faults
+
         if not who.admin:
             raise Forbidden("only admin tokens (node agents, admins) report host health")
         host = self.cluster.by_name.get(name)
         if host is None:
-            raise NotFound(f"host {name!r} is not in the cluster")
+            self.refresh_cluster(force=True)
+            host = self.cluster.by_name.get(name)
+        if host is None:
+            raise NotFound(f"host {name!r} is not in the cluster; its node agent registers "
+                           "it (PUT /api/v1/hosts/{name})")
         now = utcnow()
         with self.sessions.begin() as s:
+            hrow = s.get(HostRow, name)
+            if not reachable(hrow, self.settings.host_timeout, _ts(now)):
+                self._event(s, "host", f"host {name} is reachable again: its node agent "
+                            "reported", host=name)
             for g in gpus:
                 if not 0 <= g["index"] < host.type.n_gpus:
                     raise InputError(f"gpus[].index: {g['index']} is not a GPU of {name} "
@@ -173,7 +222,12 @@ class Service:
                                 host=name)
                 row.healthy, row.health_reason, row.reported_at = (
                     g["healthy"], g.get("reason"), now)
-            s.get(HostRow, name).reported_at = now
+                for key in UTILIZATION:
+                    if key in g:
+                        setattr(row, key, g[key])
+            hrow.reported_at = now
+            s.flush()
+            handle_gpu_faults(self, s, now, host=name)
         self.wake.set()
         with self.reads() as s:
             return list(s.scalars(select(GpuRow).where(GpuRow.host == name)
@@ -191,6 +245,12 @@ class Service:
                         host=name)
         self.wake.set()
         return row
+
+    def host_view(self, name: str) -> dict:
+        found = self.cluster_view(only=name)["hosts"]
+        if not found:
+            raise NotFound(f"host {name!r} is not in the cluster")
+        return found[0]
 
     # -- teams ------------------------------------------------------------------------------
     def set_team(self, name: str, who: Principal, share: float | None,
@@ -260,10 +320,11 @@ class Service:
         why = over_quota(self._policy(), spec.team, spec.total_gpus)
         if why:
             return why
-        key = job_shape(spec)
-        if key not in self._never:
-            self._never[key] = never_fits(spec, self._empty, self.reg, compile_needs(spec))
-        return self._never[key]
+        self.refresh_cluster()
+        key, never, empty = job_shape(spec), self._never, self._empty
+        if key not in never:
+            never[key] = never_fits(spec, empty, self.reg, compile_needs(spec))
+        return never[key]
 
     def get(self, job_id: str) -> JobRow:
         with self.reads() as s:
@@ -361,8 +422,9 @@ class Service:
                     JobRow.id == job_id, JobRow.state == "running").values(
                     lease_expires_at=lease))
                 if kept.rowcount != 1:
-                    raise Conflict(f"job {job_id} is {row.state}; only admitted or running "
-                                   "jobs take heartbeats")
+                    state = s.scalar(select(JobRow.state).where(JobRow.id == job_id))
+                    raise Conflict(f"job {job_id} is {state or row.state}; only admitted or "
+                                   "running jobs take heartbeats")
         return self.get(job_id)
 
     def expire_leases(self) -> list[str]:
@@ -428,14 +490,23 @@ class Service:
         return run_pass(self)
 
     # -- the cluster view ---------------------------------------------------------------------
-    def cluster_view(self) -> dict:
+    def cluster_view(self, only: str | None = None) -> dict:
+        """Hosts (all, or the one named `only`), their GPUs' health, utilization and
+        holders, and whether each host's node agent is reporting."""
+        from .agents import reachable
+
+        self.refresh_cluster()
+        cluster, now = self.cluster, time.time()
         with self.reads() as s:
-            hosts = {h.name: h for h in s.scalars(select(HostRow))}
+            hosts = {h.name: h for h in s.scalars(select(HostRow).where(
+                *([HostRow.name == only] if only else [])))}
             health = {(g.host, g.index): g for g in s.scalars(select(GpuRow))}
             holds = {(g.host, g.gpu): g.job_id for g in s.scalars(select(GpuHoldRow))}
             jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(LIVE)))}
         out = []
-        for h in self.cluster.hosts:
+        for h in cluster.hosts:
+            if only and h.name != only:
+                continue
             row = hosts.get(h.name)
             gpus = []
             for g in range(h.type.n_gpus):
@@ -445,14 +516,18 @@ class Service:
                              "numa_node": h.type.numa_ids[h.type.gpu_numa[g]],
                              "healthy": rec.healthy if rec else True,
                              "health_reason": rec.health_reason if rec else None, "job": job,
-                             "team": jobs[job].team if job in jobs else None})
+                             "team": jobs[job].team if job in jobs else None,
+                             **{k: getattr(rec, k) if rec else None for k in UTILIZATION}})
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
                         "switch": h.switch, "docker_url": h.docker_url,
                         "address": h.address or h.name, "drained": bool(row and row.drained),
+                        "reachable": reachable(row, self.settings.host_timeout, now),
+                        "last_report_at": row.reported_at if row else None,
+                        "agent": bool(row and row.registered_at),
                         "nvlink": {"fabric": h.type.fabric,
                                    "groups": nvlink_groups(h.type.links)},
                         "gpus": gpus,
                         "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"])})
-        return {"cluster": self.cluster.name, "hosts": out,
+        return {"cluster": cluster.name, "hosts": out,
                 "gpus_total": sum(len(h["gpus"]) for h in out),
                 "gpus_allocated": len(holds)}

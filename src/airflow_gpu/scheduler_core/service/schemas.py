@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..jobspec import JobSpec
 from ..store.models import AllocationRow, EventRow, JobRow
+from ..topology import Topology
 from .core import eta_seconds
 
 
@@ -67,6 +68,7 @@ class JobOut(BaseModel):
     finished_at: datetime | None
     lease_expires_at: datetime | None
     exit_code: int | None
+    gpu_fault: str | None = None    # a GPU it held turned unhealthy (see its events)
     replicas: list[ReplicaOut] = []
 
     @classmethod
@@ -80,6 +82,7 @@ class JobOut(BaseModel):
                    submitted_at=j.submitted_at, admitted_at=j.admitted_at,
                    started_at=j.started_at, finished_at=j.finished_at,
                    lease_expires_at=j.lease_expires_at, exit_code=j.exit_code,
+                   gpu_fault=j.gpu_fault,
                    replicas=[ReplicaOut.of(a) for a in allocations or []])
 
 
@@ -123,9 +126,17 @@ class TeamOut(BaseModel):
 
 
 class GpuHealth(_In):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
     index: int = Field(ge=0, le=63)
     healthy: bool
     reason: str | None = Field(None, max_length=1000)
+    # the node agent's latest utilization sample (omitted: left as it was)
+    utilization_gpu: float | None = Field(None, ge=0, le=100, description="percent")
+    utilization_memory: float | None = Field(None, ge=0, le=100, description="percent")
+    memory_used_bytes: int | None = Field(None, ge=0, le=2**53)
+    power_watts: float | None = Field(None, ge=0, le=1e6)
+    temperature_c: float | None = Field(None, ge=-273, le=1000)
 
 
 class HostReport(_In):
@@ -137,3 +148,20 @@ class GpuOut(BaseModel):
     name: str
     healthy: bool
     health_reason: str | None
+
+
+_TEXT = r"^[^\x00-\x1f\x7f]+$"
+
+
+class HostRegistration(_In):
+    """What a node agent sends when it starts: its host's model and, for a host the
+    cluster file does not list, where the host sits."""
+
+    topology: Topology = Field(description="the host's gpu-topology/v1 model, discovered "
+                               "with NVML or declared")
+    rack: str | None = Field(None, min_length=1, max_length=200, pattern=_TEXT)
+    switch: str | None = Field(None, min_length=1, max_length=200, pattern=_TEXT,
+                               description="leaf / top-of-rack switch")
+    docker_url: str | None = Field(None, min_length=1, max_length=1000, pattern=_TEXT)
+    address: str | None = Field(None, min_length=1, max_length=1000, pattern=_TEXT)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=100)

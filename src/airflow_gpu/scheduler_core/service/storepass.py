@@ -9,12 +9,14 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..cluster import Host
+from ..cluster import Cluster
 from ..jobspec import JobSpec
 from ..scheduler import Rejected, Scheduler
 from ..state import ClusterState, ReplicaAllocation
 from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
+from .agents import silent_hosts
 from .core import ENDED, LIVE, PENDING, Service, _ts, _update, spec_gpus, utcnow
+from .faults import handle_gpu_faults
 
 
 def run_pass(svc: Service) -> list[str]:
@@ -23,20 +25,31 @@ def run_pass(svc: Service) -> list[str]:
     now = utcnow()
     t_now = _ts(now)
     policy = svc._policy()
+    svc.refresh_cluster()
+    cluster = svc.cluster         # one cluster for the whole pass, whatever registers meanwhile
     with svc.sessions.begin() as s:
-        state = ClusterState(svc.cluster)
+        handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
+        state = ClusterState(cluster)
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
-            if h.name in svc.cluster.by_name:
+            if h.name in cluster.by_name:
                 state.set_drained(h.name)
+        silent = silent_hosts(s, svc.settings.host_timeout, now)
+        for name in sorted(silent):       # unreachable: no new work, like a drained host
+            if name in cluster.by_name and not state.hosts[cluster.by_name[name].index].drained:
+                state.set_drained(name)
+            if name not in svc._silent:
+                svc._event(s, "host", f"host {name} is unreachable: no report from its node "
+                           f"agent for over {svc.settings.host_timeout:g}s; it gets no new "
+                           "work until it reports again", host=name)
         bad: dict[str, list[int]] = {}
         for g in s.scalars(select(GpuRow).where(GpuRow.healthy.is_(False))):
             bad.setdefault(g.host, []).append(g.index)
         for name, indexes in bad.items():
-            if name in svc.cluster.by_name:
+            if name in cluster.by_name:
                 state.set_unhealthy_gpus(name, indexes)
         sched = Scheduler(state, policy, svc.reg, now=t_now)
         specs: dict[str, JobSpec] = {}    # the live and pending jobs' parsed specs
-        _restore(svc, s, sched, t_now, specs)
+        _restore(svc, cluster, s, sched, t_now, specs)
         pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
                                  .order_by(JobRow.submitted_at, JobRow.id)))
         for row in pending:
@@ -73,6 +86,7 @@ def run_pass(svc: Service) -> list[str]:
                                             JobRow.state == PENDING).values(
                 reason_code=why.code, reason=why.message, details=why.details,
                 eta_at=eta_at))
+    svc._silent = silent
     return admitted
 
 
@@ -83,7 +97,7 @@ def _spec(svc: Service, row: JobRow, specs: dict[str, JobSpec]) -> JobSpec:
     return spec
 
 
-def _restore(svc: Service, s: Session, sched: Scheduler, t_now: float,
+def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now: float,
              specs: dict[str, JobSpec]) -> None:
     rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
     allocs: dict[str, list[AllocationRow]] = {}
@@ -100,11 +114,14 @@ def _restore(svc: Service, s: Session, sched: Scheduler, t_now: float,
         spec = _spec(svc, row, specs)
         start = _ts(row.admitted_at)
         sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
-        sched.restore(spec, [_to_engine(svc, a) for a in allocs.get(row.id, [])], start)
+        held = allocs.get(row.id, [])
+        if any(a.host not in cluster.by_name for a in held):
+            continue          # its host left the cluster; the lease decides what happens
+        sched.restore(spec, [_to_engine(cluster, a) for a in held], start)
 
 
-def _to_engine(svc: Service, a: AllocationRow) -> ReplicaAllocation:
-    host: Host = svc.cluster.by_name[a.host]
+def _to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:
+    host = cluster.by_name[a.host]
     t = host.type
     cpu_masks: dict[int, int] = {}
     for c in a.cpus:

@@ -38,6 +38,11 @@ class HostRow(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     drained: Mapped[bool] = mapped_column(Boolean, default=False)
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # Set by the host's node agent: a host with an agent that goes silent is unreachable.
+    address: Mapped[str | None] = mapped_column(String(1000))
+    registered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    topology: Mapped[dict[str, Any] | None] = mapped_column()   # gpu-topology/v1 document
+    topology_hash: Mapped[str | None] = mapped_column(String(64))
 
 
 class GpuRow(Base):
@@ -52,6 +57,12 @@ class GpuRow(Base):
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     health_reason: Mapped[str | None] = mapped_column(Text)
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # the latest utilization sample from the node agent
+    utilization_gpu: Mapped[float | None] = mapped_column(Float)        # percent
+    utilization_memory: Mapped[float | None] = mapped_column(Float)     # percent
+    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    power_watts: Mapped[float | None] = mapped_column(Float)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
 
 
 class JobRow(Base):
@@ -75,6 +86,9 @@ class JobRow(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[str | None] = mapped_column(String(20))
     exit_code: Mapped[int | None] = mapped_column(Integer)
+    # a GPU of the job turned unhealthy while it held it: which one, why, and when
+    gpu_fault: Mapped[str | None] = mapped_column(Text)
+    gpu_fault_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class AllocationRow(Base):

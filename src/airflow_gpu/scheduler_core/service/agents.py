@@ -1,0 +1,192 @@
+"""Hosts that node agents register. An agent sends its host's model (a gpu-topology/v1
+document, discovered or declared); the service keeps it with the host, and the cluster
+it schedules on is the cluster file's hosts plus the registered ones. A registered model
+replaces a file host's declared one (what NVML reports wins); the file keeps the last
+word on rack, switch and labels.
+
+A host whose agent has reported once and then stays silent longer than `host_timeout`
+is unreachable: it gets no new work until it reports again. Hosts that never had an
+agent are never unreachable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from ..cluster import Cluster, Host
+from ..errors import InputError
+from ..hosttype import HostType, host_type
+from ..state import ClusterState
+from ..store.models import AllocationRow, GpuRow, HostRow
+from ..topology import Topology
+
+log = logging.getLogger(__name__)
+
+MAX_GPUS = 64               # GPU indexes a host report may name (0-63)
+RECHECK = 1.0               # seconds between checks for hosts registered elsewhere
+
+
+def topology_hash(doc: dict) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def refresh(svc, force: bool = False) -> None:
+    """Rebuild `svc.cluster` when the registered hosts changed (in this process or another
+    replica); checked at most once a second unless `force`."""
+    if not force and time.monotonic() - svc._cluster_checked < RECHECK:
+        return
+    with svc._cluster_lock:
+        svc._cluster_checked = time.monotonic()
+        with svc.reads() as s:
+            rows = s.execute(select(
+                HostRow.name, HostRow.topology_hash, HostRow.rack, HostRow.switch,
+                HostRow.docker_url, HostRow.address, HostRow.labels).where(
+                HostRow.topology_hash.is_not(None)).order_by(HostRow.name)).all()
+            sig = tuple((*r[:6], json.dumps(r.labels, sort_keys=True)) for r in rows)
+            if sig == svc._cluster_sig:
+                return
+            hashes = {r.topology_hash for r in rows}
+            missing = hashes - svc._models.keys()
+            for h, doc in s.execute(select(HostRow.topology_hash, HostRow.topology).where(
+                    HostRow.topology_hash.in_(missing))) if missing else ():
+                try:
+                    svc._models.setdefault(h, Topology.model_validate(doc))
+                except ValueError as exc:      # stored by an older version, say
+                    log.error("a registered host model cannot be used: %s", exc)
+        svc._models = {h: t for h, t in svc._models.items() if h in hashes}
+        svc.cluster = compose(svc.settings.cluster, rows, svc._models)
+        svc._empty, svc._never = ClusterState(svc.cluster), {}
+        svc._cluster_sig = sig
+
+
+def compose(file: Cluster, rows, models: dict[str, Topology]) -> Cluster:
+    """The cluster file's hosts (with registered models where an agent sent one), then the
+    hosts only agents know, by name."""
+    regs = {r.name: r for r in rows if r.topology_hash in models}
+    hosts: list[Host] = []
+    for h in file.hosts:
+        r = regs.pop(h.name, None)
+        htype = host_type(models[r.topology_hash]) if r else h.type
+        hosts.append(Host(len(hosts), h.name, htype, h.rack, h.switch,
+                          h.docker_url or (r and r.docker_url),
+                          {**((r and r.labels) or {}), **h.labels},
+                          h.address or (r and r.address)))
+    for name, r in sorted(regs.items()):
+        hosts.append(Host(len(hosts), name, host_type(models[r.topology_hash]), r.rack,
+                          r.switch, r.docker_url, dict(r.labels or {}), r.address))
+    return Cluster(file.name, hosts)
+
+
+def _misfit(t: HostType, live: list[AllocationRow]) -> str | None:
+    """What of the live allocations on a host the new model cannot hold, if anything."""
+    cpus = 0
+    for m in t.numa_cpus:
+        cpus |= m
+    for a in live:
+        gpus = [g for g in a.gpus if g >= t.n_gpus]
+        lost = [c for c in a.cpus if not cpus >> c & 1]
+        numa = [n for n in a.memory_by_numa if int(n) not in t.numa_ids]
+        if gpus or lost or numa:
+            return (f"job {a.job_id} holds " + ", ".join(
+                f"{what} {','.join(map(str, xs))}" for what, xs in
+                (("GPUs", gpus), ("CPUs", lost), ("NUMA nodes", numa)) if xs)
+                + " that the new model does not have")
+    return None
+
+
+def _sync_gpus(s: Session, name: str, t: HostType) -> None:
+    rows = {g.index: g for g in s.scalars(select(GpuRow).where(GpuRow.host == name))}
+    for i in range(t.n_gpus):
+        row = rows.get(i)
+        if row is None:
+            s.add(GpuRow(host=name, index=i, name=t.gpu_name[i], memory_bytes=t.gpu_mem[i],
+                         numa_node=t.numa_ids[t.gpu_numa[i]], healthy=True))
+        else:
+            row.name, row.memory_bytes = t.gpu_name[i], t.gpu_mem[i]
+            row.numa_node = t.numa_ids[t.gpu_numa[i]]
+    s.execute(delete(GpuRow).where(GpuRow.host == name, GpuRow.index >= t.n_gpus))
+
+
+def register(svc, name: str, topo: Topology, reg: dict, now: datetime) -> None:
+    """Store the agent's model of host `name` (and its rack, switch... for hosts the
+    cluster file does not list)."""
+    from .core import Conflict
+
+    if len(topo.gpus) > MAX_GPUS:
+        raise InputError(f"topology.gpus: {len(topo.gpus)} GPUs; a host may have at most "
+                         f"{MAX_GPUS}")
+    try:
+        t = host_type(topo)
+    except (ValueError, KeyError, IndexError, OverflowError) as exc:
+        raise InputError(f"topology: the model cannot be compiled ({exc}); check "
+                         "host.numa_nodes, gpus and pcie_switches") from None
+    doc = topo.document()
+    in_file = name in svc.settings.cluster.by_name
+    with svc.sessions.begin() as s:
+        live = list(s.scalars(select(AllocationRow).where(
+            AllocationRow.host == name, AllocationRow.live.is_(True))))
+        problem = _misfit(t, live)
+        if problem:
+            raise Conflict(f"host {name}: its agent reports {t.describe()}, which cannot hold "
+                           f"what runs there now: {problem}; drain the host (airflow-gpu "
+                           "drain), let its jobs end, then restart the agent")
+        row = s.get(HostRow, name)
+        if row is None:
+            row = HostRow(name=name, drained=False, rack="default", switch="default",
+                          labels={})
+            s.add(row)
+        if not in_file:
+            row.rack, row.switch = reg.get("rack") or "default", reg.get("switch") or "default"
+            row.labels = dict(reg.get("labels") or {})
+        row.docker_url, row.address = reg.get("docker_url"), reg.get("address")
+        row.model, row.topology, row.topology_hash = topo.model, doc, topology_hash(doc)
+        row.registered_at = row.reported_at = now
+        s.flush()
+        _sync_gpus(s, name, t)
+        svc._event(s, "host", f"host {name} registered by its node agent: {t.describe()}"
+                   + ("" if in_file else f", rack {row.rack}, switch {row.switch}"), host=name)
+
+
+def forget(svc, name: str) -> None:
+    """Drop the agent's registration: a file host goes back to its declared model (and is
+    never unreachable), a host only the agent knew leaves the cluster."""
+    from .core import Conflict, NotFound
+
+    in_file = name in svc.settings.cluster.by_name
+    with svc.sessions.begin() as s:
+        row = s.get(HostRow, name)
+        if row is None or row.registered_at is None:
+            raise NotFound(f"host {name!r} has no registered node agent")
+        live = s.scalars(select(AllocationRow.job_id).where(
+            AllocationRow.host == name, AllocationRow.live.is_(True))).first()
+        if live and not in_file:
+            raise Conflict(f"host {name}: job {live} runs there; drain the host, let its jobs "
+                           "end, then remove it")
+        row.topology = row.topology_hash = row.registered_at = None
+        if in_file:
+            _sync_gpus(s, name, svc.settings.cluster.by_name[name].type)
+        else:
+            s.execute(delete(GpuRow).where(GpuRow.host == name))
+        svc._event(s, "host", f"host {name}: its node agent's registration was removed",
+                   host=name)
+
+
+def silent_hosts(s: Session, timeout: float, now: datetime) -> set[str]:
+    """Hosts whose agent reported before and has been silent for over `timeout` s."""
+    cutoff = now - timedelta(seconds=timeout)
+    return set(s.scalars(select(HostRow.name).where(
+        HostRow.registered_at.is_not(None), HostRow.reported_at < cutoff)))
+
+
+def reachable(row: HostRow | None, timeout: float, now: float) -> bool:
+    if row is None or row.registered_at is None or row.reported_at is None:
+        return True
+    from .core import _ts
+
+    return _ts(row.reported_at) >= now - timeout

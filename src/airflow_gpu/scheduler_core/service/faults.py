@@ -1,0 +1,73 @@
+"""Jobs on a GPU that turned unhealthy. Each is flagged (the job's `gpu_fault`, and an
+event) and then, by its job class's `on_gpu_failure` policy:
+
+- requeue: the whole gang goes back to `pending` with the same job id; its allocations
+  stop being live and its GPU and CPU holds are released in the same transaction, so the
+  launcher's next heartbeat answers 409 "... is pending" and it stops its replicas;
+- cancel: the job ends as `cancelled`, its resources are released;
+- keep: it runs on; only the flag and the event tell.
+
+A job is handled once per admission: a requeued job that is admitted again is handled
+again if a GPU fails under it again."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from ..store.models import GpuHoldRow, GpuRow, JobRow
+from .core import LIVE, PENDING, Service, _update
+
+DEFAULT_POLICY = "requeue"
+
+
+def _policy(svc: Service, spec: dict) -> str:
+    jc = svc.reg.job_classes.get(spec.get("job_class") or "")
+    return jc.on_gpu_failure if jc is not None else DEFAULT_POLICY
+
+
+def handle_gpu_faults(svc: Service, s: Session, now: datetime,
+                      host: str | None = None) -> list[str]:
+    """Act on live jobs that hold an unhealthy GPU (on `host`, or anywhere) and were not
+    handled since their admission; returns the ids of the jobs acted on."""
+    q = (select(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu, GpuRow.health_reason)
+         .join(GpuRow, (GpuRow.host == GpuHoldRow.host) & (GpuRow.index == GpuHoldRow.gpu))
+         .join(JobRow, JobRow.id == GpuHoldRow.job_id)
+         .where(GpuRow.healthy.is_(False), JobRow.state.in_(LIVE),
+                or_(JobRow.gpu_fault_at.is_(None), JobRow.gpu_fault_at < JobRow.admitted_at))
+         .order_by(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu))
+    if host is not None:
+        q = q.where(GpuHoldRow.host == host)
+    hits: dict[str, list[str]] = {}
+    for job_id, h, gpu, reason in s.execute(q):
+        hits.setdefault(job_id, []).append(f"{h}:{gpu}" + (f" ({reason})" if reason else ""))
+    for job_id, gpus in hits.items():
+        job = s.get(JobRow, job_id)
+        policy = _policy(svc, job.spec)
+        fault = f"GPU {', '.join(gpus)} unhealthy"
+        if policy == "requeue":
+            done = s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
+                             .values(state=PENDING, admitted_at=None, started_at=None,
+                                     lease_expires_at=None, reason_code=None, reason=None,
+                                     details={}, eta_at=None, gpu_fault=fault,
+                                     gpu_fault_at=now))
+            message = (f"requeued: {fault}; the whole job goes back to the queue with the same "
+                       "id (job class policy on_gpu_failure: requeue)")
+        elif policy == "cancel":
+            done = s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
+                             .values(state="cancelled", finished_at=now, outcome="cancelled",
+                                     lease_expires_at=None, gpu_fault=fault, gpu_fault_at=now))
+            message = f"cancelled: {fault} (job class policy on_gpu_failure: cancel)"
+        else:
+            done = s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
+                             .values(gpu_fault=fault, gpu_fault_at=now))
+            message = f"{fault}; the job keeps running (job class policy on_gpu_failure: keep)"
+        if done.rowcount != 1:
+            continue
+        if policy != "keep":
+            svc._release(s, job_id)
+        kind = {"requeue": "requeued", "cancel": "cancelled"}.get(policy, "gpu_fault")
+        svc._event(s, kind, message, job=job_id)
+    return list(hits)

@@ -1,0 +1,40 @@
+"""Fake hosts for the agent tests: a fake NVML and a fake /sys built from one of the
+built-in DGX models; the service tests' databases (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from airflow_gpu.scheduler_core.topology import Topology, load_topology
+from tests.agent.fakenvml import FakeNVML
+from tests.agent.fakesysfs import write_host
+from tests.service.conftest import db_url  # noqa: F401  (a fixture: sqlite, postgresql)
+
+MODELS = ("dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200")
+
+
+@dataclass
+class FakeHost:
+    topo: Topology
+    nvml: FakeNVML
+    sysfs: Path
+    procfs: Path
+
+
+@pytest.fixture
+def fake_host(tmp_path):
+    """fake_host("dgx-a100", missing=(...)) -> a FakeHost; NVML not yet initialised."""
+    made = 0
+
+    def make(model: str, missing: tuple = ()) -> FakeHost:
+        nonlocal made
+        made += 1
+        topo = load_topology(model)
+        nvml = FakeNVML(topo, missing=missing)
+        sysfs, procfs = write_host(topo, nvml.pci, tmp_path / f"host{made}")
+        return FakeHost(topo, nvml, sysfs, procfs)
+
+    return make
