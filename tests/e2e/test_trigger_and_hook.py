@@ -110,3 +110,16 @@ def test_airflow_discovers_the_provider(airflow_home):
     assert hooks and hooks[0]["class"] == "airflow_gpu.hooks.scheduler.GpuSchedulerHook"
     assert {"package_name": "airflow-provider-gpu", "class": "airflow_gpu.triggers.admission",
             "integration_name": "GPU scheduler"} in airflow("triggers")
+
+
+def test_cli_inside_airflow_reads_the_connection(scheduler, hook, airflow_home):
+    """No --url/--token and no AIRFLOW_GPU_* variables: the gpu_scheduler connection."""
+    with hook.get_conn() as client:
+        submitted = client.submit(job("from-airflow", 1))
+    env = airflow_env(airflow_home, AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT=scheduler.connection())
+    for name in ("AIRFLOW_GPU_URL", "AIRFLOW_GPU_TOKEN"):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "queue", "--json"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert [j["id"] for j in json.loads(out.stdout)] == [submitted["id"]]
