@@ -80,6 +80,13 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
             "PYTHONPATH": str(REPO), **extra}
 
 
+def create_token(db: str, team: str, *flags: str) -> str:
+    out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "token", "create",
+                          "--team", team, "--db", db, *flags], cwd=REPO,
+                         capture_output=True, text=True, check=True, timeout=60)
+    return out.stdout.strip().splitlines()[-1]
+
+
 class Scheduler:
     """A running scheduler-core with an admin token and a team token."""
 
@@ -93,16 +100,10 @@ class Scheduler:
         self.server = Server(self.db, cluster, lease_ttl=lease_ttl, log=tmp / "server.log",
                              interval=0.2)
         self.url = self.server.url
-        self.token = self._token("ml")
-        self.admin = self._token("ops", "--admin")
+        self.token = create_token(self.db, "ml")
+        self.admin = create_token(self.db, "ops", "--admin")
         self.http = httpx.Client(base_url=self.url, timeout=10,
                                  headers={"Authorization": f"Bearer {self.admin}"})
-
-    def _token(self, team: str, *flags: str) -> str:
-        out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "token", "create",
-                              "--team", team, "--db", self.db, *flags], cwd=REPO,
-                             capture_output=True, text=True, check=True, timeout=60)
-        return out.stdout.strip().splitlines()[-1]
 
     def connection(self) -> str:
         host, port = self.url.removeprefix("http://").split(":")

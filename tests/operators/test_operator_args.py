@@ -1,0 +1,71 @@
+"""Operator arguments: a bad GPU request fails when the DAG is parsed, naming the field;
+the expected runtime comes from the task's last successful runs (real service)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from airflow_gpu.operators.bash import GpuBashOperator
+from airflow_gpu.operators.docker import GpuDockerOperator
+from airflow_gpu.operators.gang import GpuGangOperator
+from airflow_gpu.scheduler_core.client import Client
+from tests.e2e.conftest import create_token
+from tests.service.servers import Server
+
+
+def test_bad_requests_name_the_field():
+    with pytest.raises(ValueError, match=r"task 't': the GPU request is invalid: roles\.0\.gpus"):
+        GpuDockerOperator(task_id="t", image="x", gpus=-1)
+    with pytest.raises(ValueError, match="placement.locality"):
+        GpuBashOperator(task_id="t", bash_command="true", placement={"locality": "planet"})
+    with pytest.raises(ValueError, match=r"roles\[ps\]\.image: the docker runner needs"):
+        GpuGangOperator(task_id="t", roles=[{"name": "ps", "cpus": 1}])
+    with pytest.raises(ValueError, match="runner: 'k8s'"):
+        GpuGangOperator(task_id="t", runner="k8s", image="x")
+    with pytest.raises(ValueError, match="gpu_mode: 'mig'"):
+        GpuDockerOperator(task_id="t", image="x", gpu_mode="mig")
+
+
+def test_spec_from_arguments():
+    op = GpuDockerOperator(task_id="t", image="x", gpus=2, gpu_model="H100",
+                           gpu_memory="48GiB", cpus=8, memory="32GiB", job_class="pytorch",
+                           priority=7, expected_runtime="2h")
+    spec = op._spec("dag.t", "vision")
+    assert spec == {"name": "dag.t", "priority": 7, "team": "vision", "job_class": "pytorch",
+                    "expected_runtime": "2h",
+                    "roles": [{"name": "main", "gpus": 2, "cpus": 8, "memory": "32GiB",
+                               "gpu": {"model": "H100", "min_memory": "48GiB"}}]}
+
+
+@pytest.fixture
+def client(tmp_path):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"cluster": "c", "hosts": [
+        {"name": "dgx-1", "model": "dgx-a100"}]}))
+    server = Server(f"sqlite:///{tmp_path}/db.sqlite", cluster, interval=0.1)
+    with Client(server.url, create_token(server.db, "ml")) as c:
+        yield c
+    server.stop()
+
+
+def run_job(client: Client, name: str) -> None:
+    job = client.submit({"name": name, "roles": [{"name": "w", "gpus": 1}]})
+    while client.job(job["id"])["state"] != "admitted":
+        time.sleep(0.05)
+    client.heartbeat(job["id"])
+    client.finish(job["id"], "succeeded", 0)
+
+
+def test_expected_runtime_from_history(client):
+    op = GpuDockerOperator(task_id="t", image="x", gpus=1)
+    assert op._runtime(client, "d.t") is None                  # no history: class default
+    for _ in range(3):
+        run_job(client, "d.t")
+    seconds = op._runtime(client, "d.t")
+    assert seconds is not None and seconds >= 1
+    assert GpuDockerOperator(task_id="t", image="x", expected_runtime="1h")._runtime(
+        client, "d.t") is None                               # an explicit value wins
+    assert GpuDockerOperator(task_id="t", image="x", gpus=1)._runtime(client, "other") is None
