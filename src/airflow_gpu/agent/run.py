@@ -65,20 +65,27 @@ class Agent:
             log.warning("%s", exc)
         except ApiError as exc:
             if exc.status in (401, 403, 422):
-                raise InputError(f"the service refused the agent of {self.name}: {exc}"
-                                 + ("; use an admin token (airflow-gpu token create "
-                                    "--team ops --admin)" if exc.status in (401, 403)
-                                    else "")) from None
+                raise self._refused(exc) from None
             log.error("the service answered %s; retrying", exc)
         return False
+
+    def _refused(self, exc: ApiError) -> InputError:
+        hint = ("; use an admin token (airflow-gpu token create --team ops --admin)"
+                if exc.status in (401, 403) else "")
+        return InputError(f"the service refused the agent of {self.name}: {exc}{hint}")
 
     def run(self, stop: threading.Event | None = None, once: bool = False) -> int:
         """Register, then heartbeat until `stop` is set. With `once`: register, send one
         heartbeat and return (errors are fatal then)."""
         stop = stop or threading.Event()
         if once:
-            self.register()
-            self.report()
+            try:
+                self.register()
+                self.report()
+            except ApiError as exc:
+                if exc.status in (401, 403, 422):
+                    raise self._refused(exc) from None
+                raise
             return 0
         interval = self.config.interval
         while not stop.is_set() and not self._try(self.register):
