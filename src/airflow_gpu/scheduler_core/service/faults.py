@@ -32,7 +32,8 @@ def handle_gpu_faults(svc: Service, s: Session, now: datetime,
                       host: str | None = None) -> list[str]:
     """Act on live jobs that hold an unhealthy GPU (on `host`, or anywhere) and were not
     handled since their admission; returns the ids of the jobs acted on."""
-    q = (select(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu, GpuRow.health_reason)
+    q = (select(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu, GpuRow.health_reason,
+                JobRow.spec)
          .join(GpuRow, (GpuRow.host == GpuHoldRow.host) & (GpuRow.index == GpuHoldRow.gpu))
          .join(JobRow, JobRow.id == GpuHoldRow.job_id)
          .where(GpuRow.healthy.is_(False), JobRow.state.in_(LIVE),
@@ -41,11 +42,12 @@ def handle_gpu_faults(svc: Service, s: Session, now: datetime,
     if host is not None:
         q = q.where(GpuHoldRow.host == host)
     hits: dict[str, list[str]] = {}
-    for job_id, h, gpu, reason in s.execute(q):
+    specs: dict[str, dict] = {}      # columns, not rows: the session must not keep a stale job
+    for job_id, h, gpu, reason, spec in s.execute(q):
         hits.setdefault(job_id, []).append(f"{h}:{gpu}" + (f" ({reason})" if reason else ""))
+        specs[job_id] = spec
     for job_id, gpus in hits.items():
-        job = s.get(JobRow, job_id)
-        policy = _policy(svc, job.spec)
+        policy = _policy(svc, specs[job_id])
         fault = f"GPU {', '.join(gpus)} unhealthy"
         if policy == "requeue":
             done = s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
