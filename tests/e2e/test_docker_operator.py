@@ -113,6 +113,9 @@ def test_killed_task_removes_its_container_and_frees_the_gpus(run_dag, scheduler
 def test_dead_worker_is_released_when_its_lease_expires(run_dag, scheduler):
     run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", PROBE_SLEEP="300")
     job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
+    engine = docker.from_env()
+    label = {"label": f"airflow-gpu.job={job['id']}"}
+    scheduler.wait_for(lambda: engine.containers.list(filters=label), what="container")
     run.proc.send_signal(signal.SIGKILL)            # the worker dies: no on_kill, no finish
     run.proc.wait(timeout=30)
     lost = scheduler.wait_for(lambda: scheduler.job(job["id"])["state"] == "lost", 30,
@@ -120,3 +123,9 @@ def test_dead_worker_is_released_when_its_lease_expires(run_dag, scheduler):
     assert lost
     assert any(e["kind"] == "lost" for e in scheduler.events(job["id"]))
     assert scheduler.http.get("/api/v1/cluster").json()["gpus_allocated"] == 0
+    # its container outlived it; the next launch removes it before using the GPUs
+    assert engine.containers.list(filters=label)
+    again = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2")
+    assert again.result()["tasks"] == {"probe": "success"}
+    assert not engine.containers.list(all=True, filters=label)
+    assert "the job is no longer running" in again.output

@@ -63,7 +63,7 @@ class DockerLauncher:
 
     def create(self, r: Replica, env: dict[str, str]):
         """The container for a replica, created but not started."""
-        client = self._client(r)
+        client = self.engine(r)
         env = {**r.env(), **env}
         if self.gpu_mode == "env" and r.gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(map(str, r.gpus))
@@ -109,7 +109,7 @@ class DockerLauncher:
                     "'nvidia'")
         return msg
 
-    def _client(self, r: Replica) -> docker.DockerClient:
+    def engine(self, r: Replica) -> docker.DockerClient:
         url = r.docker_url or self.default_url
         try:
             return docker.DockerClient(base_url=url) if url else docker.from_env()
@@ -117,6 +117,19 @@ class DockerLauncher:
             raise LaunchError(f"{r.name}: cannot reach the Docker engine of host {r.host} "
                               f"at {url or 'DOCKER_HOST / the local socket'} ({exc}); set "
                               "docker_url for the host in the cluster file") from None
+
+
+def reap_orphans(engine: docker.DockerClient, is_live, log) -> None:
+    """Remove containers of jobs the scheduler no longer counts as running (a worker that
+    died leaves its containers behind; its lease expired and its GPUs went to the next
+    job): they must not share those GPUs with the replicas about to start."""
+    for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"}):
+        job = c.labels["airflow-gpu.job"]
+        if not is_live(job):
+            log.warning("removing container %s of job %s: the job is no longer running",
+                        c.name, job)
+            with contextlib.suppress(NotFound, APIError):
+                c.remove(force=True)
 
 
 class ContainerHandle:

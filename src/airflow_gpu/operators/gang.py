@@ -9,11 +9,12 @@ from collections.abc import Sequence
 
 from airflow.sdk import Context
 
-from ..launch.docker import GPU_MODES, DockerLauncher
+from ..launch.docker import GPU_MODES, DockerLauncher, reap_orphans
 from ..launch.handle import Handle
 from ..launch.local import start_command
 from ..launch.replica import Replica
 from ..launch.wiring import BY_CLASS, FRAMEWORKS, wiring
+from ..scheduler_core.client import ApiError
 from .base import GpuBaseOperator, split_role
 
 RUNNERS = ("docker", "local")
@@ -76,17 +77,15 @@ class GpuGangOperator(GpuBaseOperator):
         ti = context["ti"]
         labels = {"airflow.dag_id": ti.dag_id, "airflow.task_id": ti.task_id,
                   "airflow.run_id": ti.run_id, "airflow.try_number": str(ti.try_number)}
+        if self.runner == "docker":
+            self._reap(replicas)
         for r, wired in zip(replicas, wiring(self.framework, replicas, self.base_port),
                             strict=True):
             role = launch.get(r.role, {})
             env = {**self.environment, **role.get("environment", {}), **wired}
             command = role.get("command") or self.command
             if self.runner == "docker":
-                started.append(DockerLauncher(
-                    image=role.get("image") or self.image, command=command,
-                    gpu_mode=self.gpu_mode, runtime=self.docker_runtime,
-                    network_mode=self.network_mode, mounts=self.mounts,
-                    default_url=self.docker_url, labels=labels).start(r, env))
+                started.append(self._docker(role.get("image"), command, labels).start(r, env))
             else:
                 handle, warnings = start_command(r, command, env, self.cwd,
                                                  self.strict_isolation)
@@ -94,4 +93,24 @@ class GpuGangOperator(GpuBaseOperator):
                 started.append(handle)
         self.log.info("started %d replica(s) (%s runner, framework %s)", len(started),
                       self.runner, self.framework)
+
+    def _docker(self, image: str | None = None, command=None,
+                labels: dict | None = None) -> DockerLauncher:
+        return DockerLauncher(image=image or self.image, command=command,
+                              gpu_mode=self.gpu_mode, runtime=self.docker_runtime,
+                              network_mode=self.network_mode, mounts=self.mounts,
+                              default_url=self.docker_url, labels=labels or {})
+
+    def _reap(self, replicas: list[Replica]) -> None:
+        engines = {}
+        for r in replicas:
+            engines.setdefault(r.docker_url or self.docker_url, r)
+        with self.hook.get_conn() as client:
+            def is_live(job_id: str) -> bool:
+                try:
+                    return client.job(job_id)["state"] in ("admitted", "running")
+                except ApiError as exc:
+                    return exc.status != 404
+            for r in engines.values():
+                reap_orphans(self._docker().engine(r), is_live, self.log)
 
