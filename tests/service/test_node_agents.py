@@ -219,3 +219,19 @@ def test_utilization_in_the_cluster_view_and_metrics(api):
     r = api.post("/api/v1/hosts/n1/report", json={"gpus": [{**sample, "utilization_gpu": 101}]},
                  headers=auth(api, "admin"))
     assert r.status_code == 422 and "utilization_gpu" in r.text
+
+
+def test_a_cluster_of_agents_only(db_url):
+    """The cluster file may list no host at all: agents bring them."""
+    service = Service(Settings(db_url, make_cluster(name="agents-only")))
+    app = create_app(service, run_loop=False)
+    with TestClient(app) as client:
+        client.tokens = {"vision": create_token(service.sessions, "vision"),
+                         "admin": create_token(service.sessions, "ops", admin=True)}
+        r = client.post("/api/v1/jobs", json={"spec": {"name": "x", "roles": [
+            {"name": "w", "gpus": 1}]}}, headers=auth(client, "vision"))
+        assert r.status_code == 422 and "the cluster has no GPUs" in r.text
+        assert register(client, "n1").status_code == 200
+        a = submit(client, "x", 1)
+        assert app.state.loop.tick() == [a["id"]]
+    service.engine.dispose()

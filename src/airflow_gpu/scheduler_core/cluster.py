@@ -56,7 +56,7 @@ class ClusterFile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cluster: str = "cluster"
-    hosts: list[HostEntry] = Field(min_length=1)
+    hosts: list[HostEntry] = Field(description="may be empty: node agents register hosts")
 
 
 @dataclass(eq=False)
