@@ -6,25 +6,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+FLAGS = ("server", "token", "name", "rack", "switch", "docker_url", "address", "interval",
+         "declared", "max_temperature")
+
 
 def _config(args: argparse.Namespace):
     """The agent's settings: the --config file, with the flags given on top."""
+    import socket
+
+    from ..scheduler_core.errors import validate
     from .config import AgentConfig, load_config
 
     config = load_config(args.config) if args.config else AgentConfig()
-    given = {k: v for k, v in (("server", args.server), ("token", args.token),
-                               ("name", args.name), ("rack", args.rack),
-                               ("switch", args.switch), ("docker_url", args.docker_url),
-                               ("address", args.address), ("interval", args.interval),
-                               ("declared", args.declared),
-                               ("max_temperature", args.max_temperature)) if v is not None}
-    from ..scheduler_core.errors import validate
-
+    given = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}
     merged = validate(AgentConfig, {**config.model_dump(exclude_unset=True), **given},
                       "flags")
     if not merged.name:
-        import socket
-
         merged = merged.model_copy(update={"name": socket.gethostname().split(".")[0]})
     return merged
 
