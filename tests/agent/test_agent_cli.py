@@ -45,7 +45,7 @@ def test_agent_errors_name_the_fix(db_url, tmp_path, capsys):
         assert main(["agent", "--server", url, "--token", s.admin_token, "--declared",
                      "dgx-z9", "--name", "n1", "--once"]) == 2
         err = capsys.readouterr().err
-        assert "unknown host model 'dgx-z9'" in err and "dgx-a100" in err
+        assert "--declared: unknown host model 'dgx-z9'" in err and "dgx-a100" in err
         bad = tmp_path / "bad.yaml"
         bad.write_text("intervall: 5\n")
         assert main(["agent", "--config", str(bad), "--once"]) == 2

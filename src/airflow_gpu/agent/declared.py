@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import time
 
+from ..scheduler_core.errors import InputError
 from ..scheduler_core.topology import Topology, load_topology
 
 
 class DeclaredSource:
     def __init__(self, model: str):
-        self.topology: Topology = load_topology(model)
+        try:
+            self.topology: Topology = load_topology(model)
+        except InputError as exc:
+            raise InputError(f"--declared: {exc}") from None
 
     def wait(self, seconds: float) -> bool:
         time.sleep(max(0.0, seconds))
