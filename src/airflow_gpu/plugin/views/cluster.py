@@ -1,0 +1,107 @@
+"""Cluster page: racks -> switches -> hosts -> NUMA nodes -> GPU cells."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..format import team_color
+
+# Utilization values the node agent adds to each GPU of the cluster view (absent for hosts
+# without an agent, or declared ones): shown when present, never required.
+UTIL_KEYS = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "power_watts",
+             "temperature_c")
+
+
+def cluster_page(cluster: dict, live_jobs: list[dict]) -> dict[str, Any]:
+    """`cluster` is GET /api/v1/cluster; `live_jobs` the admitted and running jobs (names)."""
+    names = {j["id"]: j["name"] for j in live_jobs}
+    racks: dict[str, dict[str, list[dict]]] = {}
+    hosts = [host_cell(h, names) for h in cluster.get("hosts", [])]
+    for h in hosts:            # the cluster file's order, grouped by rack then switch
+        racks.setdefault(h["rack"] or "(no rack)", {}).setdefault(
+            h["switch"] or "(no switch)", []).append(h)
+    teams = sorted({g["team"] for h in hosts for n in h["numa"] for g in n["gpus"]
+                    if g["team"]})
+    return {
+        "cluster": cluster.get("cluster"),
+        "summary": summary(hosts),
+        "teams": [{"name": t, "color": team_color(t)} for t in teams],
+        "racks": [{"name": rack, "switches": [{"name": sw, "hosts": hs}
+                                              for sw, hs in switches.items()]}
+                  for rack, switches in racks.items()],
+    }
+
+
+def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
+    groups = (h.get("nvlink") or {}).get("groups") or []
+    group_of = {g: i for i, members in enumerate(groups) for g in members}
+    reachable = h.get("reachable", True) is not False
+    # an idle GPU of a drained or unreachable host takes no work: it is not "free"
+    idle = "unreachable" if not reachable else "drained" if h.get("drained") else "free"
+    gpus = [gpu_cell(g, names, group_of.get(g["index"]), len(groups), idle)
+            for g in h.get("gpus", [])]
+    numa: dict[int | None, list[dict]] = {}
+    for g in gpus:
+        numa.setdefault(g["numa_node"], []).append(g)
+    status = ("unreachable" if not reachable else "drained" if h.get("drained")
+              else "degraded" if any(not g["healthy"] for g in gpus) else "ok")
+    return {
+        "name": h["name"], "model": h.get("model"), "rack": h.get("rack"),
+        "switch": h.get("switch"), "drained": bool(h.get("drained")), "reachable": reachable,
+        "status": status,
+        "nvlink": nvlink_label(h.get("nvlink"), len(gpus)),
+        "numa": [{"node": n, "gpus": cells} for n, cells in numa.items()],
+        "gpus_total": len(gpus),
+        "gpus_held": sum(1 for g in gpus if g["job"]),
+        "gpus_unhealthy": sum(1 for g in gpus if not g["healthy"]),
+        "gpus_free": sum(1 for g in gpus if not g["job"] and g["healthy"]),
+    }
+
+
+def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,
+             idle: str = "free") -> dict:
+    job = g.get("job")
+    return {
+        "idle": idle,
+        "index": g["index"], "name": g.get("name"), "numa_node": g.get("numa_node"),
+        "job": job, "job_name": names.get(job, job) if job else None,
+        "team": g.get("team"), "color": team_color(g.get("team")),
+        "healthy": g.get("healthy", True) is not False,
+        "health_reason": g.get("health_reason"),
+        # a group letter only where the host has more than one group (DGX-1 quads)
+        "nvlink_group": chr(ord("A") + group) if group is not None and n_groups > 1 else None,
+        **{k: g.get(k) for k in UTIL_KEYS},
+    }
+
+
+def nvlink_label(nvlink: dict | None, n_gpus: int) -> dict[str, Any]:
+    if not nvlink:
+        return {"fabric": None, "groups": [], "text": "NVLink: not reported"}
+    fabric, groups = nvlink.get("fabric"), nvlink.get("groups") or []
+    if groups and all(len(g) == 1 for g in groups):
+        text = "no NVLink between GPUs"
+    elif len(groups) == 1:
+        text = f"NVLink ({fabric}): all {n_gpus} GPUs in one group"
+    else:
+        parts = [f"{chr(ord('A') + i)}: GPU {_span(g)}" for i, g in enumerate(groups)]
+        text = f"NVLink ({fabric}) groups " + ", ".join(parts)
+    return {"fabric": fabric, "groups": groups, "text": text}
+
+
+def _span(members: list[int]) -> str:
+    if members == list(range(members[0], members[-1] + 1)) and len(members) > 1:
+        return f"{members[0]}-{members[-1]}"
+    return ",".join(map(str, members))
+
+
+def summary(hosts: list[dict]) -> dict[str, int]:
+    return {
+        "hosts": len(hosts),
+        "gpus_total": sum(h["gpus_total"] for h in hosts),
+        "gpus_held": sum(h["gpus_held"] for h in hosts),
+        "gpus_free": sum(h["gpus_free"] for h in hosts if h["status"] not in
+                         ("drained", "unreachable")),
+        "gpus_unhealthy": sum(h["gpus_unhealthy"] for h in hosts),
+        "hosts_drained": sum(1 for h in hosts if h["drained"]),
+        "hosts_unreachable": sum(1 for h in hosts if not h["reachable"]),
+    }
