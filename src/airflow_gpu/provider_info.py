@@ -19,6 +19,7 @@ PROVIDER_INFO = {
                                       "airflow_gpu.operators.gang"]}],
     "triggers": [{"integration-name": _INTEGRATION,
                   "python-modules": ["airflow_gpu.triggers.admission"]}],
+    "extra-links": ["airflow_gpu.operators.links.GpuJobLink"],
     "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu.decorators.gpu.gpu_task"}],
     "connection-types": [{
         "hook-class-name": "airflow_gpu.hooks.scheduler.GpuSchedulerHook",
