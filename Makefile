@@ -18,6 +18,7 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	scripts/ensure-postgres.sh
 	scripts/ensure-docker.sh
+	scripts/ensure-chromium.sh
 	$(BIN)/ruff check src tests bench
 	$(BIN)/pytest -q
 

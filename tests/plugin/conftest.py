@@ -1,0 +1,57 @@
+"""One real stack per session (the scheduler-core with the demo state, the Airflow API
+server with the plugin) and one headless Chromium logged in through Airflow's own login
+page: starting them is most of this suite's time."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.plugin.browser import Browser, chromium_path
+from tests.plugin.stack import USERS, AirflowApi, DemoScheduler
+
+
+class Stack:
+    def __init__(self, tmp):
+        self.scheduler = DemoScheduler(tmp)
+        try:
+            self.scheduler.populate()
+            self.airflow = AirflowApi(tmp, self.scheduler.connection())
+        except BaseException:
+            self.scheduler.stop()
+            raise
+        self.url = self.airflow.url
+
+    def stop(self) -> None:
+        self.airflow.stop()
+        self.scheduler.stop()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    s = Stack(tmp_path_factory.mktemp("ui-stack"))
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="session")
+def browser(stack):
+    if chromium_path() is None:
+        pytest.fail("no chromium: run scripts/ensure-chromium.sh (make test does)")
+    b = Browser()
+    try:
+        login(b, stack.url, "viewer")
+        yield b
+    finally:
+        b.close()
+
+
+def login(b: Browser, url: str, user: str) -> None:
+    """Airflow's login page, typed into like a person would."""
+    b.open(f"{url}/")
+    b.wait("document.querySelector('input[name=username]')", what="the login form")
+    for field, value in (("username", user), ("password", USERS[user])):
+        b.eval(f"document.querySelector('input[name={field}]').focus()")
+        b.send("Input.insertText", text=value)
+    b.eval("document.querySelector('button[type=submit]').click()")
+    b.wait("!location.pathname.startsWith('/auth') && document.cookie.includes('_token=')",
+           what="the login to finish")

@@ -1,0 +1,186 @@
+"""The real stack the UI tests and `scripts/screenshots.py` run against: a scheduler-core
+holding running, admitted, pending, unhealthy and drained parts, and an Airflow API
+server (SimpleAuthManager, no examples, a temporary AIRFLOW_HOME) with the plugin, both
+on free loopback ports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from airflow_gpu.scheduler_core.service.auth import create_token
+from airflow_gpu.scheduler_core.store.db import make_engine, sessions
+from tests.helpers import REPO
+from tests.service.servers import Server, free_port
+
+USERS = {"admin": "admin-pass", "viewer": "viewer-pass"}
+TRAIN_KEY = "vision_pipeline/train/manual__2025-06-01T00:00:00+00:00/-1/1"
+UNHEALTHY = ("dgx-a-02", 5, "XID 79: GPU has fallen off the bus")
+DRAINED = "dgx-v-02"
+
+CLUSTER = {"cluster": "demo", "hosts": [
+    {"name": "dgx-a-[01-02]", "model": "dgx-a100", "rack": "rack-1", "switch": "leaf-1"},
+    {"name": "dgx-h-01", "model": "dgx-h100", "rack": "rack-1", "switch": "leaf-2"},
+    {"name": "dgx-v-[01-02]", "model": "dgx-1v", "rack": "rack-2", "switch": "leaf-3"},
+]}
+
+
+def role(name: str = "main", gpus: int = 0, replicas: int = 1, **extra) -> dict:
+    return {"name": name, "replicas": replicas, "gpus": gpus, "cpus": 8, "memory": "32GiB",
+            **extra}
+
+
+# (team, spec, idempotency key, what the test drives it to)
+JOBS = [
+    ("nlp", {"name": "data-prep", "expected_runtime": "10m",
+             "roles": [role(gpus=4, gpu={"model": ["V100"]})]}, None, "succeeded"),
+    ("vision", {"name": "vision_pipeline.train", "job_class": "pytorch", "priority": 10,
+                "expected_runtime": "2h", "roles": [role("worker", gpus=8,
+                                                         gpu={"model": ["A100"]})]},
+     TRAIN_KEY, "running"),
+    ("vision", {"name": "vit-large", "expected_runtime": "3h",
+                "roles": [role("worker", gpus=8, gpu={"model": ["H100"]})]}, None, "running"),
+    ("nlp", {"name": "bert-finetune", "job_class": "pytorch", "expected_runtime": "1h",
+             "roles": [role("worker", gpus=4, replicas=2, gpu={"model": ["V100"]})],
+             "placement": {"locality": "switch"}}, None, "admitted"),
+    ("nlp", {"name": "etl-features", "job_class": "etl", "expected_runtime": "30m",
+             "roles": [role(cpus=16)]}, None, "running"),
+    ("nlp", {"name": "llm-pretrain", "priority": 50, "expected_runtime": "12h",
+             "roles": [role("worker", gpus=6, replicas=2, gpu={"model": ["A100"]})],
+             "placement": {"locality": "switch"}}, None, "pending"),
+    ("vision", {"name": "sweep-small", "expected_runtime": "1h",
+                "roles": [role(gpus=4, gpu={"model": ["H100", "A100"]})]}, None, "pending"),
+]
+TEAMS = {"vision": {"share": 2.0, "quota_gpus": 16}, "nlp": {"share": 1.0, "quota_gpus": 24}}
+
+
+class DemoScheduler:
+    """The scheduler-core with the demo cluster and jobs. Leases last an hour, so admitted
+    jobs stay admitted for the whole session."""
+
+    def __init__(self, tmp: Path):
+        cluster = tmp / "cluster.yaml"
+        cluster.write_text(yaml.safe_dump(CLUSTER))
+        self.db = f"sqlite:///{tmp}/scheduler.db"
+        self.server = Server(self.db, cluster, lease_ttl=3600, log=tmp / "scheduler.log",
+                             interval=0.1)
+        self.url = self.server.url
+        engine = make_engine(self.db)
+        made = sessions(engine)
+        self.tokens = {t: create_token(made, t) for t in ("vision", "nlp", "airflow-ui")}
+        self.tokens["admin"] = create_token(made, "ops", admin=True)
+        engine.dispose()
+        self.http = httpx.Client(base_url=self.url, timeout=10)
+        self.ids: dict[str, str] = {}
+
+    def call(self, method: str, path: str, who: str = "admin", **kw) -> dict | list:
+        r = self.http.request(method, path, headers={
+            "Authorization": f"Bearer {self.tokens[who]}"}, **kw)
+        assert r.status_code < 400, f"{method} {path}: {r.status_code} {r.text}"
+        return r.json()
+
+    def wait_state(self, job_id: str, states: tuple[str, ...], timeout: float = 20) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            job = self.call("GET", f"/api/v1/jobs/{job_id}")
+            if job["state"] in states and (job["state"] != "pending" or job["pending"]["code"]):
+                return job
+            assert time.monotonic() < deadline, f"job {job_id} stayed {job['state']}"
+            time.sleep(0.1)
+
+    def populate(self) -> None:
+        for team, body in TEAMS.items():
+            self.call("PUT", f"/api/v1/teams/{team}", json=body)
+        host, index, reason = UNHEALTHY
+        self.call("POST", f"/api/v1/hosts/{host}/report",
+                  json={"gpus": [{"index": index, "healthy": False, "reason": reason}]})
+        self.call("POST", f"/api/v1/hosts/{DRAINED}/drain")
+        for team, spec, key, goal in JOBS:     # one at a time: placements are repeatable
+            job = self.call("POST", "/api/v1/jobs", who=team,
+                            json={"spec": spec, "idempotency_key": key})
+            self.ids[spec["name"]] = job["id"]
+            got = self.wait_state(job["id"], ("pending", "admitted"))
+            assert (got["state"] == "pending") == (goal == "pending"), got
+            if goal in ("running", "succeeded"):
+                self.call("POST", f"/api/v1/jobs/{job['id']}/heartbeat", who=team)
+            if goal == "succeeded":
+                self.call("POST", f"/api/v1/jobs/{job['id']}/finish", who=team,
+                          json={"outcome": "succeeded", "exit_code": 0})
+
+    def connection(self) -> str:
+        return json.dumps({"conn_type": "gpu_scheduler", "host": "127.0.0.1",
+                           "port": self.server.port, "password": self.tokens["airflow-ui"]})
+
+    def stop(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+
+class AirflowApi:
+    """`airflow api-server` with the plugin (found through its entry point)."""
+
+    def __init__(self, tmp: Path, connection: str, log: Path | None = None,
+                 refresh: int = 1):
+        self.home = tmp / "airflow-home"
+        self.home.mkdir(parents=True, exist_ok=True)
+        passwords = self.home / "passwords.json"
+        passwords.write_text(json.dumps(USERS))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ, "AIRFLOW_HOME": str(self.home), "PYTHONPATH": str(REPO),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.home / "dags"),
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__CORE__AUTH_MANAGER": "airflow.api_fastapi.auth.managers.simple."
+                                           "simple_auth_manager.SimpleAuthManager",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin,viewer:viewer",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API_AUTH__JWT_SECRET": "plugin-tests-secret-" + "0123456789abcdef" * 4,
+            "AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT": connection,
+            "AIRFLOW__GPU__UI_REFRESH_SECONDS": str(refresh),
+        }
+        self.env.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", None)
+        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env,
+                       check=True, capture_output=True, timeout=300)
+        self.log = log or tmp / "api-server.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"], env=self.env, cwd=self.home,
+            stdout=subprocess.DEVNULL, stderr=open(self.log, "w"))  # noqa: SIM115
+        deadline = time.monotonic() + 180
+        while not self._up():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise AssertionError("airflow api-server did not start:\n"
+                                     + self.log.read_text()[-4000:])
+            time.sleep(0.25)
+
+    def _up(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/api/v2/version", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def token(self, user: str = "viewer") -> str:
+        r = httpx.post(f"{self.url}/auth/token", timeout=30,
+                       json={"username": user, "password": USERS[user]})
+        assert r.status_code == 201, r.text
+        return r.json()["access_token"]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
