@@ -83,7 +83,7 @@ def test_second_task_waits_deferred_then_runs_on_freed_gpus(run_dag, scheduler, 
     first = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="3",
                     TEST_MOUNT=f"{tmp_path}:/signal", PROBE_WAIT="/signal/go")
     scheduler.wait_for(lambda: [j for j in scheduler.jobs(state="running")], what="first")
-    second = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2")
+    second = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", TEST_GRACE="0")
     waiting = scheduler.wait_for(lambda: [j for j in scheduler.jobs(state="pending")
                                           if j["pending"]["code"]], what="a pending reason")
     assert waiting[0]["pending"]["code"] == "Resources"
@@ -129,3 +129,34 @@ def test_dead_worker_is_released_when_its_lease_expires(run_dag, scheduler):
     assert again.result()["tasks"] == {"probe": "success"}
     assert not engine.containers.list(all=True, filters=label)
     assert "the job is no longer running" in again.output
+
+
+@pytest.mark.parametrize("scheduler", [1], indirect=True)
+def test_requeued_job_stops_its_container_and_runs_again(run_dag, scheduler, tmp_path):
+    """A GPU of a running pytorch job fails: the class requeues the whole job; the task
+    stops its container, waits deferred again and runs on healthy GPUs, same job id."""
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", TEST_JOB_CLASS="pytorch",
+                  TEST_MOUNT=f"{tmp_path}:/signal", PROBE_WAIT="/signal/go")
+    job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
+    first = scheduler.job(job["id"])["replicas"][0]
+    engine = docker.from_env()
+    label = {"label": f"airflow-gpu.job={job['id']}"}
+    scheduler.wait_for(lambda: engine.containers.list(filters=label), what="container")
+    bad = first["gpus"][0]
+    scheduler.http.post(f"/api/v1/hosts/{first['host']}/report", json={"gpus": [
+        {"index": bad, "healthy": False, "reason": "XID 79: fallen off the bus"}]}
+    ).raise_for_status()
+    scheduler.wait_for(lambda: any(e["kind"] == "requeued"
+                                   for e in scheduler.events(job["id"])), what="requeue")
+
+    def running_again():
+        j = scheduler.job(job["id"])
+        live = [r for r in j["replicas"] if r["live"]]
+        return j["state"] == "running" and live and live[0]
+    second = scheduler.wait_for(running_again, what="the second admission")
+    assert bad not in second["gpus"]
+    (tmp_path / "go").touch()
+    assert run.result()["tasks"] == {"probe": "success"}
+    assert "the scheduler requeued the job" in run.output
+    assert scheduler.job(job["id"])["state"] == "succeeded"
+    assert len(scheduler.jobs()) == 1                      # the same job, not a new one

@@ -259,3 +259,29 @@ def test_host_report_keeps_work_off_an_unhealthy_gpu(api):
 def test_nul_characters_are_4xx_not_5xx(api, method, path, kwargs):
     r = getattr(api, method)(path, headers=auth(api, "admin"), **kwargs)
     assert 400 <= r.status_code < 500, r.text
+
+
+def test_a_stale_launch_cannot_confirm_or_finish_a_new_admission(api):
+    """A job requeued (its GPU failed) and admitted again: the launcher of the first
+    admission hears 409 on heartbeat and finish; the new admission's launcher is served."""
+    body = {**spec("ddp", 8), "job_class": "pytorch"}
+    job = submit(api, "vision", body).json()
+    api.tick()
+    first = api.post(f"/api/v1/jobs/{job['id']}/heartbeat", headers=auth(api, "vision")).json()
+    assert first["attempt"] == 1 and first["state"] == "running"
+    host = first["replicas"][0]["host"]
+    r = api.post(f"/api/v1/hosts/{host}/report", headers=auth(api, "admin"),
+                 json={"gpus": [{"index": 0, "healthy": False, "reason": "XID 79"}]})
+    assert r.status_code == 200
+    assert api.tick() == [job["id"]]                           # admitted again elsewhere
+    url = f"/api/v1/jobs/{job['id']}"
+    stale = api.post(f"{url}/heartbeat", params={"attempt": 1}, headers=auth(api, "vision"))
+    assert stale.status_code == 409 and "admitted again (admission 2)" in stale.json()["detail"]
+    r = api.post(f"{url}/finish", headers=auth(api, "vision"),
+                 json={"outcome": "succeeded", "exit_code": 0, "attempt": 1})
+    assert r.status_code == 409
+    fresh = api.post(f"{url}/heartbeat", params={"attempt": 2}, headers=auth(api, "vision"))
+    assert fresh.status_code == 200 and fresh.json()["state"] == "running"
+    r = api.post(f"{url}/finish", headers=auth(api, "vision"),
+                 json={"outcome": "succeeded", "exit_code": 0, "attempt": 2})
+    assert r.json()["state"] == "succeeded"

@@ -193,6 +193,7 @@ class GpuBaseOperator(BaseOperator):
                 job = client.heartbeat(job_id)       # confirms the start
             except ApiError as exc:
                 raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
+            attempt = job["attempt"]             # the admission these replicas belong to
             hosts = {h["name"]: h for h in client.cluster()["hosts"]}
             replicas = replicas_of(job, hosts)
             for r in replicas:
@@ -202,16 +203,17 @@ class GpuBaseOperator(BaseOperator):
                 self._launch(context, replicas, self._handles)
             except LaunchError as exc:
                 stop_all(self._handles)
-                self._finish(client, job_id, "failed", None)
+                self._finish(client, job_id, attempt, "failed", None)
                 raise AirflowException(str(exc)) from None
-            outcome = supervise(self._handles, self.log, lambda: self._beat(client, job_id),
+            outcome = supervise(self._handles, self.log,
+                                lambda: self._beat(client, job_id, attempt),
                                 self._beat_interval(job), self._stop)
-            return self._conclude(context, client, job_id, replicas, outcome)
+            return self._conclude(client, job_id, attempt, replicas, outcome)
 
-    def _conclude(self, context: Context, client, job_id: str, replicas: list[Replica],
+    def _conclude(self, client, job_id: str, attempt: int, replicas: list[Replica],
                   outcome: Outcome) -> Any:
         if outcome.ok:
-            self._finish(client, job_id, "succeeded", 0)
+            self._finish(client, job_id, attempt, "succeeded", 0)
             return self._result(replicas)
         why = outcome.interrupted
         if why is not None and why.state == "pending":
@@ -220,7 +222,7 @@ class GpuBaseOperator(BaseOperator):
             self._defer(client.job(job_id))
         if why is not None:
             raise AirflowException(f"GPU job {job_id}: {why}")
-        self._finish(client, job_id, "failed", outcome.exit_code)
+        self._finish(client, job_id, attempt, "failed", outcome.exit_code)
         tail = "\n".join(f"  [{outcome.failed}] {line}" for line in outcome.tail)
         raise AirflowException(f"replica {outcome.failed} exited with code "
                                f"{outcome.exit_code}; its last lines:\n{tail}")
@@ -240,20 +242,22 @@ class GpuBaseOperator(BaseOperator):
             datetime.fromisoformat(expires).tzinfo)).total_seconds()
         return min(30.0, max(0.5, left / 3))
 
-    def _beat(self, client, job_id: str) -> None:
+    def _beat(self, client, job_id: str, attempt: int) -> None:
         try:
-            client.heartbeat(job_id)
+            client.heartbeat(job_id, attempt)
         except ApiError as exc:
             if exc.status == 409:
-                state = "pending" if "is pending" in str(exc.detail) else "ended"
-                raise Interrupted(state, str(exc.detail)) from None
+                detail = str(exc.detail)
+                requeued = "is pending" in detail or "admitted again" in detail
+                raise Interrupted("pending" if requeued else "ended", detail) from None
             self.log.warning("heartbeat failed: %s", exc)
         except InputError as exc:          # the service restarts: the lease still runs
             self.log.warning("heartbeat failed: %s", exc)
 
-    def _finish(self, client, job_id: str, outcome: str, code: int | None) -> None:
+    def _finish(self, client, job_id: str, attempt: int, outcome: str,
+                code: int | None) -> None:
         try:
-            client.finish(job_id, outcome, code)
+            client.finish(job_id, outcome, code, attempt)
         except (ApiError, InputError) as exc:
             self.log.warning("could not report the end of GPU job %s: %s", job_id, exc)
 

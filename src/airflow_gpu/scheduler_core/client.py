@@ -98,12 +98,15 @@ class Client:
     def explain(self, job_id: str) -> dict:
         return self.request("GET", f"/api/v1/jobs/{job_id}/explain")
 
-    def heartbeat(self, job_id: str) -> dict:
-        return self.request("POST", f"/api/v1/jobs/{job_id}/heartbeat")
+    def heartbeat(self, job_id: str, attempt: int | None = None) -> dict:
+        return self.request("POST", f"/api/v1/jobs/{job_id}/heartbeat",
+                            params={"attempt": attempt} if attempt else None)
 
-    def finish(self, job_id: str, outcome: str, exit_code: int | None = None) -> dict:
+    def finish(self, job_id: str, outcome: str, exit_code: int | None = None,
+               attempt: int | None = None) -> dict:
         return self.request("POST", f"/api/v1/jobs/{job_id}/finish",
-                            json={"outcome": outcome, "exit_code": exit_code})
+                            json={"outcome": outcome, "exit_code": exit_code,
+                                  "attempt": attempt})
 
     def cluster(self) -> dict:
         return self.request("GET", "/api/v1/cluster")

@@ -22,4 +22,5 @@ with DAG("gpu_docker", schedule=None, catchup=False) as dag:
         environment={k: os.environ.get(k, "") for k in ("PROBE_SLEEP", "PROBE_EXIT",
                                                          "PROBE_WAIT")},
         mounts=[MOUNT] if MOUNT else [],
-        job_class="validation", poll_interval=0.5)
+        job_class=os.environ.get("TEST_JOB_CLASS", "validation"), poll_interval=0.5,
+        admission_grace=float(os.environ.get("TEST_GRACE", "1")))

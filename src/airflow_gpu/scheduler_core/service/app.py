@@ -133,12 +133,13 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
                           events=[EventOut.of(e) for e in service.events(job_id)])
 
     @app.post("/api/v1/jobs/{job_id}/heartbeat", response_model=JobOut)
-    def heartbeat(job_id: str, p: Who):
-        return JobOut.of(service.heartbeat(job_id, p), service.allocations(job_id))
+    def heartbeat(job_id: str, p: Who,
+                  attempt: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None):
+        return JobOut.of(service.heartbeat(job_id, p, attempt), service.allocations(job_id))
 
     @app.post("/api/v1/jobs/{job_id}/finish", response_model=JobOut)
     def finish(job_id: str, body: FinishRequest, p: Who):
-        return JobOut.of(service.finish(job_id, p, body.outcome, body.exit_code),
+        return JobOut.of(service.finish(job_id, p, body.outcome, body.exit_code, body.attempt),
                          service.allocations(job_id))
 
     @app.get("/api/v1/cluster")

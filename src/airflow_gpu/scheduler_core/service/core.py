@@ -109,6 +109,18 @@ def _columns(row) -> dict:
     return {c.key: getattr(row, c.key) for c in inspect(type(row)).column_attrs}
 
 
+def _same_attempt(attempt: int | None) -> tuple:
+    return () if attempt is None else (JobRow.attempt == attempt,)
+
+
+def _stale(row: JobRow, attempt: int | None, rule: str) -> str:
+    if attempt is not None and row.state in LIVE and row.attempt != attempt:
+        return (f"job {row.id} was requeued and admitted again (admission {row.attempt}); "
+                f"this launcher started admission {attempt}: stop it and launch the new "
+                "placement")
+    return f"job {row.id} is {row.state}; {rule}"
+
+
 def spec_gpus(spec: dict) -> int:
     return sum(r.get("gpus", 0) * r.get("replicas", 1) for r in spec.get("roles", []))
 
@@ -296,7 +308,7 @@ class Service:
         row = JobRow(id=str(uuid.uuid4()), name=spec.name, team=spec.team,
                      idempotency_key=key,
                      spec={**spec.model_dump(mode="json", exclude_unset=True), "team": spec.team},
-                     state=PENDING, priority=spec.priority, details={},
+                     state=PENDING, priority=spec.priority, details={}, attempt=0,
                      submitted_at=utcnow())
         try:   # the unique (team, key) index answers "seen before?" without a lookup
             # The hot path of the API: one INSERT that commits itself (one round trip);
@@ -375,8 +387,8 @@ class Service:
         return self._end(job_id, who, "cancelled", None, from_states=(PENDING, *LIVE))
 
     def finish(self, job_id: str, who: Principal, outcome: str,
-               exit_code: int | None) -> JobRow:
-        return self._end(job_id, who, outcome, exit_code, from_states=LIVE)
+               exit_code: int | None, attempt: int | None = None) -> JobRow:
+        return self._end(job_id, who, outcome, exit_code, from_states=LIVE, attempt=attempt)
 
     def _owned(self, job_id: str, who: Principal) -> JobRow:
         """The job, if `who` may act on it (its team, or an admin)."""
@@ -387,44 +399,47 @@ class Service:
         return row
 
     def _end(self, job_id: str, who: Principal, state: str, exit_code: int | None,
-             from_states: tuple[str, ...]) -> JobRow:
+             from_states: tuple[str, ...], attempt: int | None = None) -> JobRow:
         self._owned(job_id, who)
         with self.sessions.begin() as s:
             done = s.execute(_update(JobRow).where(
-                JobRow.id == job_id, JobRow.state.in_(from_states)).values(
+                JobRow.id == job_id, JobRow.state.in_(from_states),
+                *_same_attempt(attempt)).values(
                 state=state, finished_at=utcnow(), exit_code=exit_code,
                 outcome=state, lease_expires_at=None))
             if done.rowcount != 1:
                 current = s.get(JobRow, job_id)
                 if current.state == state:
                     return current            # repeating a cancel or finish is harmless
-                raise Conflict(f"job {job_id} is {current.state}; only a job that is "
-                               f"{' or '.join(from_states)} can become {state}")
+                raise Conflict(_stale(current, attempt, f"only a job that is "
+                                      f"{' or '.join(from_states)} can become {state}"))
             self._release(s, job_id)
             self._event(s, state, f"{state}" + (f" (exit code {exit_code})"
                                                 if exit_code is not None else ""), job=job_id)
         self.wake.set()
         return self.get(job_id)
 
-    def heartbeat(self, job_id: str, who: Principal) -> JobRow:
-        """The launcher is alive: extend the lease; the first heartbeat marks it running."""
-        row = self._owned(job_id, who)
+    def heartbeat(self, job_id: str, who: Principal, attempt: int | None = None) -> JobRow:
+        """The launcher is alive: extend the lease; the first heartbeat marks it running.
+        With `attempt`, only that admission counts: a launcher that missed a requeue and
+        re-admission hears 409 instead of confirming placements it never started."""
+        self._owned(job_id, who)
         now = utcnow()
         lease = now + timedelta(seconds=self.settings.lease_ttl)
+        same = _same_attempt(attempt)
         with self.sessions.begin() as s:
             started = s.execute(_update(JobRow).where(
-                JobRow.id == job_id, JobRow.state == "admitted").values(
+                JobRow.id == job_id, JobRow.state == "admitted", *same).values(
                 state="running", started_at=now, lease_expires_at=lease))
             if started.rowcount == 1:
                 self._event(s, "running", "the launcher confirmed the start", job=job_id)
             else:
                 kept = s.execute(_update(JobRow).where(
-                    JobRow.id == job_id, JobRow.state == "running").values(
+                    JobRow.id == job_id, JobRow.state == "running", *same).values(
                     lease_expires_at=lease))
                 if kept.rowcount != 1:
-                    state = s.scalar(select(JobRow.state).where(JobRow.id == job_id))
-                    raise Conflict(f"job {job_id} is {state or row.state}; only admitted or "
-                                   "running jobs take heartbeats")
+                    raise Conflict(_stale(s.get(JobRow, job_id), attempt,
+                                          "admitted or running jobs take heartbeats"))
         return self.get(job_id)
 
     def expire_leases(self) -> list[str]:

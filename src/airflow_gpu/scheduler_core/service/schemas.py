@@ -28,6 +28,8 @@ class SubmitRequest(_In):
 class FinishRequest(_In):
     outcome: Literal["succeeded", "failed"]
     exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
+    attempt: int | None = Field(None, ge=1, le=2**31 - 1, description="the admission the "
+                                "launcher started; finishing a later one answers 409")
 
 
 class ReplicaOut(BaseModel):
@@ -69,6 +71,8 @@ class JobOut(BaseModel):
     lease_expires_at: datetime | None
     exit_code: int | None
     gpu_fault: str | None = None    # a GPU it held turned unhealthy (see its events)
+    attempt: int = Field(0, description="admissions so far; heartbeat and finish name the "
+                         "one they launched")
     replicas: list[ReplicaOut] = []
 
     @classmethod
@@ -82,7 +86,7 @@ class JobOut(BaseModel):
                    submitted_at=j.submitted_at, admitted_at=j.admitted_at,
                    started_at=j.started_at, finished_at=j.finished_at,
                    lease_expires_at=j.lease_expires_at, exit_code=j.exit_code,
-                   gpu_fault=j.gpu_fault,
+                   gpu_fault=j.gpu_fault, attempt=j.attempt or 0,
                    replicas=[ReplicaOut.of(a) for a in allocations or []])
 
 

@@ -68,6 +68,7 @@ def run_pass(svc: Service) -> list[str]:
             done = s.execute(_update(JobRow).where(
                 JobRow.id == job.name, JobRow.state == PENDING).values(
                 state="admitted", admitted_at=now, lease_expires_at=lease,
+                attempt=JobRow.attempt + 1,
                 reason_code=None, reason=None, details={}, eta_at=None))
             if done.rowcount != 1:
                 continue              # cancelled meanwhile

@@ -86,6 +86,9 @@ class JobRow(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     outcome: Mapped[str | None] = mapped_column(String(20))
     exit_code: Mapped[int | None] = mapped_column(Integer)
+    # admissions so far; a launcher names the one it started, so a requeued and
+    # re-admitted job cannot be confirmed or finished by the launch before it
+    attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # a GPU of the job turned unhealthy while it held it: which one, why, and when
     gpu_fault: Mapped[str | None] = mapped_column(Text)
     gpu_fault_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
