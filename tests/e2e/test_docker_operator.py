@@ -26,6 +26,15 @@ def only_job(scheduler, **params) -> dict:
     return scheduler.job(jobs[0]["id"])
 
 
+def container_running(scheduler) -> tuple[dict, docker.DockerClient, dict]:
+    """The running job, the engine, and the label filter of its container, once it runs."""
+    job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
+    engine = docker.from_env()
+    label = {"label": f"airflow-gpu.job={job['id']}"}
+    scheduler.wait_for(lambda: engine.containers.list(filters=label), what="container")
+    return job, engine, label
+
+
 def test_container_gets_exactly_its_grant(run_dag, scheduler):
     run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", TEST_GPU_MODE="env")
     assert run.result()["tasks"] == {"probe": "success"}
@@ -99,10 +108,7 @@ def test_second_task_waits_deferred_then_runs_on_freed_gpus(run_dag, scheduler, 
 
 def test_killed_task_removes_its_container_and_frees_the_gpus(run_dag, scheduler):
     run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", PROBE_SLEEP="300")
-    job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
-    engine = docker.from_env()
-    label = {"label": f"airflow-gpu.job={job['id']}"}
-    scheduler.wait_for(lambda: engine.containers.list(filters=label), what="container")
+    job, engine, label = container_running(scheduler)
     run.proc.send_signal(signal.SIGTERM)            # what Airflow does to a killed task
     run.proc.wait(timeout=60)
     assert not engine.containers.list(all=True, filters=label)
@@ -112,10 +118,7 @@ def test_killed_task_removes_its_container_and_frees_the_gpus(run_dag, scheduler
 
 def test_dead_worker_is_released_when_its_lease_expires(run_dag, scheduler):
     run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", PROBE_SLEEP="300")
-    job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
-    engine = docker.from_env()
-    label = {"label": f"airflow-gpu.job={job['id']}"}
-    scheduler.wait_for(lambda: engine.containers.list(filters=label), what="container")
+    job, engine, label = container_running(scheduler)
     run.proc.send_signal(signal.SIGKILL)            # the worker dies: no on_kill, no finish
     run.proc.wait(timeout=30)
     lost = scheduler.wait_for(lambda: scheduler.job(job["id"])["state"] == "lost", 30,
@@ -137,11 +140,8 @@ def test_requeued_job_stops_its_container_and_runs_again(run_dag, scheduler, tmp
     stops its container, waits deferred again and runs on healthy GPUs, same job id."""
     run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="2", TEST_JOB_CLASS="pytorch",
                   TEST_MOUNT=f"{tmp_path}:/signal", PROBE_WAIT="/signal/go")
-    job = scheduler.wait_for(lambda: scheduler.jobs(state="running"), what="running")[0]
+    job, _, _ = container_running(scheduler)
     first = scheduler.job(job["id"])["replicas"][0]
-    engine = docker.from_env()
-    label = {"label": f"airflow-gpu.job={job['id']}"}
-    scheduler.wait_for(lambda: engine.containers.list(filters=label), what="container")
     bad = first["gpus"][0]
     scheduler.http.post(f"/api/v1/hosts/{first['host']}/report", json={"gpus": [
         {"index": bad, "healthy": False, "reason": "XID 79: fallen off the bus"}]}
