@@ -21,6 +21,22 @@ PROVIDER_INFO = {
                   "python-modules": ["airflow_gpu.triggers.admission"]}],
     "extra-links": ["airflow_gpu.operators.links.GpuJobLink"],
     "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu.decorators.gpu.gpu_task"}],
+    "config": {"gpu_scheduler": {
+        "description": "Defaults of the GPU operators (an operator's own argument wins).",
+        "options": {
+            "docker_gpu_mode": {
+                "description": "How containers get their GPUs: device-request (the NVIDIA "
+                               "container toolkit's device request), cdi (CDI device names "
+                               "nvidia.com/gpu=N) or env (NVIDIA_VISIBLE_DEVICES with the "
+                               "docker_runtime).",
+                "version_added": "0.1.0", "type": "string", "example": "cdi",
+                "default": "device-request"},
+            "docker_runtime": {
+                "description": "Container runtime for GPU containers, e.g. nvidia with "
+                               "docker_gpu_mode = env; empty: the engine's default.",
+                "version_added": "0.1.0", "type": "string", "example": "nvidia",
+                "default": ""},
+        }}},
     "connection-types": [{
         "hook-class-name": "airflow_gpu.hooks.scheduler.GpuSchedulerHook",
         "hook-name": "GPU scheduler",

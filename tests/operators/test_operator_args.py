@@ -69,3 +69,12 @@ def test_expected_runtime_from_history(client):
     assert GpuDockerOperator(task_id="t", image="x", expected_runtime="1h")._runtime(
         client, "d.t") is None                               # an explicit value wins
     assert GpuDockerOperator(task_id="t", image="x", gpus=1)._runtime(client, "other") is None
+
+
+def test_gpu_mode_from_airflow_config(monkeypatch):
+    assert GpuDockerOperator(task_id="t", image="x").gpu_mode == "device-request"
+    monkeypatch.setenv("AIRFLOW__GPU_SCHEDULER__DOCKER_GPU_MODE", "env")
+    monkeypatch.setenv("AIRFLOW__GPU_SCHEDULER__DOCKER_RUNTIME", "nvidia")
+    op = GpuDockerOperator(task_id="t", image="x")
+    assert (op.gpu_mode, op.docker_runtime) == ("env", "nvidia")
+    assert GpuDockerOperator(task_id="t", image="x", gpu_mode="cdi").gpu_mode == "cdi"

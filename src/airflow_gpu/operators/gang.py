@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from airflow.sdk import Context
+from airflow.sdk import Context, conf
 
 from ..launch.docker import GPU_MODES, DockerLauncher, reap_orphans
 from ..launch.handle import Handle
@@ -31,8 +31,10 @@ class GpuGangOperator(GpuBaseOperator):
     :param image, command, environment: defaults for every role.
     :param framework: tensorflow-ps | pytorch | none (default: from the job class).
     :param base_port: first rendezvous port on each host (host networking).
-    :param gpu_mode: device-request (default) | cdi | env, how containers get their GPUs.
-    :param docker_runtime: container runtime, e.g. "nvidia" with gpu_mode="env".
+    :param gpu_mode: device-request | cdi | env, how containers get their GPUs (default:
+        `[gpu_scheduler] docker_gpu_mode`, else device-request).
+    :param docker_runtime: container runtime, e.g. "nvidia" with gpu_mode="env" (default:
+        `[gpu_scheduler] docker_runtime`).
     :param mounts: "source:target[:ro]" strings or docker Mounts.
     :param docker_url: engine for hosts without a docker_url in the cluster file.
     :param strict_isolation: local runner: fail instead of warning when CPU binding or the
@@ -45,11 +47,15 @@ class GpuGangOperator(GpuBaseOperator):
     def __init__(self, *, roles: list[dict] | None = None, runner: str = "docker",
                  image: str | None = None, command: str | list[str] | None = None,
                  environment: dict[str, str] | None = None, framework: str | None = None,
-                 base_port: int = 29500, gpu_mode: str = "device-request",
+                 base_port: int = 29500, gpu_mode: str | None = None,
                  docker_runtime: str | None = None, network_mode: str = "host",
                  mounts: list | None = None, docker_url: str | None = None,
                  cwd: str | None = None, strict_isolation: bool = False, **kwargs) -> None:
         super().__init__(roles=roles, **kwargs)
+        gpu_mode = gpu_mode or conf.get("gpu_scheduler", "docker_gpu_mode",
+                                        fallback="device-request")
+        docker_runtime = docker_runtime or conf.get("gpu_scheduler", "docker_runtime",
+                                                    fallback="") or None
         if runner not in RUNNERS:
             raise ValueError(f"runner: {runner!r} is not one of {', '.join(RUNNERS)}")
         if gpu_mode not in GPU_MODES:
