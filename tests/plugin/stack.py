@@ -15,19 +15,26 @@ from pathlib import Path
 import httpx
 import yaml
 
+import airflow_gpu.scheduler_core
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions
 from tests.helpers import REPO
 from tests.service.servers import Server, free_port
 
+HOST_MODELS = Path(airflow_gpu.scheduler_core.__file__).parent / "hostmodels"
 USERS = {"admin": "admin-pass", "viewer": "viewer-pass"}
 TRAIN_KEY = "vision_pipeline/train/manual__2025-06-01T00:00:00+00:00/-1/1"
 UNHEALTHY = ("dgx-a-02", 5, "XID 79: GPU has fallen off the bus")
 DRAINED = "dgx-v-02"
+UNREACHABLE = "dgx-h-02"       # its node agent registers, then falls silent
+HOST_TIMEOUT = 2               # seconds of silence before a registered host is unreachable
+# GPU utilization (percent) as node agents would report it for the busy hosts
+UTILIZATION = {"dgx-a-01": [97, 95, 96, 94, 97, 93, 95, 96],
+               "dgx-h-01": [71, 64, 68, 70, 66, 73, 69, 65]}
 
 CLUSTER = {"cluster": "demo", "hosts": [
     {"name": "dgx-a-[01-02]", "model": "dgx-a100", "rack": "rack-1", "switch": "leaf-1"},
-    {"name": "dgx-h-01", "model": "dgx-h100", "rack": "rack-1", "switch": "leaf-2"},
+    {"name": "dgx-h-[01-02]", "model": "dgx-h100", "rack": "rack-1", "switch": "leaf-2"},
     {"name": "dgx-v-[01-02]", "model": "dgx-1v", "rack": "rack-2", "switch": "leaf-3"},
 ]}
 
@@ -70,7 +77,7 @@ class DemoScheduler:
         cluster.write_text(yaml.safe_dump(CLUSTER))
         self.db = f"sqlite:///{tmp}/scheduler.db"
         self.server = Server(self.db, cluster, lease_ttl=3600, log=tmp / "scheduler.log",
-                             interval=0.1)
+                             interval=0.1, args=("--host-timeout", str(HOST_TIMEOUT)))
         self.url = self.server.url
         engine = make_engine(self.db)
         made = sessions(engine)
@@ -96,12 +103,25 @@ class DemoScheduler:
             time.sleep(0.1)
 
     def populate(self) -> None:
+        self.set_up_hosts_and_teams()
+        self.submit_jobs()
+        self.report_utilization()
+
+    def set_up_hosts_and_teams(self) -> None:
         for team, body in TEAMS.items():
             self.call("PUT", f"/api/v1/teams/{team}", json=body)
         host, index, reason = UNHEALTHY
         self.call("POST", f"/api/v1/hosts/{host}/report",
                   json={"gpus": [{"index": index, "healthy": False, "reason": reason}]})
         self.call("POST", f"/api/v1/hosts/{DRAINED}/drain")
+        self.call("PUT", f"/api/v1/hosts/{UNREACHABLE}", json={"topology": yaml.safe_load(
+            (HOST_MODELS / "dgx-h100.yaml").read_text())})
+        deadline = time.monotonic() + 30        # silent now: no job may land there
+        while self.host(UNREACHABLE).get("reachable", False):
+            assert time.monotonic() < deadline, f"{UNREACHABLE} stayed reachable"
+            time.sleep(0.2)
+
+    def submit_jobs(self) -> None:
         for team, spec, key, goal in JOBS:     # one at a time: placements are repeatable
             job = self.call("POST", "/api/v1/jobs", who=team,
                             json={"spec": spec, "idempotency_key": key})
@@ -113,6 +133,18 @@ class DemoScheduler:
             if goal == "succeeded":
                 self.call("POST", f"/api/v1/jobs/{job['id']}/finish", who=team,
                           json={"outcome": "succeeded", "exit_code": 0})
+
+    def report_utilization(self) -> None:
+        for name, values in UTILIZATION.items():
+            self.call("POST", f"/api/v1/hosts/{name}/report", json={"gpus": [
+                {"index": i, "healthy": True, "utilization_gpu": u,
+                 "utilization_memory": u * 0.6, "memory_used_bytes": int(u * 0.8 * 2**30),
+                 "power_watts": 100 + u * 5, "temperature_c": 40 + u * 0.3}
+                for i, u in enumerate(values)]})
+
+    def host(self, name: str) -> dict:
+        return next(h for h in self.call("GET", "/api/v1/cluster")["hosts"]
+                    if h["name"] == name)
 
     def connection(self) -> str:
         return json.dumps({"conn_type": "gpu_scheduler", "host": "127.0.0.1",

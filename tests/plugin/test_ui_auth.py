@@ -76,7 +76,7 @@ def test_a_login_by_cookie_or_bearer_opens_everything(stack, paths, user):
             assert r.status_code == 200, (path, r.status_code, r.text[:200])
     body = httpx.get(f"{stack.url}/gpu/api/cluster", timeout=30,
                      headers={"Authorization": f"Bearer {token}"}).json()
-    assert body["summary"]["gpus_total"] == 40
+    assert body["summary"]["gpus_total"] == 48
 
 
 def test_the_airflow_login_is_not_a_scheduler_token(stack):

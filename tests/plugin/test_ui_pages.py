@@ -8,7 +8,7 @@ import json
 
 import httpx
 
-from tests.plugin.stack import DRAINED, TRAIN_KEY, UNHEALTHY
+from tests.plugin.stack import DRAINED, TRAIN_KEY, UNHEALTHY, UNREACHABLE, UTILIZATION
 
 
 def js(value) -> str:
@@ -49,6 +49,8 @@ def test_cluster_page_shows_racks_hosts_gpus_jobs_and_bad_parts(stack, browser):
 
     assert cells(browser, "[data-rack]", "data-rack") == ["rack-1", "rack-2"]
     assert cells(browser, "[data-switch]", "data-switch") == ["leaf-1", "leaf-2", "leaf-3"]
+    assert cells(browser, "[data-switch=leaf-2] [data-host]", "data-host") == \
+        ["dgx-h-01", "dgx-h-02"]
     gpus = [f"{h['name']}:{g['index']}" for h in cluster["hosts"] for g in h["gpus"]]
     assert sorted(cells(browser, "[data-gpu]", "data-gpu")) == sorted(gpus)
     assert browser.text("#gpus-total") == str(len(gpus))
@@ -72,6 +74,17 @@ def test_cluster_page_shows_racks_hosts_gpus_jobs_and_bad_parts(stack, browser):
     assert browser.eval(f"document.querySelector('[data-host={js(DRAINED)}]').dataset.status") \
         == "drained"
     assert "drained" in browser.text(f"[data-host={js(DRAINED)}] header").lower()
+    gone = f"[data-host={js(UNREACHABLE)}]"
+    assert browser.eval(f"document.querySelector({js(gone)}).dataset.status") == "unreachable"
+    assert "unreachable" in browser.text(f"{gone} header").lower()
+    assert set(browser.eval(f"[...document.querySelectorAll({js(gone + ' .idle')})]"
+                            ".map(e => e.innerText)")) == {"unreachable"}
+    # utilization where a node agent reported it, and no bar where none did
+    for name, values in UTILIZATION.items():
+        shown = browser.eval(f"[...document.querySelectorAll('[data-host={name}] .util em')]"
+                             ".map(e => e.innerText)")
+        assert shown == [f"{u}%" for u in values]
+    assert browser.eval("document.querySelectorAll('[data-host=dgx-v-01] .util').length") == 0
     # NUMA nodes and NVLink groups: a DGX-1 shows two quads, an A100 one NVSwitch group
     assert cells(browser, "[data-host=dgx-v-01] [data-numa]", "data-numa") == ["0", "1"]
     assert "A: GPU 0-3, B: GPU 4-7" in browser.text("[data-host=dgx-v-01] .nvlink")
@@ -166,9 +179,10 @@ def test_teams_page_shows_quota_fair_share_and_history(stack, browser):
         assert browser.eval(f"document.querySelector({js(row + ' polyline.held')})"
                             ".getAttribute('points').split(' ').length") >= 2
         assert browser.eval(f"!!document.querySelector({js(row + ' line.quota')})")
-    # 31 usable GPUs (40, less the drained host's 8 and one unhealthy), weights 2:1
-    assert browser.text("#teams tbody tr[data-team=vision] .fair") == "20.7"
-    assert browser.text("#teams tbody tr[data-team=nlp] .fair") == "10.3"
+    # 31 usable GPUs (48, less the drained and the unreachable host's and one unhealthy)
+    # split 2:1, but vision's quota caps it at 16 and nlp gets the other 15 (it asks for 20)
+    assert browser.text("#teams tbody tr[data-team=vision] .fair") == "16"
+    assert browser.text("#teams tbody tr[data-team=nlp] .fair") == "15"
 
 
 def test_pages_refresh_on_their_own(stack, browser):

@@ -15,7 +15,7 @@ from airflow_gpu.plugin.views.cluster import cluster_page, nvlink_label
 from airflow_gpu.plugin.views.job import task_instance, task_instance_url
 from airflow_gpu.plugin.views.queue import queue_page
 from airflow_gpu.plugin.views.teams import polyline, teams_page
-from airflow_gpu.plugin.views.usage_history import gpu_hours, usage_history
+from airflow_gpu.plugin.views.usage_history import fair_shares, gpu_hours, usage_history
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
@@ -142,11 +142,21 @@ def test_usage_history_steps_and_fair_share():
 
     assert [value(h["vision"].held, m) for m in (58, 45, 25, 10, 0)] == [0, 8, 8, 0, 0]
     assert [value(h["nlp"].held, m) for m in (58, 35, 25, 0)] == [0, 0, 4, 4]
-    # 40-20 minutes ago both teams had jobs: 12 GPUs split 2:1; else the one team gets all
-    assert [value(h["vision"].fair, m) for m in (58, 45, 30, 10)] == [0, 12, 8, 0]
-    assert [value(h["nlp"].fair, m) for m in (45, 30, 10)] == [0, 4, 12]
+    # a fair share is what a team asks for, at most: 8 of 12 while vision alone asked,
+    # 8 and 4 when both did (12 split 2:1), then nlp's 4
+    assert [value(h["vision"].fair, m) for m in (58, 45, 30, 10)] == [0, 8, 8, 0]
+    assert [value(h["nlp"].fair, m) for m in (45, 30, 10)] == [0, 4, 4]
     assert gpu_hours(h["vision"].held) == pytest.approx(8 * 0.5)
     assert gpu_hours(h["nlp"].held) == pytest.approx(4 * 0.5)
+
+
+def test_fair_shares_fill_by_weight_up_to_demand_and_quota():
+    assert fair_shares({"a": 100, "b": 100}, {"a": 2, "b": 1}, {}, 30) == \
+        {"a": 20, "b": 10}
+    assert fair_shares({"a": 2, "b": 100}, {}, {}, 10) == {"a": 2, "b": 8}
+    assert fair_shares({"a": 20, "b": 20}, {"a": 2, "b": 1}, {"a": 16}, 31) == \
+        {"a": 16, "b": 15}
+    assert fair_shares({"a": 0, "b": 3}, {}, {"b": None}, 10) == {"a": 0, "b": 3}
 
 
 def test_teams_page_charts_and_step_polyline():
@@ -154,7 +164,7 @@ def test_teams_page_charts_and_step_polyline():
     page = teams_page(teams, LIVE, CLUSTER, NOW, 3600)
     (row,) = page["teams"]
     assert page["usable_gpus"] == 3        # host a: 3 healthy; b unreachable; c drained
-    assert (row["held_gpus"], row["quota_pct"], row["fair_gpus"]) == (2, 50, 3.0)
+    assert (row["held_gpus"], row["quota_pct"], row["fair_gpus"]) == (2, 50, 2)
     assert row["chart"]["quota_y"] is not None
     assert polyline([(0, 0), (50, 2), (100, 2)], 0, 100, 4) == \
         "0.0,90.0 180.0,90.0 180.0,47.0 360.0,47.0"

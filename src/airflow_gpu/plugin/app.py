@@ -51,8 +51,9 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
         if page == "teams":
             jobs = {j["id"]: j for j in [*source.jobs(newest=True, limit=HISTORY_JOBS),
                                          *source.jobs("pending"), *source.live_jobs()]}
-            return teams_page(source.teams(), list(jobs.values()), source.cluster(), now,
+            page = teams_page(source.teams(), list(jobs.values()), source.cluster(), now,
                               args["window"])
+            return {**page, "history_jobs": HISTORY_JOBS}
         job_id = args["job_id"]
         return job_page(source.job(job_id), source.explain(job_id), source.cluster(),
                         source.live_jobs(), now, airflow_root(request))

@@ -54,7 +54,8 @@ def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
         "gpus_total": len(gpus),
         "gpus_held": sum(1 for g in gpus if g["job"]),
         "gpus_unhealthy": sum(1 for g in gpus if not g["healthy"]),
-        "gpus_free": sum(1 for g in gpus if not g["job"] and g["healthy"]),
+        "gpus_free": 0 if idle != "free" else sum(1 for g in gpus
+                                                  if not g["job"] and g["healthy"]),
     }
 
 
@@ -99,8 +100,7 @@ def summary(hosts: list[dict]) -> dict[str, int]:
         "hosts": len(hosts),
         "gpus_total": sum(h["gpus_total"] for h in hosts),
         "gpus_held": sum(h["gpus_held"] for h in hosts),
-        "gpus_free": sum(h["gpus_free"] for h in hosts if h["status"] not in
-                         ("drained", "unreachable")),
+        "gpus_free": sum(h["gpus_free"] for h in hosts),
         "gpus_unhealthy": sum(h["gpus_unhealthy"] for h in hosts),
         "hosts_drained": sum(1 for h in hosts if h["drained"]),
         "hosts_unreachable": sum(1 for h in hosts if not h["reachable"]),

@@ -74,6 +74,7 @@ def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: dat
         "times": {k: job.get(k) for k in ("submitted_at", "admitted_at", "started_at",
                                           "finished_at", "lease_expires_at")},
         "elapsed": duration(elapsed), "expected": duration(expected_runtime(job["spec"])),
+        "waiting": duration(age(job["submitted_at"], now)),
         "exit_code": job.get("exit_code"),
         "reason": with_names(explain.get("reason") or why.get("reason"), names),
         "blockers": blockers(explain.get("details") or {}, names),

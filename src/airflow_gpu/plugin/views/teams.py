@@ -16,7 +16,8 @@ def teams_page(teams: list[dict], jobs: list[dict], cluster: dict, now: datetime
                window: float) -> dict[str, Any]:
     total = usable_gpus(cluster)
     shares = {t["name"]: t["share"] for t in teams}
-    history = usage_history(jobs, shares, total, now, window)
+    quotas = {t["name"]: t.get("quota_gpus") for t in teams}
+    history = usage_history(jobs, shares, total, now, window, quotas)
     by_name = {t["name"]: t for t in teams}
     rows = []
     for name in sorted(set(by_name) | set(history)):
@@ -29,7 +30,7 @@ def teams_page(teams: list[dict], jobs: list[dict], cluster: dict, now: datetime
         rows.append({
             "name": name, "color": team_color(name), "share": t["share"],
             "quota_gpus": quota, "held_gpus": t["held_gpus"],
-            "fair_gpus": round(s.fair[-1][1], 1),
+            "fair_gpus": number(s.fair[-1][1]),
             "quota_pct": None if not quota else min(100, round(100 * t["held_gpus"] / quota)),
             "gpu_hours": round(gpu_hours(s.held), 2),
             "fair_gpu_hours": round(gpu_hours(s.fair), 2),
@@ -42,6 +43,12 @@ def teams_page(teams: list[dict], jobs: list[dict], cluster: dict, now: datetime
         })
     return {"teams": rows, "usable_gpus": total, "window": duration(window),
             "window_seconds": window, "width": WIDTH, "height": HEIGHT}
+
+
+def number(x: float) -> float | int:
+    """One decimal, and none for whole numbers (16, not 16.0)."""
+    x = round(x, 1)
+    return int(x) if x.is_integer() else x
 
 
 def usable_gpus(cluster: dict) -> int:

@@ -22,12 +22,37 @@ class Series:
     fair: list[tuple[float, float]] = field(default_factory=list)
 
 
+def fair_shares(demand: dict[str, float], weights: dict[str, float],
+                caps: dict[str, float | None], total: float) -> dict[str, float]:
+    """Max-min fair shares by weight (water-filling): the GPUs are split by weight among
+    the teams that want some; no team gets more than it asks for or its quota, and what
+    one leaves over goes to the others."""
+    want = {t: min(d, caps[t]) if caps.get(t) is not None else d
+            for t, d in demand.items() if d > 0}
+    out = dict.fromkeys(demand, 0.0)
+    left = float(total)
+    while want and left > 1e-9:
+        per_weight = left / sum(weights.get(t, 1.0) for t in want)
+        full = {t: d for t, d in want.items() if d <= weights.get(t, 1.0) * per_weight}
+        if not full:
+            for t in want:
+                out[t] += weights.get(t, 1.0) * per_weight
+            break
+        for t, d in full.items():
+            out[t] += d
+            left -= d
+            del want[t]
+    return out
+
+
 def usage_history(jobs: list[dict], shares: dict[str, float], total_gpus: int,
-                  now: datetime, window: float) -> dict[str, Series]:
-    """GPUs each team held, and its fair share (its weight over the weights of the teams
-    with jobs in the system, times the cluster's GPUs), at every change in the window."""
+                  now: datetime, window: float,
+                  quotas: dict[str, int | None] | None = None) -> dict[str, Series]:
+    """GPUs each team held, and its fair share (`fair_shares` of the GPUs its pending and
+    live jobs asked for), at every change in the window."""
+    quotas = quotas or {}
     t_now, start = now.timestamp(), now.timestamp() - window
-    events: list[tuple[float, str, int, int]] = []   # (time, team, d_held, d_active)
+    events: list[tuple[float, str, int, int]] = []   # (time, team, d_held, d_demand)
     for j in jobs:
         submitted = parse_time(j.get("submitted_at"))
         if submitted is None:
@@ -37,9 +62,9 @@ def usage_history(jobs: list[dict], shares: dict[str, float], total_gpus: int,
         if t_end is not None and t_end < start:
             continue
         gpus, team = job_gpus(j.get("spec", {})), j["team"]
-        events.append((submitted.timestamp(), team, 0, 1))
+        events.append((submitted.timestamp(), team, 0, gpus))
         if t_end is not None:
-            events.append((t_end, team, 0, -1))
+            events.append((t_end, team, 0, -gpus))
         admitted = parse_time(j.get("admitted_at"))
         if admitted is not None and gpus:
             events.append((admitted.timestamp(), team, gpus, 0))
@@ -47,14 +72,13 @@ def usage_history(jobs: list[dict], shares: dict[str, float], total_gpus: int,
                 events.append((t_end, team, -gpus, 0))
     teams = sorted(set(shares) | {e[1] for e in events})
     held = dict.fromkeys(teams, 0)
-    active = dict.fromkeys(teams, 0)
+    active = dict.fromkeys(teams, 0)           # GPUs asked for by pending and live jobs
     out = {t: Series() for t in teams}
 
     def record(at: float) -> None:
-        weights = {t: shares.get(t, 1.0) for t in teams if active[t] > 0}
-        total_w = sum(weights.values())
+        fair_now = fair_shares(active, shares, quotas, total_gpus)
         for t in teams:
-            fair = total_gpus * weights[t] / total_w if t in weights and total_w else 0.0
+            fair = fair_now[t]
             s = out[t]
             if not s.held or s.held[-1][1] != held[t] or s.fair[-1][1] != fair:
                 s.held.append((at, held[t]))
