@@ -177,12 +177,18 @@ class AirflowApi:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API_AUTH__JWT_SECRET": "plugin-tests-secret-" + "0123456789abcdef" * 4,
-            "AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT": connection,
             "AIRFLOW__GPU__UI_REFRESH_SECONDS": str(refresh),
         }
-        self.env.pop("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", None)
+        for name in ("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS",
+                     "AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT"):   # the caller's would win
+            self.env.pop(name, None)
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=self.env,
                        check=True, capture_output=True, timeout=300)
+        # in the metadata DB, as an admin would create it in the UI (the API server reads
+        # it through its metastore secrets backend)
+        subprocess.run([sys.executable, "-m", "airflow", "connections", "add",
+                        "gpu_scheduler_default", "--conn-json", connection], env=self.env,
+                       check=True, capture_output=True, timeout=120)
         self.log = log or tmp / "api-server.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "airflow", "api-server", "--host", "127.0.0.1",
