@@ -215,6 +215,12 @@ def test_cluster_page_renders_utilization_and_unreachable_hosts():
     assert html.count('class="util"') == 1          # only GPUs with a sample show a bar
 
 
+def test_pages_may_load_and_be_framed_only_from_their_own_origin():
+    r = client(FakeSource()).get("/cluster")
+    assert "default-src 'self'" in r.headers["content-security-policy"]
+    assert "frame-ancestors 'self'" in r.headers["content-security-policy"]
+
+
 def test_fragment_is_only_the_main_block():
     body = client(FakeSource()).get("/queue?fragment=1").text
     assert "<html" not in body and 'id="live"' in body

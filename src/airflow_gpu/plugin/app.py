@@ -29,6 +29,10 @@ JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 Fragment = Annotated[bool, Query(description="only the page's <main>, for refreshes")]
 JobId = Annotated[str, Path(pattern=JOB_ID)]
 Window = Annotated[str, Query(pattern=r"^\d+[mhd]$", description="e.g. 1h, 6h, 7d")]
+# Pages load only their own files and may be framed only by the Airflow UI (same origin);
+# inline styles carry the team colours.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+       "img-src 'self' data:; frame-ancestors 'self'; form-action 'self'")
 STATIC = {"gpu.css": "text/css", "gpu.js": "text/javascript", "gpu.svg": "image/svg+xml"}
 
 
@@ -125,6 +129,14 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
 
     app.include_router(router)
     app.add_exception_handler(HTTPException, _login_page(env))
+
+    @app.middleware("http")
+    async def headers(request: Request, call_next):
+        response = await call_next(request)
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        return response
+
     return app
 
 
