@@ -233,6 +233,8 @@ def test_scheduler_trouble_is_a_banner_naming_the_fix():
     r = c.get("/cluster")
     assert r.status_code == 502 and "cannot reach the scheduler at http://x:1" in r.text
     assert c.get("/api/cluster").json() == {"detail": why.message}
+    r = c.get("/cluster?fragment=1")           # what the refreshing script shows
+    assert r.status_code == 502 and r.text.startswith("cannot reach the scheduler")
 
 
 def test_bad_arguments_name_the_field():

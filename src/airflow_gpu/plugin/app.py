@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import escape
 
 from ..scheduler_core.units import parse_duration
 from .auth import login_url, require_login
@@ -73,7 +74,9 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
         except SourceError as exc:
             context["error"], status = exc.message, exc.status
         template = env.get_template(f"{page}.html")
-        if fragment:
+        if fragment and status != 200:      # the script shows it in its banner
+            body = str(escape(context["error"]))
+        elif fragment:
             body = "".join(template.blocks["main"](template.new_context(context)))
         else:
             body = template.render(context)
