@@ -22,7 +22,8 @@ PROVIDER_INFO = {
     "extra-links": ["airflow_gpu.operators.links.GpuJobLink"],
     "task-decorators": [{"name": "gpu", "class-name": "airflow_gpu.decorators.gpu.gpu_task"}],
     "config": {"gpu_scheduler": {
-        "description": "Defaults of the GPU operators (an operator's own argument wins).",
+        "description": "Defaults of the GPU operators (an operator's own argument wins) "
+                       "and the settings of the Airflow UI plugin.",
         "options": {
             "docker_gpu_mode": {
                 "description": "How containers get their GPUs: device-request (the NVIDIA "
@@ -36,6 +37,15 @@ PROVIDER_INFO = {
                                "docker_gpu_mode = env; empty: the engine's default.",
                 "version_added": "0.1.0", "type": "string", "example": "nvidia",
                 "default": ""},
+            "ui_conn_id": {
+                "description": "The connection the Airflow UI plugin's pages read the "
+                               "scheduler-core with.",
+                "version_added": "0.1.0", "type": "string", "example": "gpu_scheduler_ro",
+                "default": "gpu_scheduler_default"},
+            "ui_refresh_seconds": {
+                "description": "How often an open GPU cluster page reloads its data.",
+                "version_added": "0.1.0", "type": "integer", "example": "10",
+                "default": "5"},
         }}},
     "connection-types": [{
         "hook-class-name": "airflow_gpu.hooks.scheduler.GpuSchedulerHook",

@@ -177,7 +177,7 @@ class AirflowApi:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API_AUTH__JWT_SECRET": "plugin-tests-secret-" + "0123456789abcdef" * 4,
-            "AIRFLOW__GPU__UI_REFRESH_SECONDS": str(refresh),
+            "AIRFLOW__GPU_SCHEDULER__UI_REFRESH_SECONDS": str(refresh),
         }
         for name in ("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS",
                      "AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT"):   # the caller's would win

@@ -23,7 +23,7 @@ from .views.job import job_page
 from .views.queue import queue_page
 from .views.teams import teams_page
 
-REFRESH_SECONDS = 5          # default of [gpu] ui_refresh_seconds
+REFRESH_SECONDS = 5          # default of [gpu_scheduler] ui_refresh_seconds
 HISTORY_JOBS = 2000          # newest jobs read for the teams' history (plus pending and live)
 WINDOWS = ("1h", "6h", "24h", "7d")
 JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -144,10 +144,11 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
 
 
 def refresh_seconds() -> int:
-    """How often pages reload their data: `[gpu] ui_refresh_seconds` (at least 1)."""
+    """How often pages reload their data: `[gpu_scheduler] ui_refresh_seconds` (>= 1)."""
     from airflow.configuration import conf
 
-    return max(1, conf.getint("gpu", "ui_refresh_seconds", fallback=REFRESH_SECONDS))
+    return max(1, conf.getint("gpu_scheduler", "ui_refresh_seconds",
+                              fallback=REFRESH_SECONDS))
 
 
 def window_seconds(window: str) -> float:

@@ -17,10 +17,12 @@ CLIENT_SECONDS = 30.0        # how long a connection (token) is reused before re
 
 
 def conn_id() -> str:
-    """`[gpu] ui_conn_id` in airflow.cfg (or AIRFLOW__GPU__UI_CONN_ID), else the default."""
+    """`[gpu_scheduler] ui_conn_id` (AIRFLOW__GPU_SCHEDULER__UI_CONN_ID), else the default."""
     from airflow.configuration import conf
 
-    return conf.get("gpu", "ui_conn_id", fallback=GpuSchedulerHook.default_conn_name)
+    return conf.get("gpu_scheduler", "ui_conn_id",
+                    fallback=GpuSchedulerHook.default_conn_name) or \
+        GpuSchedulerHook.default_conn_name
 
 
 class SourceError(Exception):
@@ -52,7 +54,7 @@ class SchedulerSource:
             raise SourceError(503, f"connection {self.conn_id!r}: {exc}. Create it (type "
                               "gpu_scheduler; host, port, and a token from `airflow-gpu "
                               "token create --team T` as password) or name another one in "
-                              "[gpu] ui_conn_id") from None
+                              "[gpu_scheduler] ui_conn_id") from None
         with self._lock:        # a replaced client may still serve a request: not closed
             self._client = (time.monotonic(), client)
         return client
