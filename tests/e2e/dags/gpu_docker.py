@@ -6,12 +6,14 @@ from airflow.sdk import DAG
 
 from airflow_gpu.operators.docker import GpuDockerOperator
 
-PROBE = ("echo cpuset.cpus=$(cat /sys/fs/cgroup/cpuset/cpuset.cpus); "
+# A well-behaved container: it ends on SIGTERM (docker stop) at once.
+PROBE = ("trap 'exit 143' TERM; "
+         "echo cpuset.cpus=$(cat /sys/fs/cgroup/cpuset/cpuset.cpus); "
          "echo cpuset.mems=$(cat /sys/fs/cgroup/cpuset/cpuset.mems); "
          "echo memory.limit=$(cat /sys/fs/cgroup/memory/memory.limit_in_bytes); "
          "env | sort | grep -E '^(NVIDIA_VISIBLE_DEVICES|AIRFLOW_GPU_|NCCL_IB_HCA)'; "
          "if [ -n \"$PROBE_WAIT\" ]; then while [ ! -e $PROBE_WAIT ]; do sleep 0.2; done; fi; "
-         "trap 'exit 143' TERM; sleep ${PROBE_SLEEP:-0} & wait $!; exit ${PROBE_EXIT:-0}")
+         "sleep ${PROBE_SLEEP:-0} & wait $!; exit ${PROBE_EXIT:-0}")
 MOUNT = os.environ.get("TEST_MOUNT")    # host_dir:container_dir, for PROBE_WAIT files
 
 with DAG("gpu_docker", schedule=None, catchup=False) as dag:
