@@ -10,7 +10,7 @@ import statistics
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
@@ -238,8 +238,10 @@ class GpuBaseOperator(BaseOperator):
         expires = job.get("lease_expires_at")
         if not expires:
             return 10.0
-        left = (datetime.fromisoformat(expires) - datetime.now(
-            datetime.fromisoformat(expires).tzinfo)).total_seconds()
+        at = datetime.fromisoformat(expires)
+        if at.tzinfo is None:           # SQLite keeps UTC without the zone
+            at = at.replace(tzinfo=UTC)
+        left = (at - datetime.now(UTC)).total_seconds()
         return min(30.0, max(0.5, left / 3))
 
     def _beat(self, client, job_id: str, attempt: int) -> None:
