@@ -41,11 +41,15 @@ class Browser:
             [exe, *FLAGS, "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
              f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        port = self._devtools_port()
-        pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json()
-                 if t["type"] == "page"]
-        self._socket = connect(pages[0]["webSocketDebuggerUrl"], max_size=None,
-                               open_timeout=10)
+        try:
+            port = self._devtools_port()
+            pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list",
+                                          timeout=10).json() if t["type"] == "page"]
+            self._socket = connect(pages[0]["webSocketDebuggerUrl"], max_size=None,
+                                   open_timeout=10)
+        except BaseException:
+            self._stop()          # no browser left behind when it cannot be driven
+            raise
         self.ws = self._socket.__enter__()
         self._ids = itertools.count(1)
         self.events: list[dict] = []
@@ -128,10 +132,13 @@ class Browser:
         try:
             self._socket.__exit__(None, None, None)
         finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            shutil.rmtree(self.profile, ignore_errors=True)
+            self._stop()
+
+    def _stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
