@@ -175,3 +175,40 @@ def test_failover_to_the_other_replica(setup):
         time.sleep(0.1)
     assert other.healthy()["scheduling"] is True
     check_store(setup["engine"])
+
+
+def test_a_failed_pass_does_not_cost_the_leadership(db_url):
+    """A pass that raises gives the lock up and takes it again at the next round; the lock
+    must really be released (a pooled connection would keep holding it, and the only
+    replica would never schedule again)."""
+    from sqlalchemy import text
+
+    from airflow_gpu.scheduler_core.service.core import Service, Settings
+    from airflow_gpu.scheduler_core.service.loop import LOCK_KEY, SchedulerLoop
+    from tests.helpers import make_cluster
+
+    service = Service(Settings(db_url, make_cluster(*CLUSTER["hosts"])))
+    loop = SchedulerLoop(service)
+    other = make_engine(db_url)                   # another replica's view of the lock
+
+    def lock_free() -> bool:
+        if service.engine.dialect.name != "postgresql":
+            return True                           # SQLite: one process, no lock
+        with other.connect() as conn:
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY})
+            if got.scalar():
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+                return True
+            return False
+
+    try:
+        assert loop._lead() and loop.leader
+        if service.engine.dialect.name == "postgresql":
+            assert not lock_free()                # held while this replica leads
+        loop._release()                           # what a failed pass does
+        assert not loop.leader and lock_free()
+        assert loop._lead() and loop.leader       # the same replica leads again
+    finally:
+        other.dispose()
+        loop._release()
+        service.engine.dispose()

@@ -92,5 +92,9 @@ class SchedulerLoop:
     def _release(self) -> None:
         if self._lock_conn is not None:
             with contextlib.suppress(Exception):   # the connection may be dead already
+                # Invalidate, not close: a closed connection goes back to the pool still
+                # holding the session's advisory lock, and no replica (this one neither)
+                # could ever lead again.
+                self._lock_conn.invalidate()
                 self._lock_conn.close()
         self._lock_conn, self.leader = None, False
