@@ -106,11 +106,13 @@ def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now
                        .order_by(AllocationRow.id)):
         allocs.setdefault(a.job_id, []).append(a)
     half_lives = 5 * svc.settings.policy.fairshare_half_life
-    for row in s.scalars(select(JobRow).where(
+    # Columns, not rows: a row this session already holds would come back with its old
+    # values (a job cancelled since it was read still shows no finished_at).
+    for team, spec, admitted_at, finished_at in s.execute(select(
+            JobRow.team, JobRow.spec, JobRow.admitted_at, JobRow.finished_at).where(
             JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
             JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
-        sched.fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at),
-                                 _ts(row.finished_at))
+        sched.fairshare.add_past(team, spec_gpus(spec), _ts(admitted_at), _ts(finished_at))
     for row in rows:
         spec = _spec(svc, row, specs)
         start = _ts(row.admitted_at)
