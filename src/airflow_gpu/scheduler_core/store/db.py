@@ -40,7 +40,10 @@ def make_engine(url: str, writes: bool = True) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE" if writes else "BEGIN")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # A pool as large as the API's worker threads (anyio's 40): no connection is opened
+    # per request. No pre-ping (a round trip per checkout): after a database restart
+    # the first statement on each old connection fails and the pool replaces them all.
+    return create_engine(url, pool_size=40, max_overflow=10, pool_recycle=3600)
 
 
 def sessions(engine: Engine) -> sessionmaker[Session]:
