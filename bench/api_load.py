@@ -1,16 +1,20 @@
 """Load on the service over loopback: submissions per second, and the time from "GPUs
 free" to "job admitted", on SQLite and on PostgreSQL.
 
-    .venv/bin/python bench/api_load.py [--db sqlite,postgresql] [--submits 2000]
-                                       [--clients 16] [--rounds 20]
+    .venv/bin/python bench/api_load.py [--db sqlite,postgresql] [--seconds 10]
+                                       [--clients 16] [--rounds 20] [--python-client]
                                        [--pg postgresql+psycopg://postgres@127.0.0.1:5432/test]
 
 Each database gets a fresh server process (`airflow-gpu server`, one uvicorn worker,
 scheduling pass every 2 s and at once after submits and finishes) on a 16-host dgx-a100
-cluster. Submissions: `--clients` threads with keep-alive connections post 1-GPU jobs,
-each with its own idempotency key. Admission latency: a 128-GPU job fills the cluster, a
-second one waits; the first is finished and the time until the second reads `admitted`
-is measured, `--rounds` times. Results go to bench/results/api_load.json.
+cluster. Submissions: wrk (Debian's `wrk`; `apt-get install wrk`) keeps `--clients`
+keep-alive connections posting 1-GPU jobs, each with its own idempotency key, for
+`--seconds`; then the jobs in the store are counted against the acknowledged ones.
+Without wrk (or with `--python-client`), `--clients` Python threads post `--submits` jobs:
+on two cores that client takes much of the CPU it measures. Admission latency: a
+128-GPU job fills the cluster, a second one waits; the first is finished and the time
+until the second reads `admitted` is measured, `--rounds` times. Results go to
+bench/results/api_load.json.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -26,6 +32,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -50,14 +57,14 @@ def cli(*args: str) -> str:
 
 
 class Server:
-    def __init__(self, db: str, cluster: Path, workers: int = 1):
+    def __init__(self, db: str, cluster: Path, workers: int = 1, log: Path = Path(os.devnull)):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--cluster",
              str(cluster), "--port", str(self.port), "--log-level", "warning",
              "--workers", str(workers)],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
         for _ in range(300):
             try:
                 if httpx.get(f"{self.url}/healthz").status_code == 200:
@@ -97,9 +104,48 @@ def submit_load(url: str, token: str, total: int, clients: int) -> dict:
         t.join()
     wall = time.perf_counter() - t0
     n = per_client * clients
-    return {"submits": n, "clients": clients, "seconds": round(wall, 3),
+    return {"load": "python", "submits": n, "clients": clients, "seconds": round(wall, 3),
             "submits_per_s": round(n / wall, 1), "errors": len(errors),
             "first_error": errors[0] if errors else None}
+
+
+WRK_SCRIPT = """
+local n = 0
+local threads = {}
+function setup(thread)
+  thread:set("tid", #threads + 1)
+  table.insert(threads, thread)
+end
+request = function()
+  n = n + 1
+  local body = '{"spec": {"name": "load-' .. tid .. '-' .. n .. '", "expected_runtime": "1h", '
+    .. '"roles": [{"name": "w", "gpus": 1}]}, "idempotency_key": "' .. tid .. '-' .. n .. '"}'
+  return wrk.format("POST", "/api/v1/jobs", {["Content-Type"] = "application/json",
+    ["Authorization"] = "Bearer " .. os.getenv("AIRFLOW_GPU_TOKEN")}, body)
+end
+"""
+
+
+def submit_load_wrk(url: str, token: str, seconds: int, clients: int) -> dict:
+    """wrk (C, two threads) as the load: a Python client on the same two cores would
+    measure itself more than the service."""
+    script = Path(tempfile.mkdtemp()) / "submit.lua"
+    script.write_text(WRK_SCRIPT)
+    out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{seconds}s", "-s", str(script),
+                          url], capture_output=True, text=True, check=True,
+                         env={**os.environ, "AIRFLOW_GPU_TOKEN": token}).stdout
+    total = int(re.search(r"(\d+) requests in", out).group(1))
+    wall = float(re.search(r"requests in ([\d.]+)s", out).group(1))
+    bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=60) as c:      # every acknowledged job is in the store
+        stored = len(c.get("/api/v1/jobs", params={"limit": 10_000}).json())
+    errors = int(bad.group(1)) if bad else 0
+    # wrk stops with a request in flight per connection: those may be stored, uncounted
+    lost = max(0, total - errors - stored)
+    return {"load": "wrk", "submits": total, "stored": stored, "clients": clients,
+            "seconds": wall, "submits_per_s": round((total - errors) / wall, 1),
+            "errors": errors, "lost": lost, "first_error": None}
 
 
 def admission_latency(url: str, token: str, rounds: int) -> dict:
@@ -129,7 +175,10 @@ def wait_state(c: httpx.Client, job_id: str, state: str, poll: float = 0.05) -> 
     deadline = time.monotonic() + 30
     while c.get(f"/api/v1/jobs/{job_id}").json()["state"] != state:
         if time.monotonic() > deadline:
-            raise SystemExit(f"job {job_id} never became {state}")
+            states = Counter(j["state"] for j in c.get("/api/v1/jobs",
+                                                         params={"limit": 10_000}).json())
+            raise SystemExit(f"job {job_id} never became {state} (jobs: {dict(states)}; "
+                             f"{c.get(f'/api/v1/jobs/{job_id}/explain').json()['reason']})")
         time.sleep(poll)
 
 
@@ -138,6 +187,9 @@ def main() -> int:
     ap.add_argument("--db", default="sqlite,postgresql")
     ap.add_argument("--submits", type=int, default=2000)
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=int, default=10, help="wrk's load duration")
+    ap.add_argument("--python-client", action="store_true",
+                    help="threads of httpx instead of wrk (the default when wrk is absent)")
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--workers", type=int, default=1,
                     help="server processes on PostgreSQL (SQLite: always 1)")
@@ -161,9 +213,12 @@ def main() -> int:
             db = f"{args.pg}?options=-csearch_path%3D{schema}"
         cli("db", "upgrade", "--db", db)
         token = cli("token", "create", "--team", "bench", "--db", db)
-        server = Server(db, cluster, args.workers if kind == "postgresql" else 1)
+        server = Server(db, cluster, args.workers if kind == "postgresql" else 1,
+                        tmp / f"server-{kind}.log")
         try:
-            load = submit_load(server.url, token, args.submits, args.clients)
+            load = (submit_load_wrk(server.url, token, args.seconds, args.clients)
+                    if shutil.which("wrk") and not args.python_client else
+                    submit_load(server.url, token, args.submits, args.clients))
             # clear the queue so the latency rounds see only their own jobs
             with httpx.Client(base_url=server.url, timeout=60,
                               headers={"Authorization": f"Bearer {token}"}) as c:
@@ -179,7 +234,7 @@ def main() -> int:
         workers = args.workers if kind == "postgresql" else 1
         results.append({"db": kind, "workers": workers, **load, "admission": admit})
         print(f"{kind:10s} {load['submits_per_s']:8.1f} submissions/s ({workers} server "
-              f"process(es), {load['clients']} "
+              f"process(es), {load['clients']} {load.get('load', 'python')} "
               f"clients, {load['errors']} errors); GPUs free -> admitted: median "
               f"{admit['median_s'] * 1000:.0f} ms, p95 {admit['p95_s'] * 1000:.0f} ms, "
               f"max {admit['max_s'] * 1000:.0f} ms", flush=True)
