@@ -23,6 +23,7 @@ test: $(BIN)/.installed
 	$(BIN)/pytest -q
 
 bench: $(BIN)/.installed
+	command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null || true
 	$(BIN)/python bench/placement.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/api_load.py
