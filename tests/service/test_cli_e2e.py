@@ -63,10 +63,12 @@ def test_cli_against_a_running_server(server, tmp_path):
     small = tmp_path / "small.yaml"
     small.write_text(yaml.safe_dump({"name": "eval", "roles": [{"name": "w", "gpus": 1}]}))
     second = cli("submit", str(small), env=env).stdout.strip()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 15
+    while (why := json.loads(cli("explain", second, "--json", env=env).stdout))["code"] \
+            is None and time.monotonic() < deadline:     # until a pass has explained it
+        time.sleep(0.1)
     queue = json.loads(cli("queue", "--json", env=env).stdout)
     assert {j["id"]: j["state"] for j in queue} == {first: "admitted", second: "pending"}
-    why = json.loads(cli("explain", second, "--json", env=env).stdout)
     assert why["code"] == "Resources" and 7000 < why["eta_seconds"] <= 7200
     table = cli("queue", env=env).stdout
     assert "Resources" in table and "pending" in table
