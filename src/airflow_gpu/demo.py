@@ -67,6 +67,15 @@ def run_demo(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from .scheduler_core.errors import InputError
+
+    if importlib.util.find_spec("airflow") is None:
+        raise InputError("the demo runs Apache Airflow, which is not installed here: "
+                         "pip install 'airflow-provider-gpu[airflow]' (make demo does)")
+    if not Path(args.dag_file).is_file():
+        raise InputError(f"--dag-file: {args.dag_file} does not exist; point it at "
+                         "dags_examples/gpu_training_pipeline.py of a source checkout")
+
     console = Console(width=None if sys.stdout.isatty() else 120)
     work = Path(tempfile.mkdtemp(prefix="airflow-gpu-demo-"))
     db, port = f"sqlite:///{work}/scheduler.db", _free_port()
