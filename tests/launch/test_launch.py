@@ -81,3 +81,27 @@ def test_cgroup_without_rights_warns(tmp_path):
     (tmp_path / "airflow-gpu").write_text("not a directory")
     group = cgroups.create("x", [0], [0], 1, root=tmp_path)
     assert group.dirs == [] and "cannot create cgroup" in group.warnings[0]
+
+
+def test_a_callable_may_return_more_than_a_pipe_holds():
+    """The result travels after the log stream ends: read in that order (as the
+    supervisor does), a large return value must not leave both sides waiting."""
+    import threading
+
+    from airflow_gpu.launch.local import start_callable
+
+    big = "x" * (1 << 20)
+    handle, _ = start_callable(replica([]), lambda: (print("working"), big)[1], (), {}, {})
+    got: dict = {}
+
+    def drain():
+        got["lines"] = list(handle.lines())
+        got["code"] = handle.wait()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    if reader.is_alive():
+        handle.stop()
+        pytest.fail("the child and the parent wait on each other")
+    assert got == {"lines": ["working"], "code": 0} and handle.value == big

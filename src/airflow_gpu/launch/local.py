@@ -173,15 +173,23 @@ def start_callable(r: Replica, fn: Callable, args: tuple, kwargs: dict,
             os.environ.clear()
             os.environ.update(process_env(r, env))
             iso.enter()
-            value = fn(*args, **kwargs)
-            with os.fdopen(res_w, "wb") as f:
-                f.write(pickle.dumps(value))
-            code = 0
-        except BaseException:
-            traceback.print_exc()
-        finally:
+            payload = pickle.dumps(fn(*args, **kwargs))
+            # End the output first: the parent reads the result only after the log
+            # stream ends, and a result larger than a pipe's buffer would wait forever.
             sys.stdout.flush()
             sys.stderr.flush()
+            for fd in (1, 2, out_w):
+                os.close(fd)
+            with os.fdopen(res_w, "wb") as f:
+                f.write(payload)
+            code = 0
+        except BaseException:
+            with contextlib.suppress(Exception):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
             os._exit(code)
     os.close(out_w)
     os.close(res_w)
