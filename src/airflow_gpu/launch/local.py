@@ -65,6 +65,8 @@ def isolation(r: Replica, strict: bool) -> Isolation:
         group = cgroups.create(f"{r.job_id}-{r.name}", cpus, mems, r.memory_bytes)
         warnings += group.warnings
     if strict and warnings:
+        if group:
+            group.remove()
         raise LaunchError(f"{r.name}: isolation cannot be applied as granted: "
                           + "; ".join(warnings) + " (strict_isolation=True)")
     return Isolation(cpus, group, warnings)
