@@ -81,9 +81,10 @@ def process_env(r: Replica, extra: dict[str, str]) -> dict[str, str]:
 class ProcessHandle:
     def __init__(self, name: str, proc: subprocess.Popen, iso: Isolation):
         self.name, self.proc, self.iso = name, proc, iso
+        self._out = proc.stdout
 
     def lines(self) -> Iterator[str]:
-        for raw in self.proc.stdout:
+        for raw in self._out:
             yield raw.decode(errors="replace").rstrip("\n")
 
     def wait(self) -> int:
@@ -132,10 +133,6 @@ class CallableHandle(ProcessHandle):
         self.name, self.pid, self.iso = name, pid, iso
         self._out, self._result, self.code = os.fdopen(out, "rb"), result, None
         self.value: Any = None
-
-    def lines(self) -> Iterator[str]:
-        for raw in self._out:
-            yield raw.decode(errors="replace").rstrip("\n")
 
     def wait(self) -> int:
         if self.code is None:
