@@ -30,7 +30,7 @@ def _detail_text(detail: Any) -> str:
     return str(detail)
 
 
-def _answer(url: str, r: httpx.Response) -> Any:
+def _answer(r: httpx.Response) -> Any:
     if r.status_code >= 400:
         try:
             detail = r.json().get("detail", r.text)
@@ -75,7 +75,7 @@ class Client:
             r = self.http.request(method, path, **kw)
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from None
-        return _answer(self.url, r)
+        return _answer(r)
 
     # -- the API ----------------------------------------------------------------------------
     def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
@@ -141,7 +141,7 @@ class AsyncClient:
             r = await self.http.request(method, path, **kw)
         except httpx.TransportError as exc:
             raise _unreachable(self.url, exc) from None
-        return _answer(self.url, r)
+        return _answer(r)
 
     async def job(self, job_id: str) -> dict:
         return await self.request("GET", f"/api/v1/jobs/{job_id}")
