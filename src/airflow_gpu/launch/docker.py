@@ -63,7 +63,7 @@ class DockerLauncher:
 
     def create(self, r: Replica, env: dict[str, str]):
         """The container for a replica, created but not started."""
-        client = self.engine(r)
+        client = engine(r, self.default_url)
         env = {**r.env(), **env}
         if self.gpu_mode == "env" and r.gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(map(str, r.gpus))
@@ -109,14 +109,17 @@ class DockerLauncher:
                     "'nvidia'")
         return msg
 
-    def engine(self, r: Replica) -> docker.DockerClient:
-        url = r.docker_url or self.default_url
-        try:
-            return docker.DockerClient(base_url=url) if url else docker.from_env()
-        except DockerException as exc:
-            raise LaunchError(f"{r.name}: cannot reach the Docker engine of host {r.host} "
-                              f"at {url or 'DOCKER_HOST / the local socket'} ({exc}); set "
-                              "docker_url for the host in the cluster file") from None
+
+
+def engine(r: Replica, default_url: str | None = None) -> docker.DockerClient:
+    """A client of the replica's host engine (its own: each replica streams its logs)."""
+    url = r.docker_url or default_url
+    try:
+        return docker.DockerClient(base_url=url) if url else docker.from_env()
+    except DockerException as exc:
+        raise LaunchError(f"{r.name}: cannot reach the Docker engine of host {r.host} "
+                          f"at {url or 'DOCKER_HOST / the local socket'} ({exc}); set "
+                          "docker_url for the host in the cluster file") from None
 
 
 def reap_orphans(engine: docker.DockerClient, is_live, log) -> None:

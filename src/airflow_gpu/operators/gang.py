@@ -9,13 +9,13 @@ from collections.abc import Sequence
 
 from airflow.sdk import Context, conf
 
-from ..launch.docker import GPU_MODES, DockerLauncher, reap_orphans
+from ..launch.docker import GPU_MODES, DockerLauncher, engine, reap_orphans
 from ..launch.handle import Handle
 from ..launch.local import start_command
 from ..launch.replica import Replica
 from ..launch.wiring import BY_CLASS, FRAMEWORKS, wiring
 from ..scheduler_core.client import ApiError
-from .base import GpuBaseOperator, split_role
+from .base import LIVE, GpuBaseOperator, split_role
 
 RUNNERS = ("docker", "local")
 
@@ -100,12 +100,11 @@ class GpuGangOperator(GpuBaseOperator):
         self.log.info("started %d replica(s) (%s runner, framework %s)", len(started),
                       self.runner, self.framework)
 
-    def _docker(self, image: str | None = None, command=None,
-                labels: dict | None = None) -> DockerLauncher:
+    def _docker(self, image: str | None, command, labels: dict) -> DockerLauncher:
         return DockerLauncher(image=image or self.image, command=command,
                               gpu_mode=self.gpu_mode, runtime=self.docker_runtime,
                               network_mode=self.network_mode, mounts=self.mounts,
-                              default_url=self.docker_url, labels=labels or {})
+                              default_url=self.docker_url, labels=labels)
 
     def _reap(self, replicas: list[Replica]) -> None:
         engines = {}
@@ -114,9 +113,9 @@ class GpuGangOperator(GpuBaseOperator):
         with self.hook.get_conn() as client:
             def is_live(job_id: str) -> bool:
                 try:
-                    return client.job(job_id)["state"] in ("admitted", "running")
+                    return client.job(job_id)["state"] in LIVE
                 except ApiError as exc:
                     return exc.status != 404
             for r in engines.values():
-                reap_orphans(self._docker().engine(r), is_live, self.log)
+                reap_orphans(engine(r, self.docker_url), is_live, self.log)
 
