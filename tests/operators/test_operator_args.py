@@ -17,8 +17,12 @@ from tests.service.servers import Server
 
 
 def test_bad_requests_name_the_field():
-    with pytest.raises(ValueError, match=r"task 't': the GPU request is invalid: roles\.0\.gpus"):
+    with pytest.raises(ValueError, match=r"task 't': the GPU request is invalid: roles\[0\]\.gpus: "
+                       r"Input should be greater than or equal to 0 \(got -1\)"):
         GpuDockerOperator(task_id="t", image="x", gpus=-1)
+    with pytest.raises(ValueError, match=r"roles\[0\]: unknown field 'replicaz'; did you "
+                       r"mean 'replicas'\?"):
+        GpuGangOperator(task_id="t", image="x", roles=[{"name": "w", "replicaz": 2}])
     with pytest.raises(ValueError, match="placement.locality"):
         GpuBashOperator(task_id="t", bash_command="true", placement={"locality": "planet"})
     with pytest.raises(ValueError, match=r"roles\[ps\]\.image: the docker runner needs"):

@@ -22,7 +22,7 @@ from ..launch.handle import Handle, LaunchError
 from ..launch.replica import Replica, replicas_of
 from ..launch.supervise import Interrupted, Outcome, stop_all, supervise
 from ..scheduler_core.client import ApiError
-from ..scheduler_core.errors import InputError
+from ..scheduler_core.errors import InputError, describe_validation_error
 from ..scheduler_core.jobspec import JobSpec
 from ..triggers.admission import AdmissionTrigger
 from .links import GpuJobLink
@@ -106,11 +106,9 @@ class GpuBaseOperator(BaseOperator):
                 spec[key] = value
         try:
             JobSpec.model_validate(spec)
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}"
-                                 for e in exc.errors())
+        except ValidationError as exc:     # the same wording as job files and the API
             raise ValueError(f"task {self.task_id!r}: the GPU request is invalid: "
-                             f"{problems}") from None
+                             f"{describe_validation_error(exc, JobSpec)}") from None
         return spec
 
     def _runtime(self, client, name: str) -> int | None:
