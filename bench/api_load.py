@@ -24,7 +24,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,16 +38,13 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
+from airflow_gpu.demo import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "api_load.json"
 TARGET_SUBMITS = 300.0
 TARGET_ADMIT_S = 1.0
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cli(*args: str) -> str:

@@ -52,7 +52,8 @@ def _returned(dag_id: str, run_id: str) -> dict:
         return {r.task_id: XComModel.deserialize_value(r) for r in rows}
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A free loopback port (the demo's and the tests' servers)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -78,7 +79,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
     console = Console(width=None if sys.stdout.isatty() else 120)
     work = Path(tempfile.mkdtemp(prefix="airflow-gpu-demo-"))
-    db, port = f"sqlite:///{work}/scheduler.db", _free_port()
+    db, port = f"sqlite:///{work}/scheduler.db", free_port()
     url = f"http://127.0.0.1:{port}"
     console.print(f"[bold]scheduler-core[/] on {url} (cluster {args.cluster!r}, {db})")
     server = subprocess.Popen(

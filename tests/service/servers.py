@@ -3,20 +3,14 @@
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import httpx
 
+from airflow_gpu.demo import free_port
 from tests.helpers import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:
