@@ -116,6 +116,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     names = _policies(args.policy)
     slowdown = _slowdown(args.locality_slowdown)
     base = load_policy(args.policy_file) if args.policy_file else PolicyConfig()
+    if "locality_slowdown" not in base.model_fields_set:
+        # the scheduler plans with the slowdown the replay simulates, unless told otherwise
+        base = base.model_copy(update={"locality_slowdown": slowdown})
     try:
         memory = parse_size(args.memory_per_gpu)
     except ValueError as exc:

@@ -1,6 +1,6 @@
 """`airflow-gpu server`, `token create`, `db upgrade`, and the client commands on the API
-(`submit`, `status`, `queue`, `cluster`, `explain`, `cancel`, `drain`, `resume`, `teams`,
-`team-set`)."""
+(`submit`, `status`, `queue`, `cluster`, `explain`, `cancel`, `drain`, `resume`,
+`slowdown`, `teams`, `team-set`)."""
 
 from __future__ import annotations
 
@@ -221,6 +221,20 @@ def _cluster_table(c: dict) -> Table:
     return t
 
 
+def _slowdown_table(d: dict) -> Table:
+    t = Table(title="Locality slowdown the scheduler plans with (runtime factor by "
+              "placement)", title_justify="left")
+    for col in ("job class", *d["tiers"], "samples"):
+        t.add_column(col, justify="left" if col == "job class" else "right")
+    t.add_row("(policy)", *(f"{f:g}" for f in d["default"]), "-")
+    for c in d["classes"]:
+        t.add_row(c["job_class"] or "(none)", *(f"{x['factor']:.3g}" for x in c["tiers"]),
+                  " / ".join(str(x["samples"]) for x in c["tiers"]))
+    t.caption = ("learned from jobs that ran to their end" if d["learn"] else
+                 "learning is off (learn_slowdown: false)")
+    return t
+
+
 # -- the parsers ---------------------------------------------------------------------------
 def add_commands(sub) -> None:
     s = sub.add_parser("server", help="run the scheduler-core service (API + scheduling loop)")
@@ -279,6 +293,8 @@ def add_commands(sub) -> None:
              "keep new work off a host (admin)", ("host",)),
             ("resume", _show(lambda c, a: c.drain(a.host, False), _host_line),
              "put a drained host back in service (admin)", ("host",)),
+            ("slowdown", _show(lambda c, a: c.slowdown(), _slowdown_table),
+             "the locality slowdown per job class, as learned from ended jobs", ()),
             ("teams", _show(lambda c, a: c.teams(), _teams_table),
              "teams: share, GPU quota, GPUs held", ()),
             ("team-set", _show(lambda c, a: [c.set_team(a.name, a.share, a.quota_gpus)],

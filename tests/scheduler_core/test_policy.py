@@ -28,7 +28,7 @@ def trace(*rows: tuple) -> list[TraceJob]:
 
 
 def starts(cluster_hosts, rows, mode="backfill", **policy) -> dict[str, float | None]:
-    cfg = PolicyConfig(mode=mode, **policy)
+    cfg = PolicyConfig(mode=mode, **{"locality_slowdown": EXACT, **policy})
     res = simulate(make_cluster(*cluster_hosts), trace(*rows), SimOptions(cfg, EXACT))
     return {r.job_id: r.start for r in res.records}
 
@@ -40,11 +40,27 @@ BACKFILL_ROWS = (("A", 0, 300, 8), ("B", 0, 100, 2), ("C", 10, 500, 16, "t", 10)
 
 
 def test_reservation_and_backfill_exact_times():
-    got = starts(TWO_HOSTS, BACKFILL_ROWS)
-    # C is reserved for 300 (when A ends) and starts exactly then; D ends at 210, before
-    # the reservation, so it backfills at once; E would run past 300 on C's GPUs: it waits
-    # for C to end (300 + 500).
+    got = starts(TWO_HOSTS, BACKFILL_ROWS, reserve_after=0)
+    # C, alone in its band, is protected at once: reserved for 300 (when A ends), it starts
+    # exactly then; D ends at 210, before the reservation, so it backfills at once; E would
+    # run past 300 on C's GPUs: it waits for C to end (300 + 500).
     assert got == {"A": 0, "B": 0, "C": 300, "D": 10, "E": 800}
+
+
+def test_smaller_work_goes_first_until_the_wait_guarantee():
+    # one host busy until 1000; then a big job (8 GPUs x 2000 s) and a stream of small
+    # ones (1 GPU x 600 s, one every 100 s) wait
+    rows = [("busy", 0, 1000, 8), ("big", 10, 2000, 8)] + [
+        (f"s{i}", 20 + 100 * i, 600, 1) for i in range(40)]
+    got = starts(ONE_HOST, rows, reserve_after=86400)
+    # within the guarantee, small jobs go first and keep the host busy: the big one waits
+    # for the stream to end
+    assert all(got[f"s{i}"] < got["big"] for i in range(40))
+    got = starts(ONE_HOST, rows, reserve_after=1500)
+    # once big has waited 1500 s (at 1510) it is protected: the host drains for it (small
+    # jobs that would still run at its start wait) and it starts when the last one ends
+    assert 1510 < got["big"] <= 1510 + 600
+    assert sum(got[f"s{i}"] > got["big"] for i in range(40)) > 20
 
 
 def test_fifo_short_jobs_wait_behind_the_big_one():
@@ -59,7 +75,8 @@ def test_count_starves_the_big_job():
 
 
 def _scheduler(hosts=TWO_HOSTS, **policy) -> Scheduler:
-    return Scheduler(ClusterState(make_cluster(*hosts)), PolicyConfig(**policy))
+    return Scheduler(ClusterState(make_cluster(*hosts)),
+                     PolicyConfig(**{"locality_slowdown": EXACT, **policy}))
 
 
 def gpus(name: str, n: int, runtime: int, **fields):
@@ -69,7 +86,7 @@ def gpus(name: str, n: int, runtime: int, **fields):
 
 
 def test_pending_reasons_name_the_reservation_and_the_eta():
-    s = _scheduler()
+    s = _scheduler(reserve_after=0)
     s.submit(gpus("A", 8, 300), 0)
     s.submit(gpus("B", 2, 100), 0)
     assert [j.name for j, _ in s.schedule(0).started] == ["A", "B"]
@@ -82,7 +99,8 @@ def test_pending_reasons_name_the_reservation_and_the_eta():
     assert "needs w 2x(8 GPUs" in c.message and "held by" in c.message
     assert sorted(c.details["reserved_hosts"]) == ["dgx-1", "dgx-2"]
     assert e.code == "Priority" and "'C'" in e.message and e.eta == 790
-    assert [r.job.name for r in res.reservations] == ["C", "E"]
+    # one protected job per band: C in band 10; D, the oldest of band 0, started
+    assert [r.job.name for r in res.reservations] == ["C"]
     # the pass leaves exactly the started jobs' resources taken (holds are undone)
     fresh = ClusterState(s.state.cluster)
     for name in ("A", "B", "D"):
@@ -121,28 +139,31 @@ def test_quota_waits_while_others_run():
     s.submit(gpus("v2", 4, 100, team="vision"), 0)
     s.submit(gpus("n1", 4, 100, team="nlp"), 0)
     res = s.schedule(0, explain=True)
-    assert [j.name for j, _ in res.started] == ["v1", "n1"]
-    why = res.pending["v2"]
+    # smaller work first: v2 (4 GPUs) starts, then v1 (8) would pass the quota
+    assert [j.name for j, _ in res.started] == ["v2", "n1"]
+    why = res.pending["v1"]
     assert why.code == "Quota"
-    assert "holds 8 GPUs of its quota_gpus 8" in why.message and "needs 4 more" in why.message
-    s.finish("v1", 100)
-    assert [j.name for j, _ in s.schedule(100).started] == ["v2"]
+    assert "holds 4 GPUs of its quota_gpus 8" in why.message and "needs 8 more" in why.message
+    s.finish("v2", 100)
+    assert [j.name for j, _ in s.schedule(100).started] == ["v1"]
     with pytest.raises(Rejected, match="quota_gpus 8"):
         s.submit(gpus("v3", 16, 100, team="vision"), 100)
 
 
-def test_age_lifts_an_old_job_over_a_newer_higher_priority_one():
-    s = _scheduler(hosts=ONE_HOST, age_weight=1.0, fairshare_weight=0)
+def test_priority_bands_are_strict_and_age_orders_within_a_band():
+    s = _scheduler(hosts=ONE_HOST, age_weight=1.0, size_weight=0, fairshare_weight=0,
+                   reserve_after=3600)
     s.submit(gpus("busy", 8, 10_000), 0)
     s.schedule(0)
-    s.submit(gpus("old", 8, 100, priority=1), 0)       # waits 3h by t=3h: 1 + 3 = 4
-    s.submit(gpus("new", 8, 100, priority=3), 7200)    # waits 1h by t=3h: 3 + 1 = 4 - tie
-    s.submit(gpus("newer", 8, 100, priority=2), 9000)  # 2 + 0.5
+    s.submit(gpus("old", 8, 100, priority=1), 0)       # waited 3h at t=3h: protected
+    s.submit(gpus("new", 8, 100, priority=3), 7200)
+    s.submit(gpus("newer", 8, 100, priority=2), 9000)
+    s.submit(gpus("new2", 8, 100, priority=3), 7000)   # 200 s older than "new"
     s.finish("busy", 10_800)
-    order = [j.name for j, _ in s.schedule(10_800).started]
-    assert order == ["old"]   # tie on priority, then the earlier submit
     res = s.schedule(10_800, explain=True)
-    assert list(res.pending) == ["new", "newer"]
+    # the highest band first, whatever the age or the wait guarantee of lower bands
+    assert [j.name for j, _ in res.started] == ["new2"]
+    assert list(res.pending) == ["new", "newer", "old"]
 
 
 def test_unhealthy_gpus_make_a_job_wait_with_reason():

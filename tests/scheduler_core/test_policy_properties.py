@@ -3,12 +3,14 @@ replayed through the real scheduler with exact runtimes."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.scheduler_core.cluster import Cluster
 from airflow_gpu.scheduler_core.jobqueue import JobQueue
 from airflow_gpu.scheduler_core.policy import PolicyConfig
+from airflow_gpu.scheduler_core.reservations import earliest_end
 from airflow_gpu.scheduler_core.scheduler import PassResult, Scheduler
 from airflow_gpu.scheduler_core.simulator import SimOptions, simulate
 from airflow_gpu.scheduler_core.state import ClusterState
@@ -49,10 +51,11 @@ def traces(draw) -> list[TraceJob]:
             for i in range(n)]
 
 
-def replay(cluster: Cluster, trace: list[TraceJob], mode: str, observe=None) -> dict:
-    # one team, equal priorities: the order is arrival order in every policy
-    options = SimOptions(PolicyConfig(mode=mode, fairshare_weight=0), (1.0, 1.0, 1.0))
-    res = simulate(cluster, trace, options, observe=observe)
+def replay(cluster: Cluster, trace: list[TraceJob], mode: str, observe=None,
+           slowdown=(1.0, 1.0, 1.0), **policy) -> dict:
+    # one team, equal priorities; the scheduler plans with the slowdown the replay has
+    cfg = PolicyConfig(mode=mode, fairshare_weight=0, locality_slowdown=slowdown, **policy)
+    res = simulate(cluster, trace, SimOptions(cfg, slowdown), observe=observe)
     return {r.job_id: r for r in res.records}
 
 
@@ -74,24 +77,79 @@ def check_state(s: Scheduler, _: PassResult) -> None:
     assert all(m >= 0 for hs in s.state.hosts for m in hs.free_mem)
 
 
+SLOWDOWNS = st.sampled_from(((1.0, 1.0, 1.0), (1.0, 1.1, 1.3)))
+
+
 @SETTINGS
-@given(clusters(), traces())
-def test_backfill_never_delays_the_top_reserved_job(cluster, trace):
+@given(clusters(), traces(), SLOWDOWNS, st.sampled_from((0, 300)))
+def test_a_protected_job_starts_no_later_than_its_first_reservation(
+        cluster, trace, slowdown, reserve_after):
+    """The wait guarantee with exact runtimes: once a job holds the protected reservation,
+    nothing that backfills or arrives later delays it."""
+    bound: dict[str, float] = {}
     first: list = []
 
     def observe(s: Scheduler, res: PassResult) -> None:
         check_state(s, res)
-        if res.reservations and not first:
-            first.append((res.reservations[0].job.name, res.reservations[0].start))
+        for r in res.reservations:
+            if r.protected:
+                bound.setdefault(r.job.name, r.start)
+                if not first:
+                    first.append(r.job.name)
 
-    backfill = replay(cluster, trace, "backfill", observe)
-    fifo = replay(cluster, trace, "fifo", check_state)
+    backfill = replay(cluster, trace, "backfill", observe, slowdown,
+                      reserve_after=reserve_after)
     assert all(r.end is not None for r in backfill.values() if r.rejected is None)
-    assert all(r.end is not None for r in fifo.values() if r.rejected is None)
-    if first:
-        name, planned = first[0]
-        assert backfill[name].start <= fifo[name].start
-        assert backfill[name].start <= planned
+    for name, start in bound.items():
+        assert backfill[name].start <= start, (name, backfill[name].start, start)
+    if first and reserve_after == 0 and slowdown == (1.0, 1.0, 1.0):
+        # protected from its submission on, the first reserved job starts no later than
+        # in strict order
+        fifo = replay(cluster, trace, "fifo", check_state)
+        assert backfill[first[0]].start <= fifo[first[0]].start
+
+
+@SETTINGS
+@given(clusters(), traces(), SLOWDOWNS)
+def test_planned_ends_are_start_plus_estimate_times_the_placements_factor(
+        cluster, trace, slowdown):
+    ends = {}
+
+    def observe(s: Scheduler, res: PassResult) -> None:
+        for queued, placed in res.started:
+            factor = slowdown[placed.tier]
+            assert s.state.expected_end[queued.name] == pytest.approx(
+                res.now + queued.runtime * factor)
+            ends[queued.name] = s.state.expected_end[queued.name]
+
+    records = replay(cluster, trace, "backfill", observe, slowdown)
+    for r in records.values():   # the replay runs each job exactly as long as planned
+        if r.end is not None:
+            assert r.end == pytest.approx(ends[r.job_id if r.job_id[0].isalnum() else
+                                                 f"job-{r.job_id}"])
+
+
+@SETTINGS
+@given(clusters(), traces(), SLOWDOWNS)
+def test_the_walk_chooses_the_earliest_expected_end_it_tried(cluster, trace, slowdown):
+    checked = []
+
+    def observe(s: Scheduler, res: PassResult) -> None:
+        for queued in list(s.queue.jobs.values())[:3]:
+            tried: list = []
+            got = earliest_end(queued, s.state, s.reg, res.now, res.reservations,
+                               lambda tier, q=queued: s.runtime(q, tier), s.best_tier(queued),
+                               tried=tried)
+            if got is None:
+                assert not tried
+                continue
+            assert got.end == min(end for _, _, end in tried)
+            assert (got.start, got.tier, got.end) in tried
+            assert got.end == pytest.approx(got.start + queued.runtime * slowdown[got.tier])
+            checked.append(queued.name)
+        check_state(s, res)
+
+    replay(cluster, trace, "backfill", observe, slowdown)
 
 
 @SETTINGS
@@ -107,25 +165,37 @@ def test_count_and_backfill_finish_every_job_that_fits(cluster, trace):
                 assert r.start >= r.submit and r.end > r.start
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(-5, 5), st.integers(0, 20_000)),
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(-2, 2), st.integers(0, 20_000),
+                          st.sampled_from((1, 2, 8, 16)), st.integers(60, 100_000)),
                 min_size=1, max_size=30),
        st.dictionaries(st.sampled_from("abc"), st.floats(0, 20), max_size=3),
-       st.floats(0, 3), st.lists(st.integers(0, 29), max_size=10))
-def test_queue_order_is_a_full_sort_by_effective_priority(jobs, fairshare, age_weight, drop):
-    """The lazy merge of per-team lists (with inserts and removals) equals sorting the whole
-    queue by effective priority, then submit time."""
-    q = JobQueue(age_weight)
-    for i, (team, prio, submit) in enumerate(jobs):
-        spec = job(f"j{i}", {"name": "w", "gpus": 1}, team=team, priority=prio)
-        q.add(q.make(spec, submit, i, 60.0, 0))
+       st.floats(0, 3), st.floats(0, 200), st.integers(-1, 20_001),
+       st.lists(st.integers(0, 29), max_size=10))
+def test_queue_order_is_bands_then_the_protected_job_then_score(
+        jobs, fairshare, age_weight, size_weight, protect_before, drop):
+    """The lazy merge of per-team lists (with inserts and removals) equals sorting the
+    whole queue: by band; in each band its oldest job if submitted by `protect_before`,
+    then the others by score (age, fair share, size), then submit time."""
+    q = JobQueue(age_weight, size_weight)
+    for i, (team, prio, submit, n, runtime) in enumerate(jobs):
+        spec = job(f"j{i}", {"name": "w", "replicas": max(1, n // 8), "gpus": min(n, 8)},
+                   team=team, priority=prio)
+        q.add(q.make(spec, submit, i, float(runtime), 0))
     for i in sorted(set(drop)):
         if f"j{i}" in q:
             q.remove(f"j{i}")
-    got = [j.name for j in q.ordered(fairshare)]
-    want = sorted(q.jobs.values(), key=lambda j: (
-        round(q.static_key(j) - fairshare.get(j.team, 0.0), 6), j.submit, j.seq))
-    assert got == [j.name for j in want]
+    got = [(j.name, p) for j, p in q.ordered(fairshare, protect_before)]
+    want = []
+    for band in sorted({j.base for j in q.jobs.values()}, reverse=True):
+        mine = [j for j in q.jobs.values() if j.base == band]
+        oldest = min(mine, key=lambda j: (j.submit, j.seq))
+        first = [oldest] if oldest.submit <= protect_before else []
+        want += [(j.name, True) for j in first] + [(j.name, False) for j in sorted(
+            (j for j in mine if j not in first), key=lambda j: (
+                round(q.static_key(j) - fairshare.get(j.team, 0.0), 6), j.submit, j.seq))]
+    assert got == want
+    assert q.protected(protect_before) == sum(p for _, p in want)
     assert sum(q.shapes.values()) == len(q)
 
 
@@ -141,8 +211,9 @@ def inexact_traces(draw) -> list[TraceJob]:
 
 
 @settings(SETTINGS, max_examples=400)
-@given(clusters(), inexact_traces(), st.sampled_from(((1.0, 1.0, 1.0), (1.0, 1.1, 1.3))))
-def test_reusing_the_last_passes_reservations_changes_nothing(cluster, trace, slowdown):
+@given(clusters(), inexact_traces(), SLOWDOWNS, st.sampled_from((0, 300)))
+def test_reusing_the_last_passes_reservations_changes_nothing(cluster, trace, slowdown,
+                                                              reserve_after):
     """Reservations that still stand are reused instead of walked again: the replay must
     be the same as when every pass walks every reservation."""
     def walk_always(s: Scheduler, _: PassResult) -> None:
@@ -150,6 +221,7 @@ def test_reusing_the_last_passes_reservations_changes_nothing(cluster, trace, sl
 
     runs = []
     for observe in (None, walk_always):
-        res = simulate(cluster, trace, SimOptions(PolicyConfig(), slowdown), observe=observe)
+        res = simulate(cluster, trace, SimOptions(PolicyConfig(reserve_after=reserve_after),
+                                                  slowdown), observe=observe)
         runs.append([(r.job_id, r.start, r.end) for r in res.records])
     assert runs[0] == runs[1]

@@ -131,9 +131,10 @@ def test_plan_eta_is_when_the_replay_starts_the_job(tmp_path, cluster_file):
     out = run("plan", "--cluster", cluster_file, "--jobs", jobs_file, "--json")
     assert out.returncode == 0, out.stderr
     planned = json.loads(out.stdout)
-    assert [j["job"] for j in planned["admitted"]] == ["A", "B", "D"]
+    # smaller work first; C waits for two whole hosts, when E ends
+    assert [j["job"] for j in planned["admitted"]] == ["B", "D", "E", "A"]
     etas = {p["job"]: p["eta_seconds"] for p in planned["pending"]}
-    assert etas == {"C": 300, "E": 800}
+    assert etas == {"C": 1000}
 
     records = tmp_path / "records.csv"
     out = run("simulate", "--cluster", cluster_file, "--trace", trace, "--locality-slowdown",

@@ -111,6 +111,9 @@ class Client:
     def cluster(self) -> dict:
         return self.request("GET", "/api/v1/cluster")
 
+    def slowdown(self) -> dict:
+        return self.request("GET", "/api/v1/slowdown")
+
     def drain(self, host: str, drained: bool = True) -> dict:
         return self.request("POST", f"/api/v1/hosts/{host}/{'drain' if drained else 'resume'}")
 

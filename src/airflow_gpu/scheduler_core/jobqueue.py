@@ -1,16 +1,23 @@
-"""Pending jobs, kept in effective-priority order without sorting the queue each pass.
+"""Pending jobs in scheduling order, kept without sorting the queue each pass.
 
-The age term is the same linear function of time for every job, so
-`priority + class weight - age_weight * submit_hours` orders a team's jobs for
-good. Only the fair-share term moves, and it moves a whole team at once: each
-team keeps one sorted list, and a pass merges the lists lazily, adding each
-team's current fair-share points.
+The order (docs/queue-policy.md):
+1. Business priority band (`priority` + job-class weight), highest first, always.
+2. Within a band, its oldest job first once it has waited `reserve_after`: the pass
+   protects it with a reservation (the wait guarantee). One at a time, by age, so the
+   protected job never changes until it starts.
+3. Then the band's other jobs by score = age + fair share + job size (highest first).
+
+The age and size terms of the score are fixed per job (`age_weight * -submit_hours +
+size points`), so each (band, team) keeps one sorted list for good; only the fair-share
+term moves, and it moves a whole team at once: a pass merges a band's team lists lazily,
+adding each team's current fair-share points.
 """
 
 from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +25,9 @@ from dataclasses import dataclass
 from .fit import Need
 from .jobspec import JobSpec
 from .placement import compile_needs
+
+# Job size: GPU-minutes of work from 1 (size factor 1) to 10^7 (size factor 0), log scale.
+_SIZE_DECADES = 7.0
 
 
 def job_shape(spec: JobSpec) -> tuple:
@@ -28,16 +38,24 @@ def job_shape(spec: JobSpec) -> tuple:
     return roles, p.pack, p.locality, p.affinity, p.nics
 
 
+def size_factor(gpus: int, runtime: float) -> float:
+    """1 for the smallest jobs (a GPU-minute or less) down to 0 for 10^7 GPU-minutes:
+    Slurm's job-size factor, weighed by expected runtime as well as by GPUs."""
+    work = max(1.0, max(gpus, 1) * runtime / 60.0)
+    return max(0.0, 1.0 - math.log10(work) / _SIZE_DECADES)
+
+
 @dataclass(eq=False)
 class QueuedJob:
     spec: JobSpec            # with its job class applied
     submit: float
     seq: int
-    runtime: float           # expected runtime, seconds
-    base: float              # priority + class weight
+    runtime: float           # expected runtime on one host, seconds
+    base: float              # the business band: priority + class weight
     needs: list[Need]
     shape: tuple
     gpus: int = 0            # GPUs of the whole gang
+    size: float = 0.0        # size factor (0..1)
 
     @property
     def name(self) -> str:
@@ -47,11 +65,17 @@ class QueuedJob:
     def team(self) -> str:
         return self.spec.team
 
+    @property
+    def job_class(self) -> str | None:
+        return self.spec.job_class
+
 
 class JobQueue:
-    def __init__(self, age_weight: float):
-        self.age_weight = age_weight
-        self._teams: dict[str, list[tuple[float, float, int, QueuedJob]]] = {}
+    def __init__(self, age_weight: float, size_weight: float = 0.0):
+        self.age_weight, self.size_weight = age_weight, size_weight
+        # band -> team -> [(static key, submit, seq, job)], and band -> [(submit, seq, job)]
+        self._bands: dict[float, dict[str, list[tuple]]] = {}
+        self._by_submit: dict[float, list[tuple]] = {}
         self.jobs: dict[str, QueuedJob] = {}
         self.shapes: Counter = Counter()
         self.cpu_only = 0                          # queued jobs that ask for no GPU
@@ -69,13 +93,14 @@ class JobQueue:
         needs = self._needs.get(shape)
         if needs is None:
             needs = self._needs[shape] = compile_needs(spec)
-        return QueuedJob(spec, submit, seq, runtime, spec.priority + class_weight, needs, shape,
-                         spec.total_gpus)
+        gpus = spec.total_gpus
+        return QueuedJob(spec, submit, seq, runtime, round(spec.priority + class_weight, 6),
+                         needs, shape, gpus, size_factor(gpus, runtime))
 
     def static_key(self, job: QueuedJob) -> float:
-        """The job's place within its team, smallest first. Keys are rounded to 1e-6 so that
-        priorities equal but for float noise tie, and ties go by submit time."""
-        return round(self.age_weight * job.submit / 3600.0 - job.base, 6)
+        """The job's place within its band and team, smallest first. Keys are rounded to
+        1e-6 so that scores equal but for float noise tie, and ties go by submit time."""
+        return round(self.age_weight * job.submit / 3600.0 - self.size_weight * job.size, 6)
 
     def _entry(self, job: QueuedJob) -> tuple:
         return (self.static_key(job), job.submit, job.seq, job)
@@ -86,7 +111,9 @@ class JobQueue:
         self.jobs[job.name] = job
         self.shapes[job.shape] += 1
         self.cpu_only += not job.gpus
-        bisect.insort(self._teams.setdefault(job.team, []), self._entry(job))
+        teams = self._bands.setdefault(job.base, {})
+        bisect.insort(teams.setdefault(job.team, []), self._entry(job))
+        bisect.insort(self._by_submit.setdefault(job.base, []), (job.submit, job.seq, job))
 
     def remove(self, name: str) -> QueuedJob:
         job = self.jobs.pop(name)
@@ -94,25 +121,47 @@ class JobQueue:
         self.cpu_only -= not job.gpus
         if not self.shapes[job.shape]:
             del self.shapes[job.shape]
-        entries = self._teams[job.team]
+        teams = self._bands[job.base]
+        entries = teams[job.team]
         del entries[bisect.bisect_left(entries, self._entry(job)[:3])]
         if not entries:
-            del self._teams[job.team]
+            del teams[job.team]
+        by_submit = self._by_submit[job.base]
+        del by_submit[bisect.bisect_left(by_submit, (job.submit, job.seq))]
+        if not teams:
+            del self._bands[job.base], self._by_submit[job.base]
         return job
 
     @property
     def teams(self) -> list[str]:
-        return list(self._teams)
+        return list({t for teams in self._bands.values() for t in teams})
 
-    def ordered(self, fairshare: dict[str, float]) -> Iterator[QueuedJob]:
-        """Jobs by effective priority, highest first; ties by submit time, then arrival.
+    def protected(self, protect_before: float) -> int:
+        """How many queued jobs are protected (see `ordered`): one per band at most."""
+        return sum(min(1, bisect.bisect_right(e, (protect_before, math.inf)))
+                   for e in self._by_submit.values())
+
+    def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf
+                ) -> Iterator[tuple[QueuedJob, bool]]:
+        """(job, protected) in scheduling order: in each band, its oldest job if it was
+        submitted at or before `protect_before`, then the others by score.
 
         Lazy, over a snapshot: remove jobs only after the iteration."""
-        def team_iter(team, entries):
+        def team_iter(team, entries, skip):
             fs = fairshare.get(team, 0.0)
             for key, submit, seq, job in list(entries):
-                yield round(key - fs, 6), submit, seq, job
+                if seq not in skip:
+                    yield round(key - fs, 6), submit, seq, job
 
-        merged = heapq.merge(*(team_iter(t, e) for t, e in self._teams.items()))
-        for *_, job in merged:
-            yield job
+        for band in sorted(self._bands, reverse=True):
+            by_submit = self._by_submit[band]
+            first = by_submit[:min(1, bisect.bisect_right(by_submit,
+                                                          (protect_before, math.inf)))]
+            for *_, job in first:
+                yield job, True
+            if len(first) == len(by_submit):
+                continue
+            skip = {seq for _, seq, _ in first}
+            merged = heapq.merge(*(team_iter(t, e, skip) for t, e in self._bands[band].items()))
+            for *_, job in merged:
+                yield job, False

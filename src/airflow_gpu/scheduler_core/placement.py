@@ -22,9 +22,13 @@ from .fit import Need, allocate_replica
 from .jobspec import JobSpec
 from .plugins import Registry
 from .state import ClusterState, HostState, ReplicaAllocation
+from .timemodel import tier_of
 
 TIERS = {"host": ("host",), "switch": ("switch",), "rack": ("rack",),
          "any": ("switch", "rack", "cluster")}
+# the locality that keeps a placement within a slowdown tier (0 one host, 1 one switch)
+_WITHIN = {0: "host", 1: "switch"}
+_STRICTNESS = {"host": 0, "switch": 1, "rack": 2, "any": 3}
 # After a domain fits, look at this many more domains of the tier for a better one.
 _EXTRA_DOMAINS = 3
 
@@ -45,6 +49,11 @@ class Placed:
     @property
     def hosts(self) -> list[Host]:
         return list({a.host.index: a.host for a in self.allocations}.values())
+
+    @property
+    def tier(self) -> int:
+        """0: one host, 1: one switch, 2: across switches (what the slowdown depends on)."""
+        return tier_of(self.allocations)
 
 
 class Unplaced:
@@ -251,21 +260,25 @@ class _Trial:
 
 
 def place(job: JobSpec, state: ClusterState, reg: Registry,
-          needs: list[Need] | None = None) -> Placed | Unplaced:
-    """Where the whole job would go now, without changing `state`."""
+          needs: list[Need] | None = None, within: int | None = None) -> Placed | Unplaced:
+    """Where the whole job would go now, without changing `state`; with `within` (a
+    slowdown tier), only placements of that tier or better."""
     needs = needs or compile_needs(job)
     trial = _Trial(job, needs, state, reg)
     p = job.placement
+    locality = p.locality
+    if within in _WITHIN and _STRICTNESS[_WITHIN[within]] < _STRICTNESS[locality]:
+        locality = _WITHIN[within]
     replicas = sum(n.replicas for n in needs)
-    if p.pack or replicas == 1 or p.locality == "host":
+    if p.pack or replicas == 1 or locality == "host":
         got = trial.single_host()
         if got:
             return Placed(got)
-    if p.locality == "host" or replicas == 1:  # one replica cannot span hosts
-        return Unplaced(trial, "one host" if p.locality == "host" else "")
+    if locality == "host" or replicas == 1:  # one replica cannot span hosts
+        return Unplaced(trial, "one host" if locality == "host" else "")
     lower_bound = max(1, -(-trial.total_gpus // (state.cluster.max_host_gpus or 1)))
     best = None
-    for rank, tier in enumerate(TIERS[p.locality]):
+    for rank, tier in enumerate(TIERS[locality]):
         extra = None
         for label, domain in trial.domains(tier):
             got = trial.fill(domain, label)
@@ -286,7 +299,7 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
             break
     if best is not None:
         return Placed(best[1])
-    return Unplaced(trial, {"switch": "one switch", "rack": "one rack"}.get(p.locality, ""))
+    return Unplaced(trial, {"switch": "one switch", "rack": "one rack"}.get(locality, ""))
 
 
 def never_fits(job: JobSpec, empty: ClusterState, reg: Registry,

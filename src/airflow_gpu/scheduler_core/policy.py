@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from .errors import load_yaml, validate
 from .units import Duration
@@ -34,19 +34,38 @@ class TeamPolicy(_Spec):
 
 class PolicyConfig(_Spec):
     mode: Mode = Field("backfill", description="backfill | fifo | count")
-    age_weight: float = Field(1.0, ge=0, description="priority points per hour waited")
+    age_weight: float = Field(0.0, ge=0, description="priority points per hour waited "
+                              "(none by default: reserve_after protects old jobs)")
     fairshare_weight: float = Field(20.0, ge=0, description="priority points of an idle team")
     fairshare_half_life: Duration = Field(7 * 86400, gt=0,
                                           description="past GPU usage halves after this long")
     default_runtime: Duration = Field(3600, gt=0,
                                       description="planned runtime of jobs that give none")
-    reservation_depth: int = Field(3, ge=0, le=100,
-                                   description="blocked jobs that get a reservation each pass")
+    reserve_after: Duration = Field(
+        3 * 86400, ge=0, description="the oldest job of a band that has waited this long goes "
+        "first, with a reservation: the knob between average and worst wait")
+    size_weight: float = Field(100.0, ge=0, description="priority points of the smallest job "
+                               "(GPUs x expected runtime): smaller work goes first in a band")
+    locality_slowdown: tuple[PositiveFloat, PositiveFloat, PositiveFloat] = Field(
+        (1.0, 1.1, 1.3), description="runtime factor on one host, one switch, across switches")
+    learn_slowdown: bool = Field(True, description="learn the slowdown per job class from "
+                                 "the runtimes of ended jobs")
+    reservation_depth: int = Field(16, ge=0, le=10_000,
+                                   description="at most this many reservations per pass: "
+                                   "protected jobs and jobs waiting for locality")
     max_jobs_tested: int = Field(500, ge=1,
                                  description="pending jobs tested per pass (Slurm's "
                                  "bf_max_job_test): bounds the cost of a pass")
     default_share: float = Field(1.0, gt=0, description="share of a team not listed in teams")
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)
+
+    @field_validator("locality_slowdown")
+    @classmethod
+    def _widening(cls, v: tuple[float, float, float]) -> tuple[float, float, float]:
+        if not v[0] <= v[1] <= v[2]:
+            raise ValueError(f"{list(v)} must not shrink from one host to one switch to "
+                             "across switches, e.g. [1.0, 1.1, 1.3]")
+        return v
 
     def share(self, team: str) -> float:
         t = self.teams.get(team)

@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 from .countfit import place_by_count
 from .errors import InputError
-from .hosttype import bits
 from .jobclasses import resolve
 from .jobqueue import JobQueue, QueuedJob
 from .jobspec import JobSpec
+from .pending import Pending, Reasons, locality_wait, quota_wait
 from .placement import Placed, never_fits, place
 from .plugins import Registry, default_registry
 from .policy import FairShare, PolicyConfig
-from .reservations import Reservation, could_fit, drop_all, earliest_start, hold_all
+from .reservations import Hold, Reservation, earliest_end, place_best
 from .state import ClusterState
-from .units import format_duration
+from .timemodel import LocalityModel, tier_of
 
 
 def over_quota(config: PolicyConfig, team: str, gpus: int) -> str | None:
@@ -33,26 +33,18 @@ def over_quota(config: PolicyConfig, team: str, gpus: int) -> str | None:
     return None
 
 
+def planned_runtime(spec: JobSpec, config: PolicyConfig) -> float:
+    """The runtime a job is planned with on one host: its spec's (with its job class
+    applied), else the policy's default."""
+    return float(spec.expected_runtime or config.default_runtime)
+
+
 class Rejected(InputError):
     """The job can never run on this cluster under this policy."""
 
     def __init__(self, job: str, reason: str):
         super().__init__(f"job {job!r}: {reason}")
         self.reason = reason
-
-
-@dataclass
-class Pending:
-    """Why a job waits: a code, a message with numbers, details, and an ETA if planned."""
-
-    code: str            # Resources | Locality | Priority | Quota | Unhealthy
-    message: str
-    details: dict = field(default_factory=dict)
-    eta: float | None = None     # seconds from the pass until the planned start
-
-    def to_dict(self) -> dict:
-        return {"code": self.code, "reason": self.message, "details": self.details,
-                "eta_seconds": None if self.eta is None else round(self.eta)}
 
 
 @dataclass
@@ -66,21 +58,30 @@ class PassResult:
 
 class Scheduler:
     def __init__(self, state: ClusterState, config: PolicyConfig | None = None,
-                 reg: Registry | None = None, now: float = 0.0):
+                 reg: Registry | None = None, now: float = 0.0,
+                 timemodel: LocalityModel | None = None):
         self.state = state
         self.config = config or PolicyConfig()
         self.reg = reg or default_registry()
-        self.queue = JobQueue(self.config.age_weight)
+        # the job-size factor and the wait guarantee belong to `backfill`; `fifo` and
+        # `count` keep the plain order (priority, age, fair share)
+        self.queue = JobQueue(self.config.age_weight, self.config.size_weight
+                              if self.config.mode == "backfill" else 0.0)
         self.fairshare = FairShare(self.config, now)
+        self.timemodel = timemodel or LocalityModel(self.config.locality_slowdown,
+                                                    self.config.learn_slowdown)
         self.running: dict[str, QueuedJob] = {}
         self.held: dict[str, int] = {}          # GPUs held per team
         self._seq = 0
         self._empty = state.empty_like()
         self._never: dict[tuple, str | None] = {}
-        # the last pass's reservations, in the order they were made, and the state epoch
-        # they were planned in (see _Pass.reserve)
+        self._best_tier: dict[tuple, int] = {}
+        # the last pass's reservations: the state epoch they were planned in, those the
+        # pass made in the order it made them (see _Pass.reserve), all that stood, and
+        # whether it began with reservations carried over
         self.reuse_reservations = True
-        self._planned: tuple[int, list[Reservation]] = (-1, [])
+        self._planned: tuple[tuple, list[Reservation], list[Reservation], bool] = (
+            (), [], [], False)
 
     # -- what drivers call -----------------------------------------------------------------
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None) -> QueuedJob:
@@ -108,7 +109,7 @@ class Scheduler:
         class's), else the policy's."""
         jc = self.reg.job_classes.get(spec.job_class or "")
         if runtime is None:
-            runtime = spec.expected_runtime or self.config.default_runtime
+            runtime = planned_runtime(spec, self.config)
         job = self.queue.make(spec, submit, self._seq, float(runtime),
                               jc.priority_weight if jc else 0)
         self._seq += 1
@@ -126,14 +127,32 @@ class Scheduler:
             self._never[job.shape] = never_fits(job.spec, self._empty, self.reg, job.needs)
         return self._never[job.shape]
 
-    def finish(self, name: str, now: float) -> None:
-        """The job ended (or was cancelled): its resources return."""
+    def best_tier(self, job: QueuedJob) -> int:
+        """The narrowest slowdown tier the job can ever have (on the empty cluster)."""
+        if job.shape not in self._best_tier:
+            got = place(job.spec, self._empty, self.reg, job.needs)
+            self._best_tier[job.shape] = got.tier if isinstance(got, Placed) else 0
+        return self._best_tier[job.shape]
+
+    def runtime(self, job: QueuedJob, tier: int) -> float:
+        """The job's expected runtime on a placement of `tier`."""
+        return self.timemodel.runtime(job.runtime, job.job_class, tier)
+
+    def finish(self, name: str, now: float, completed: bool = False) -> None:
+        """The job ended (or was cancelled): its resources return. `completed`: it ran to
+        its natural end, so its runtime teaches the time model."""
         if name in self.queue:
             self.queue.remove(name)
+            if any(r.job.name == name for r in self._planned[2]):
+                self.state.epoch += 1    # its reservation is gone: others may move up
             return
         job = self.running.pop(name)
-        if now < self.state.expected_end[name]:
+        if now != self.state.expected_end[name]:
+            # earlier than planned, or later (overdue): then earlier than re-estimated
             self.state.epoch += 1
+        if completed:
+            self.timemodel.observe(job.job_class, tier_of(self.state.allocations[name]),
+                                   job.runtime, now - self.state.started[name])
         self.state.release(name)
         self.held[job.team] -= job.gpus
         self.fairshare.add(job.team, -job.gpus, now)
@@ -144,25 +163,36 @@ class Scheduler:
         self.fairshare.advance(now)
         fs = self.fairshare.factors(self.queue.teams)
         p = _Pass(self, now, explain)
-        for job in self.queue.ordered(fs):
-            if p.result.tested >= cfg.max_jobs_tested:
-                if not explain:
+        try:
+            for job, protected in self.queue.ordered(fs, p.protect_before):
+                if p.result.tested >= cfg.max_jobs_tested:
+                    if not explain:
+                        break
+                    p.wait(job, Pending("Priority", f"not tested this pass: "
+                                        f"{cfg.max_jobs_tested} jobs of higher priority were "
+                                        "(max_jobs_tested)"))
+                    continue
+                p.result.tested += 1
+                p.protect_left -= protected
+                p.consider(job, protected)
+                if p.done():
                     break
-                p.wait(job, Pending("Priority", f"not tested this pass: {cfg.max_jobs_tested} "
-                                    "jobs of higher priority were (max_jobs_tested)"))
-                continue
-            p.result.tested += 1
-            p.consider(job)
-            if p.done():
-                break
+        finally:
+            p.hold_first(0)
         for job, _ in p.result.started:
             self.queue.remove(job.name)
         p.result.reservations = p.reservations
-        self._planned = (self.state.epoch, p.made)
+        self._planned = (self.plan_epoch(), p.made, p.reservations, bool(p.carried_at_start))
         return p.result
 
+    def plan_epoch(self) -> tuple[int, int]:
+        """Changes whenever plans made before may be wrong: resources came back earlier
+        than planned, or the time model changed its factors."""
+        return self.state.epoch, self.timemodel.version
+
     def _start(self, job: QueuedJob, allocations, now: float) -> None:
-        self.state.commit(job.name, allocations, now, now + job.runtime)
+        end = now + self.runtime(job, tier_of(allocations))
+        self.state.commit(job.name, allocations, now, end)
         self.running[job.name] = job
         self.held[job.team] = self.held.get(job.team, 0) + job.gpus
         self.fairshare.add(job.team, job.gpus, now)
@@ -175,16 +205,30 @@ class _Pass:
         self.s, self.now, self.explain = sched, now, explain
         self.mode = sched.config.mode
         self.result = PassResult(now)
-        self.reservations: list[Reservation] = []      # sorted by start
+        epoch, last, stood, carried_before = sched._planned
+        self.planned = {r.job.name: r for r in stood}  # the last pass's, by job
+        # a job waiting for locality keeps its reservation until it is considered again,
+        # so that smaller jobs ahead of it in this pass do not take it
+        self.carried = {r.job.name: r for r in stood if not r.protected and r.start > now}
+        self.carried_at_start = len(self.carried)
+        self.reservations = sorted(self.carried.values(), key=lambda r: r.start)  # by start
         self.made: list[Reservation] = []              # in the order they were made
-        epoch, last = sched._planned
-        self.last = last if epoch == sched.state.epoch and sched.reuse_reservations else []
+        # reservations carried over change what the last pass's walks went around
+        reuse = (epoch == sched.plan_epoch() and sched.reuse_reservations
+                 and not self.carried and not carried_before)
+        self.last = last if reuse else []
+        self.next_last = 0                             # how far the last pass's still stand
+        cfg = sched.config
+        # backfill protects the oldest job of each band that has waited reserve_after
+        backfill = self.mode == "backfill"
+        self.protect_before = now - cfg.reserve_after if backfill else -float("inf")
+        self.protect_left = sched.queue.protected(self.protect_before) if backfill else 0
+        self._held: list[Hold] = []                    # holds of reservations[:len(_held)]
         self.failed: set[tuple] = set()                # (shape, holds) known not to fit
         self.hopeless: set[tuple] = set()              # shapes that fail even without holds
         self._hopeless_seen = 0
         self.head: QueuedJob | None = None             # fifo: the first job that waits
-        self._why: dict[tuple, Pending] = {}
-        self._eta: dict[tuple, float | None] = {}
+        self.reasons = Reasons(self) if explain else None
 
     def may_reserve(self) -> bool:
         return (self.mode == "backfill"
@@ -196,7 +240,7 @@ class _Pass:
             return False
         if self.mode == "fifo":
             return self.head is not None
-        if self.may_reserve():
+        if self.protect_left > 0 and self.may_reserve():
             return False
         if self.s.state.usable_total == 0 and not self.s.queue.cpu_only:
             return True
@@ -206,86 +250,159 @@ class _Pass:
         return len(self.hopeless) >= len(self.s.queue.shapes) and all(
             sh in self.hopeless for sh in self.s.queue.shapes)
 
-    def consider(self, job: QueuedJob) -> None:
+    def consider(self, job: QueuedJob, protected: bool) -> None:
         s = self.s
-        if job.shape in self.hopeless and not self.explain and not self.may_reserve():
-            return   # fails even without holds, and no reservation is left to give
+        if job.name in self.carried:
+            self.remove(self.carried.pop(job.name))   # it decides again
+        if job.shape in self.hopeless and not self.explain and not (
+                protected and self.may_reserve()):
+            return   # fails even without holds, and it gets no reservation
         quota = s.config.quota(job.team)
         if quota is not None and s.held.get(job.team, 0) + job.gpus > quota:
-            self.wait(job, Pending("Quota", (
-                f"team {job.team!r} holds {s.held.get(job.team, 0)} GPUs of its quota_gpus "
-                f"{quota}; this job needs {job.gpus} more"),
-                {"quota_gpus": quota, "held_gpus": s.held.get(job.team, 0)}))
-            return
+            return self.wait(job, quota_wait(job, quota, s.held.get(job.team, 0)))
         if self.head is not None:  # fifo: nothing starts behind the first job that waits
-            self.wait(job, Pending("Priority", f"waits behind {self.head.name!r} (policy fifo: "
-                                   "no job starts ahead of a higher-priority one)",
-                                   {"behind": self.head.name}))
-            return
+            return self.wait(job, Pending(
+                "Priority", f"waits behind {self.head.name!r} (policy fifo: no job starts "
+                "ahead of a higher-priority one)", {"behind": self.head.name}))
         if self.mode == "count":
             got = place_by_count(job.name, job.gpus, s.state)
             if got is not None:
                 return self.start(job, got)
             self.hopeless.add(job.shape)
-            self.wait(job, Pending("Resources", f"needs {job.gpus} GPUs; "
-                                   f"{s.state.usable_total} are free (policy count)"))
-            return
-        k = bisect.bisect_left([r.start for r in self.reservations], self.now + job.runtime)
-        got = self.try_place(job, k)
+            return self.wait(job, Pending("Resources", f"needs {job.gpus} GPUs; "
+                                          f"{s.state.usable_total} are free (policy count)"))
+        got = self.on_reservation(job) or self.try_now(job)
+        if (got is not None and self.mode == "backfill" and got.tier > s.best_tier(job)
+                and self.may_reserve()):
+            right_now = Reservation(job, self.now, self.now + s.runtime(job, got.tier),
+                                    got.allocations, got.tier)
+            better = self.reserve(job, right_now)
+            if better is not right_now:    # waiting for a narrower placement ends earlier
+                self.add(better)
+                return self.wait(job, locality_wait(job, right_now, better, self.now))
         if got is not None:
             return self.start(job, got)
         if self.mode == "fifo":
             self.head = job
         reserved = None
-        if self.explain if self.mode == "fifo" else self.may_reserve():
+        if (self.explain if self.mode == "fifo" else protected and self.may_reserve()):
             reserved = self.reserve(job)
             if reserved is not None and self.mode == "backfill":
-                starts = [r.start for r in self.reservations]
-                self.reservations.insert(bisect.bisect_right(starts, reserved.start), reserved)
-                self.made.append(reserved)
-                self.failed.clear()
+                reserved.protected = True
+                self.add(reserved)
         if self.explain:
-            why = self.reason(job)
-            if reserved is not None:
-                why.eta = reserved.start - self.now
-                why.details["reserved_hosts"] = reserved.hosts
-            else:
-                why.eta = self.eta(job)
-            self.wait(job, why)
+            self.hold_first(0)
+            self.wait(job, self.reasons.blocked(job, protected, reserved))
 
-    def reserve(self, job: QueuedJob) -> Reservation | None:
+    def hold_first(self, k: int) -> None:
+        """Hold exactly the first `k` reservations (by start) on the live state."""
+        state = self.s.state
+        while len(self._held) > k:
+            self._held.pop().drop(state)
+        while len(self._held) < k:
+            hold = Hold(self.reservations[len(self._held)].allocations)
+            hold.grab(state)
+            self._held.append(hold)
+
+    def add(self, r: Reservation) -> None:
+        starts = [x.start for x in self.reservations]
+        i = bisect.bisect_right(starts, r.start)
+        self.hold_first(min(i, len(self._held)))
+        self.reservations.insert(i, r)
+        self.made.append(r)
+        self.failed.clear()
+
+    def remove(self, r: Reservation) -> None:
+        i = next(k for k, x in enumerate(self.reservations) if x is r)
+        self.hold_first(min(i, len(self._held)))
+        del self.reservations[i]
+        self.failed.clear()
+
+    def on_reservation(self, job: QueuedJob) -> Placed | None:
+        """The job's reservation from the last pass, if its time has come and it is free:
+        the job starts exactly where it was promised."""
+        r = self.planned.get(job.name)
+        if r is None or r.start > self.now:
+            return None
+        self.hold_first(0)
+        if not r.is_free(self.s.state):
+            return None
+        end = self.now + self.s.runtime(job, r.tier)
+        if any(x.start < end and x.overlaps(r.allocations) for x in self.reservations):
+            return None
+        return Placed(r.allocations)
+
+    def reserve(self, job: QueuedJob, candidate: Reservation | None = None
+                ) -> Reservation | None:
         """The job's reservation: the last pass's if it still stands, else a new walk.
 
-        The last pass's n-th reservation stands when its first n-1 stood too (same holds),
-        it is for the same job and still ahead, nothing came back earlier than planned since
-        (the state's epoch), and no job started in this pass touches it before it ends.
-        Nothing else can move it: every other change only takes resources, and backfill
-        only takes reserved ones until the reservation starts."""
-        n = len(self.made)
-        if n < len(self.last):
-            r = self.last[n]
-            if (r.job is job and r.start > self.now and not any(
-                    self.s.state.expected_end[j.name] > r.start and r.overlaps(p.allocations)
-                    for j, p in self.result.started)):
-                return r
-            self.last = []
-        return earliest_start(job, self.s.state, self.s.reg, self.now, self.reservations)
+        The last pass's reservations stand in order while each is for the same job and
+        still ahead, the ones before it stood too (or their jobs started on them),
+        nothing came back earlier than planned since (the state's epoch), and no job
+        started in this pass touches it before it ends. Nothing else can move it: every
+        other change only takes resources, and backfill only takes reserved ones until
+        the reservation starts."""
+        r = self.still_standing(job)
+        if r is not None and (candidate is None or r.end < candidate.end):
+            return r
+        s = self.s
+        self.hold_first(0)
+        return earliest_end(job, s.state, s.reg, self.now, self.reservations,
+                            lambda tier: s.runtime(job, tier), s.best_tier(job), candidate)
 
-    def try_place(self, job: QueuedJob, k: int) -> Placed | None:
+    def still_standing(self, job: QueuedJob) -> Reservation | None:
+        started = {j.name: p for j, p in self.result.started}
+        last = self.last
+        while self.next_last < len(last) and last[self.next_last].job.name in started:
+            r = last[self.next_last]
+            if started[r.job.name].allocations is not r.allocations:
+                break            # it started elsewhere: what came after was planned around it
+            self.next_last += 1
+        if self.next_last < len(last):
+            r = last[self.next_last]
+            state = self.s.state
+            if r.job is job and r.start > self.now and not any(
+                    state.expected_end[j.name] > r.start and r.overlaps(p.allocations)
+                    for j, p in self.result.started) and not self.overdue_under(r):
+                self.next_last += 1
+                return r
+        self.last = []
+        return None
+
+    def overdue_under(self, r: Reservation) -> bool:
+        """A job past its planned end holds part of `r`: its end is re-estimated each pass."""
+        state = self.s.state
+        for end, name in state.ends():
+            if end > self.now:
+                return False
+            if r.overlaps(state.allocations[name]):
+                return True
+        return False
+
+    def try_now(self, job: QueuedJob) -> Placed | None:
+        """A placement now that touches no reservation starting before the job would end
+        there (the end depends on the placement's slowdown), or None."""
+        s = self.s
+        best = s.best_tier(job)
+        starts = [r.start for r in self.reservations]
+        k = bisect.bisect_left(starts, self.now + s.runtime(job, best))
+        for _ in range(3):
+            got = self.try_place(job, k, best)
+            if got is None:
+                return None
+            need = bisect.bisect_left(starts, self.now + s.runtime(job, got.tier))
+            if need <= k:
+                return got
+            k = need
+        return None
+
+    def try_place(self, job: QueuedJob, k: int, best_tier: int) -> Placed | None:
         """Place the job around the holds of the first `k` reservations, or None."""
         key = (job.shape, k)
         if key in self.failed or job.shape in self.hopeless:
             return None
-        state = self.s.state
-        got = None
-        if could_fit(job, state):
-            holds = hold_all(state, self.reservations[:k])
-            try:
-                if could_fit(job, state):
-                    placed = place(job.spec, state, self.s.reg, job.needs)
-                    got = placed if isinstance(placed, Placed) else None
-            finally:
-                drop_all(state, holds)
+        self.hold_first(k)
+        got = place_best(job, self.s.state, self.s.reg, best_tier)
         if got is None:
             self.failed.add(key)
             if k == 0 or not self.reservations:
@@ -299,57 +416,3 @@ class _Pass:
     def wait(self, job: QueuedJob, why: Pending) -> None:
         if self.explain:
             self.result.pending[job.name] = why
-
-    # -- explaining (only when asked: plan, the service's explain) -----------------------------
-    def reason(self, job: QueuedJob) -> Pending:
-        """Why the job cannot start now. Jobs of one shape share the reason (not its ETA)."""
-        key = (job.shape, job.runtime)
-        if key in self._why:
-            w = self._why[key]
-            return Pending(w.code, w.message, dict(w.details))
-        s = self.s
-        got = place(job.spec, s.state, s.reg, job.needs)
-        if isinstance(got, Placed):
-            blockers = [r for r in self.reservations if r.overlaps(got.allocations)]
-            r = blockers[0] if blockers else None
-            if r is not None:
-                msg = (f"fits now, but on resources reserved for {r.job.name!r} (priority "
-                       f"{r.job.base:g}) from {format_duration(r.start - self.now)} on, "
-                       f"on {', '.join(r.hosts)}; this job's expected runtime "
-                       f"({format_duration(job.runtime)}) would end after that")
-                why = Pending("Priority", msg, {"reservation_for": r.job.name})
-            else:
-                why = Pending("Priority", "fits now, but not around the reservations of "
-                              "higher-priority jobs", {})
-        else:
-            code, msg, details = got.explain()
-            why = Pending(code, msg, details)
-            self._unhealthy(job, why)
-        self._why[key] = why
-        return Pending(why.code, why.message, dict(why.details))
-
-    def _unhealthy(self, job: QueuedJob, why: Pending) -> None:
-        state = self.s.state
-        bad = [h.name for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)
-               if hs.drained or hs.bad_gpus]
-        if not bad:
-            return
-        healthy = state.empty_like()
-        for h in bad:
-            hs = state.hosts[state.cluster.by_name[h].index]
-            healthy.set_drained(h, hs.drained)
-            healthy.set_unhealthy_gpus(h, bits(hs.bad_gpus))
-        if never_fits(job.spec, healthy, self.s.reg, job.needs):
-            why.code = "Unhealthy"
-            why.message += (f"; it can only run once drained or unhealthy hosts are back "
-                            f"({', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''})")
-            why.details["unhealthy_hosts"] = bad
-
-    def eta(self, job: QueuedJob) -> float | None:
-        """When the job could start around this pass's reservations (not reserved itself)."""
-        if self.mode == "count" or self.head not in (None, job):
-            return None
-        if job.shape not in self._eta:
-            r = earliest_start(job, self.s.state, self.s.reg, self.now, self.reservations)
-            self._eta[job.shape] = None if r is None else r.start - self.now
-        return self._eta[job.shape]

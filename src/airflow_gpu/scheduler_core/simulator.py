@@ -133,7 +133,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
         now = min(trace[i].submit if i < n else math.inf, ends[0][0] if ends else math.inf)
         while ends and ends[0][0] == now:
             _, _, name = heapq.heappop(ends)
-            sched.finish(name, now)
+            sched.finish(name, now, completed=True)
             records[ids[name]].end = now
         while i < n and trace[i].submit == now:
             t = trace[i]

@@ -146,6 +146,12 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     def cluster(_: Who) -> dict:
         return service.cluster_view()
 
+    @app.get("/api/v1/slowdown")
+    def slowdown(_: Who) -> dict:
+        """The locality slowdown factors the scheduler plans with, per job class: the
+        policy's, and what it learned from jobs that ran to their end."""
+        return service.slowdown_view()
+
     @app.post("/api/v1/hosts/{name}/drain", response_model=HostOut)
     def drain(name: str, p: Who):
         row = service.set_drained(name, True, p)

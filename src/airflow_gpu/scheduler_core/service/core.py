@@ -147,6 +147,9 @@ class Service:
         self._cluster_checked = 0.0
         self._cluster_lock = threading.Lock()
         self._silent: set[str] = set()       # hosts the last pass found unreachable
+        from .slowdown import LearnedSlowdown
+
+        self.slowdown = LearnedSlowdown(self.reg)   # the locality slowdown passes plan with
         self.refresh_cluster(force=True)
         self.sync_hosts()
 
@@ -496,6 +499,12 @@ class Service:
             merged[t.name] = TeamPolicy(share=t.share if t.share is not None else base.share,
                                         quota_gpus=t.quota_gpus)
         return self.settings.policy.model_copy(update={"teams": merged})
+
+    def slowdown_view(self) -> dict:
+        """The locality slowdown the passes plan with, as learned so far."""
+        with self.reads() as s:
+            self.slowdown.update(s, self._policy(), self.cluster)
+        return self.slowdown.report()
 
     def schedule_pass(self) -> list[str]:
         """One pass of the engine on the committed state (see storepass.py); returns the

@@ -47,7 +47,8 @@ def run_pass(svc: Service) -> list[str]:
         for name, indexes in bad.items():
             if name in cluster.by_name:
                 state.set_unhealthy_gpus(name, indexes)
-        sched = Scheduler(state, policy, svc.reg, now=t_now)
+        sched = Scheduler(state, policy, svc.reg, now=t_now,
+                          timemodel=svc.slowdown.update(s, policy, cluster))
         specs: dict[str, JobSpec] = {}    # the live and pending jobs' parsed specs
         _restore(svc, cluster, s, sched, t_now, specs)
         pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)

@@ -1,0 +1,138 @@
+"""The cost of one scheduling pass with a long queue on a large, busy cluster.
+
+Run it with `make bench`, or directly:
+
+    .venv/bin/python bench/scheduling_pass.py [--hosts 1024] [--pending 5000] [--passes 50]
+                                              [--seed 1] [--out bench/results/pass.json]
+
+The cluster (dgx-a100 hosts, 16 per leaf switch) is filled with running jobs whose
+expected ends spread over the next three days. Then `--pending` jobs wait, submitted over
+the last five days (so the oldest have passed `reserve_after` and get reservations), with
+Philly's job-size mix: mostly 1-GPU jobs, some 2/4/8-GPU ones, a few gangs of 2-8 whole
+hosts. Timed on one core:
+
+- the first pass (cold: every reservation is walked, as the service's passes are: it
+  rebuilds the engine from its store each time), with and without pending reasons;
+- `--passes` passes of the same scheduler as jobs end one at a time (warm: the
+  simulator's case, where reservations that still stand are reused).
+
+Results go to `bench/results/pass.json` (git-ignored) and a short table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import airflow_gpu
+from airflow_gpu.scheduler_core.cluster import synthetic_cluster
+from airflow_gpu.scheduler_core.policy import PolicyConfig
+from airflow_gpu.scheduler_core.scheduler import Scheduler
+from airflow_gpu.scheduler_core.state import ClusterState
+from airflow_gpu.scheduler_core.trace import TraceJob, job_spec
+from placement import engine_commit, pin_to_one_core
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pass.json"
+# GPUs per job and their share, rounded from Philly's mix
+SIZES = ((1, 0.80), (2, 0.04), (4, 0.06), (8, 0.06), (16, 0.025), (32, 0.01), (64, 0.005))
+GiB = 2**30
+
+
+def draw_size(rng: random.Random) -> int:
+    x = rng.random()
+    for gpus, share in SIZES:
+        if x < share:
+            return gpus
+        x -= share
+    return SIZES[0][0]
+
+
+def spec(name: str, gpus: int, host_gpus: int):
+    return job_spec(TraceJob(name, 0, 1, gpus), host_gpus, 4, 32 * GiB)
+
+
+def build(hosts: int, pending: int, seed: int, now: float) -> Scheduler:
+    """A scheduler at `now`: the cluster as full as the size mix lets it be, `pending` waiting."""
+    cluster = synthetic_cluster(hosts, "dgx-a100")
+    sched = Scheduler(ClusterState(cluster), PolicyConfig(), now=now - 5 * 86400)
+    rng = random.Random(seed)
+    host_gpus = cluster.max_host_gpus
+    misses, i = 0, 0
+    while misses < 200:        # fill: start jobs until 200 in a row no longer fit
+        gpus = draw_size(rng)
+        sched.submit(spec(f"run-{i}", gpus, host_gpus), now - 1, rng.uniform(60, 3 * 86400))
+        started = sched.schedule(now - 1).started
+        if not started:
+            sched.finish(f"run-{i}", now - 1)
+            misses += 1
+        i += 1
+    for k in range(pending):
+        submit = now - rng.uniform(0, 5 * 86400)
+        sched.submit(spec(f"wait-{k}", draw_size(rng), host_gpus), submit,
+                     rng.uniform(600, 2 * 86400))
+    return sched
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hosts", type=int, default=1024)
+    ap.add_argument("--pending", type=int, default=5000)
+    ap.add_argument("--passes", type=int, default=50, help="warm passes, one job ending each")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    cpu = pin_to_one_core()
+    now = 10 * 86400.0
+    sched, build_s = timed(lambda: build(args.hosts, args.pending, args.seed, now))
+    free = sched.state.usable_total
+    cold, cold_s = timed(lambda: sched.schedule(now))
+    # the same cold pass again, explained (what the service runs): a fresh scheduler
+    explained = build(args.hosts, args.pending, args.seed, now)
+    _, explain_s = timed(lambda: explained.schedule(now, explain=True))
+    warm = []
+    t = now
+    for _ in range(args.passes):
+        name = min(sched.state.expected_end, key=sched.state.expected_end.get)
+        t = max(t, sched.state.expected_end[name])
+        sched.finish(name, t, completed=True)
+        warm.append(timed(lambda t=t: sched.schedule(t))[1])
+    warm.sort()
+    result = {
+        "benchmark": "scheduling pass", "version": airflow_gpu.__version__,
+        "engine_commit": engine_commit(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "python": sys.version.split()[0], "machine": platform.machine(), "pinned_cpu": cpu,
+        "hosts": args.hosts, "gpus": sched.state.cluster.total_gpus, "pending": args.pending,
+        "running": len(sched.running), "free_gpus_before": free, "build_s": round(build_s, 2),
+        "cold_pass_ms": round(cold_s * 1e3, 1), "cold_pass_explained_ms": round(explain_s * 1e3, 1),
+        "cold_started": len(cold.started), "cold_reservations": len(cold.reservations),
+        "cold_tested": cold.tested,
+        "warm_passes": len(warm), "warm_pass_median_ms": round(statistics.median(warm) * 1e3, 1),
+        "warm_pass_p95_ms": round(warm[int(0.95 * (len(warm) - 1))] * 1e3, 1),
+        "warm_pass_max_ms": round(warm[-1] * 1e3, 1),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(f"{args.hosts} hosts, {args.pending} pending, {result['running']} running: "
+          f"cold pass {result['cold_pass_ms']} ms ({result['cold_reservations']} reservations,"
+          f" {result['cold_tested']} jobs tested), explained {result['cold_pass_explained_ms']}"
+          f" ms; warm pass median {result['warm_pass_median_ms']} ms, p95 "
+          f"{result['warm_pass_p95_ms']} ms")
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

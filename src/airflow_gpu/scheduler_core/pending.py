@@ -1,0 +1,139 @@
+"""Pending reasons of a pass: why a job waits, with numbers, and when it could start.
+
+Only computed when a driver asks (`plan`, the service's passes); the simulator's passes
+never pay for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .hosttype import bits
+from .placement import Placed, never_fits, place
+from .reservations import earliest_end
+from .timemodel import TIERS
+from .units import format_duration
+
+if TYPE_CHECKING:
+    from .jobqueue import QueuedJob
+    from .reservations import Reservation
+    from .scheduler import _Pass
+
+
+@dataclass
+class Pending:
+    """Why a job waits: a code, a message with numbers, details, and an ETA if planned."""
+
+    code: str            # Resources | Locality | Priority | Quota | Unhealthy
+    message: str
+    details: dict = field(default_factory=dict)
+    eta: float | None = None     # seconds from the pass until the planned start
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "reason": self.message, "details": self.details,
+                "eta_seconds": None if self.eta is None else round(self.eta)}
+
+
+def quota_wait(job: QueuedJob, quota: int, held: int) -> Pending:
+    return Pending("Quota", (f"team {job.team!r} holds {held} GPUs of its quota_gpus {quota}; "
+                             f"this job needs {job.gpus} more"),
+                   {"quota_gpus": quota, "held_gpus": held})
+
+
+def locality_wait(job: QueuedJob, now: Reservation, better: Reservation,
+                  t: float) -> Pending:
+    d = format_duration
+    return Pending(
+        "Locality",
+        f"waits {d(better.start - t)} for a placement {TIERS[better.tier]} on "
+        f"{', '.join(better.hosts)}: expected to end in {d(better.end - t)}, against "
+        f"{d(now.end - t)} if it started now {TIERS[now.tier]} (locality slowdown)",
+        {"reserved_hosts": better.hosts, "tier": TIERS[better.tier],
+         "end_if_waiting_s": round(better.end - t), "end_if_started_now_s": round(now.end - t)},
+        better.start - t)
+
+
+class Reasons:
+    """The pass's reasons for blocked jobs; jobs of one shape share one (not its ETA)."""
+
+    def __init__(self, p: _Pass):
+        self.p = p
+        self._why: dict[tuple, Pending] = {}
+        self._eta: dict[tuple, float | None] = {}
+
+    def blocked(self, job: QueuedJob, protected: bool, reserved: Reservation | None) -> Pending:
+        why = self.reason(job)
+        p = self.p
+        if reserved is not None:
+            why.eta = reserved.start - p.now
+            why.details["reserved_hosts"] = reserved.hosts
+        else:
+            why.eta = self.eta(job)
+            if p.mode == "backfill" and not protected:
+                protect = job.submit + p.s.config.reserve_after - p.now
+                if protect > 0:
+                    why.details["protected_in_s"] = round(protect)
+                    why.message += (f"; smaller jobs may go first until it has waited "
+                                    f"reserve_after ({format_duration(protect)} from now)")
+                else:
+                    why.message += "; it is protected once older waiting jobs have started"
+        return why
+
+    def reason(self, job: QueuedJob) -> Pending:
+        """Why the job cannot start now."""
+        key = (job.shape, job.runtime)
+        if key in self._why:
+            w = self._why[key]
+            return Pending(w.code, w.message, dict(w.details))
+        p = self.p
+        s = p.s
+        got = place(job.spec, s.state, s.reg, job.needs)
+        if isinstance(got, Placed):
+            blockers = [r for r in p.reservations if r.overlaps(got.allocations)]
+            r = blockers[0] if blockers else None
+            if r is not None:
+                msg = (f"fits now, but on resources reserved for {r.job.name!r} (priority "
+                       f"{r.job.base:g}) from {format_duration(r.start - p.now)} on, "
+                       f"on {', '.join(r.hosts)}; this job's expected runtime "
+                       f"({format_duration(s.runtime(job, got.tier))}) would end after that")
+                why = Pending("Priority", msg, {"reservation_for": r.job.name})
+            else:
+                why = Pending("Priority", "fits now, but not around the reservations of "
+                              "higher-priority jobs", {})
+        else:
+            code, msg, details = got.explain()
+            why = Pending(code, msg, details)
+            self._unhealthy(job, why)
+        self._why[key] = why
+        return Pending(why.code, why.message, dict(why.details))
+
+    def _unhealthy(self, job: QueuedJob, why: Pending) -> None:
+        s = self.p.s
+        state = s.state
+        bad = [h.name for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)
+               if hs.drained or hs.bad_gpus]
+        if not bad:
+            return
+        healthy = state.empty_like()
+        for h in bad:
+            hs = state.hosts[state.cluster.by_name[h].index]
+            healthy.set_drained(h, hs.drained)
+            healthy.set_unhealthy_gpus(h, bits(hs.bad_gpus))
+        if never_fits(job.spec, healthy, s.reg, job.needs):
+            why.code = "Unhealthy"
+            why.message += (f"; it can only run once drained or unhealthy hosts are back "
+                            f"({', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''})")
+            why.details["unhealthy_hosts"] = bad
+
+    def eta(self, job: QueuedJob) -> float | None:
+        """When the job could start around this pass's reservations (not reserved itself)."""
+        p = self.p
+        if p.mode == "count" or p.head not in (None, job):
+            return None
+        if job.shape not in self._eta:
+            s = p.s
+            r = earliest_end(job, s.state, s.reg, p.now, p.reservations,
+                             lambda tier: s.runtime(job, tier), s.best_tier(job))
+            self._eta[job.shape] = None if r is None else r.start - p.now
+        return self._eta[job.shape]

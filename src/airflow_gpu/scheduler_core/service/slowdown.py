@@ -1,0 +1,84 @@
+"""The locality slowdown the service plans with, learned from the jobs that succeeded.
+
+The service knows each job's placement (its allocation rows) and its actual runtime
+(admitted to finished). Every pass reads the jobs that succeeded since the last one and
+feeds them to the engine's `LocalityModel`, which the pass's scheduler plans with. A new
+process reads the whole history once; a changed policy (factors, learning, default
+runtime) starts the model anew.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from ..cluster import Cluster
+from ..jobclasses import resolve
+from ..jobspec import JobSpec
+from ..plugins import Registry
+from ..policy import PolicyConfig
+from ..scheduler import planned_runtime
+from ..store.models import AllocationRow, JobRow
+from ..timemodel import TIERS, LocalityModel, tier_of_hosts
+from .core import _ts
+
+
+class LearnedSlowdown:
+    def __init__(self, reg: Registry):
+        self.reg = reg
+        self._lock = threading.Lock()
+        self._key: tuple | None = None
+        self.model = LocalityModel(PolicyConfig().locality_slowdown)
+        self._mark: tuple[datetime, str] | None = None     # (finished_at, id) read up to
+
+    def update(self, s: Session, policy: PolicyConfig, cluster: Cluster) -> LocalityModel:
+        """A copy of the model with every job that succeeded since the last call."""
+        with self._lock:
+            key = (policy.locality_slowdown, policy.learn_slowdown, policy.default_runtime)
+            if key != self._key:
+                self._key, self._mark = key, None
+                self.model = LocalityModel(policy.locality_slowdown, policy.learn_slowdown)
+            if not policy.learn_slowdown:
+                return self.model.copy()
+            q = (select(JobRow.id, JobRow.spec, JobRow.admitted_at, JobRow.finished_at)
+                 .where(JobRow.state == "succeeded", JobRow.attempt <= 1,
+                        JobRow.admitted_at.is_not(None), JobRow.finished_at.is_not(None))
+                 .order_by(JobRow.finished_at, JobRow.id))
+            if self._mark is not None:
+                at, job_id = self._mark
+                q = q.where(or_(JobRow.finished_at > at,
+                                and_(JobRow.finished_at == at, JobRow.id > job_id)))
+            rows = s.execute(q).all()
+            if not rows:
+                return self.model.copy()
+            hosts: dict[str, set[str]] = {}
+            for job_id, host in s.execute(select(AllocationRow.job_id, AllocationRow.host)
+                                          .where(AllocationRow.job_id.in_([r[0] for r in rows]))):
+                hosts.setdefault(job_id, set()).add(host)
+            for job_id, spec, admitted, finished in rows:
+                self._observe(policy, cluster, job_id, spec, hosts.get(job_id, set()),
+                              _ts(finished) - _ts(admitted))
+            self._mark = (rows[-1][3], rows[-1][0])
+            return self.model.copy()
+
+    def _observe(self, policy: PolicyConfig, cluster: Cluster, job_id: str, spec: dict,
+                 hosts: set[str], actual: float) -> None:
+        if any(h not in cluster.by_name for h in hosts):
+            return                       # its host left the cluster: its tier is unknown
+        try:
+            resolved = resolve(JobSpec.model_validate({**spec, "name": job_id}),
+                               self.reg.job_classes)
+        except Exception:                # a class that no longer exists: nothing to learn
+            return
+        tier = tier_of_hosts(cluster.by_name[h] for h in hosts)
+        self.model.observe(resolved.job_class, tier, planned_runtime(resolved, policy), actual)
+
+    def report(self) -> dict:
+        """What the passes plan with: the policy's factors and, per job class, the learned."""
+        with self._lock:
+            m = self.model
+            return {"tiers": list(TIERS), "default": list(m.defaults), "learn": m.learn,
+                    "classes": m.report()}
