@@ -1,44 +1,94 @@
-"""Replay the public GPU-cluster traces under the three policies (fifo, count, backfill).
+"""Replay every shared GPU-cluster trace on a cluster where it queues, under each policy.
 
 Run it with `make bench`, or directly:
 
     .venv/bin/python bench/replay.py [--only philly,itp-cluster02] [--limit N]
+                                     [--curve 0,1d,2d,3d,5d,7d,10d,inf] [--jobs 2]
                                      [--locality-slowdown 1.0,1.1,1.3]
                                      [--out bench/results/replay]
 
-Clusters (8-GPU dgx-a100 hosts, 16 per leaf switch, 4 switches per rack):
-Philly on 256 hosts (2,048 GPUs, a loaded cluster; see ../shared/traces/README.md),
-ITP clusters 02 on 64 hosts and 08, 09 on 128 hosts (the ElasticFlow paper's sizes; at
-those sizes nothing queues), and ITP cluster 02 on 16 hosts, a loaded variant.
+Each trace runs on 8-GPU dgx-a100 hosts (16 per leaf switch, 4 switches per rack), sized
+so that its offered load is 80-100 %: the GPU-hours submitted in the span that holds the
+middle 90 % of the work, over the cluster's GPU-hours in that span. Where whole hosts
+cannot reach that (small traces whose largest job needs more hosts than their load), the
+trace's arrivals are sped up by a factor (`SETUPS`). An idle cluster proves nothing.
 
-Writes `replay.json` (every metric, the bounds, the replay wall time), `replay.md` (a
-table) and PNG plots per trace (`<trace>/wait_cdf.png`, `utilization.png`,
-`queue_length.png`) under `--out` (git-ignored).
+Policies: `fifo`, `count` (GPU counts only, what Airflow pools give), `backfill` (the
+default) and the curve of its one knob, `reserve_after`: the wait after which the oldest
+job of a band is protected by a reservation (0 protects at once; inf never).
+
+Writes `replay.json` (every metric, the bounds, the sizes, the replay wall time),
+`replay.md` (tables: the policies, the targets against `count`, the curve) and PNG plots
+(`<trace>/wait_cdf.png`, `utilization.png`, `queue_length.png`, and `curve.png`, average
+against maximum wait per `reserve_after`) under `--out` (git-ignored).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import platform
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
 import airflow_gpu
 from airflow_gpu.scheduler_core.cluster import synthetic_cluster
 from airflow_gpu.scheduler_core.policy import PolicyConfig
-from airflow_gpu.scheduler_core.simplots import write_plots
 from airflow_gpu.scheduler_core.simulator import SimOptions, simulate
-from airflow_gpu.scheduler_core.trace import load_trace
-from airflow_gpu.scheduler_core.units import format_duration
+from airflow_gpu.scheduler_core.trace import TraceJob, load_trace
+from airflow_gpu.scheduler_core.units import parse_duration
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-# trace -> hosts; "name@N" replays the trace on N hosts (a loaded variant)
-SETUPS = {"philly": 256, "itp-cluster02": 64, "itp-cluster08": 128, "itp-cluster09": 128,
-          "itp-cluster02@16": 16}
+# trace -> (hosts, arrival speed-up)
+SETUPS = {"philly": (224, 1.0), "itp-cluster01": (8, 2.0), "itp-cluster02": (12, 1.0),
+          "itp-cluster03": (25, 1.0), "itp-cluster05": (2, 1.6), "itp-cluster06": (12, 1.0),
+          "itp-cluster08": (9, 1.0), "itp-cluster09": (4, 1.0), "itp-cluster10": (2, 2.2)}
 POLICIES = ("fifo", "count", "backfill")
+CURVE = "0,1d,2d,3d,5d,7d,10d,inf"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "replay"
+HOST_GPUS = 8
+
+
+def load(name: str, traces: Path, limit: int | None) -> list[TraceJob]:
+    trace = load_trace(traces / f"{name}.csv", limit)
+    speedup = SETUPS[name][1]
+    if speedup != 1.0:
+        trace = [dataclasses.replace(t, submit=t.submit / speedup) for t in trace]
+    return trace
+
+
+def offered_load(trace: list[TraceJob], gpus: int) -> dict:
+    """GPU-hours submitted over GPU-hours available: in the span holding the middle 90 %
+    of the work, and over the whole trace."""
+    jobs = sorted((t.submit, t.duration * t.gpus) for t in trace)
+    work = sum(w for _, w in jobs)
+    done, lo, hi = 0.0, None, None
+    for t, w in jobs:
+        done += w
+        if lo is None and done >= 0.05 * work:
+            lo = t
+        if hi is None and done >= 0.95 * work:
+            hi = t
+    span = jobs[-1][0] - jobs[0][0]
+    return {"middle_90": round(0.9 * work / (gpus * max(hi - lo, 1.0)), 3),
+            "whole_trace": round(work / (gpus * max(span, 1.0)), 3)}
+
+
+def run(task: tuple) -> dict:
+    """One replay (in a worker process): (trace, label, policy fields, ...)."""
+    name, label, fields, traces, limit, slowdown, with_records = task
+    hosts = SETUPS[name][0]
+    cluster = synthetic_cluster(hosts, "dgx-a100")
+    policy = PolicyConfig(locality_slowdown=slowdown, **fields)
+    res = simulate(cluster, load(name, traces, limit), SimOptions(policy, slowdown))
+    out = {"trace": name, "label": label, "hosts": hosts, **res.metrics()}
+    if with_records:
+        out["_result"] = res
+    return out
 
 
 def main() -> int:
@@ -46,56 +96,148 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(SETUPS), help="comma-separated trace names")
     ap.add_argument("--traces", type=Path, default=TRACES, help="folder of trace CSV files")
     ap.add_argument("--limit", type=int, help="replay only the first N jobs of each trace")
+    ap.add_argument("--curve", default=CURVE, help="reserve_after values for the curve")
     ap.add_argument("--locality-slowdown", default="1.0,1.1,1.3")
+    ap.add_argument("--jobs", type=int, default=1, help="replays run at once (processes)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
     slowdown = tuple(float(v) for v in args.locality_slowdown.split(","))
-    args.out.mkdir(parents=True, exist_ok=True)
-    runs = []
-    for name in args.only.split(","):
-        hosts = SETUPS[name]
-        cluster = synthetic_cluster(hosts, "dgx-a100")
-        trace = load_trace(args.traces / f"{name.split('@')[0]}.csv", args.limit)
-        results = []
+    names = args.only.split(",")
+    unknown = [n for n in names if n not in SETUPS]
+    if unknown:
+        ap.error(f"--only: unknown trace {unknown[0]!r}; known: {', '.join(SETUPS)}")
+    curve = [v.strip() for v in args.curve.split(",") if v.strip()]
+    tasks = []
+    for name in names:
         for policy in POLICIES:
-            res = simulate(cluster, trace, SimOptions(PolicyConfig(mode=policy), slowdown))
-            m = res.metrics()
-            print(f"{name:14s} {policy:8s} jobs {m['jobs']:>7,}  avg wait "
-                  f"{format_duration(m['avg_wait_s']):>10s}  replay {m['wall_s']:.1f}s",
-                  flush=True)
-            results.append(res)
-            runs.append({"trace": name, "hosts": hosts, **m})
-        write_plots(results, args.out / name, f"({name}, {cluster.name})")
+            tasks.append((name, policy, {"mode": policy}, args.traces, args.limit, slowdown,
+                          True))
+        for v in curve:
+            seconds = math.inf if v == "inf" else parse_duration(v)
+            fields = {"reserve_after": 10**12 if seconds == math.inf else seconds}
+            tasks.append((name, f"reserve_after={v}", fields, args.traces, args.limit,
+                          slowdown, False))
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        runs = []
+        for r in pool.map(run, tasks):
+            print(f"{r['trace']:14s} {r['label']:22s} avg wait {fmt(r['avg_wait_s']):>9s}  "
+                  f"max wait {fmt(r['max_wait_s']):>9s}  replay {r['wall_s']:.1f}s", flush=True)
+            runs.append(r)
+    loads = {}
+    for name in names:
+        hosts = SETUPS[name][0]
+        loads[name] = {"hosts": hosts, "gpus": hosts * HOST_GPUS,
+                       "arrival_speedup": SETUPS[name][1],
+                       **offered_load(load(name, args.traces, args.limit), hosts * HOST_GPUS)}
+        results = [r.pop("_result") for r in runs if r["trace"] == name and "_result" in r]
+        from airflow_gpu.scheduler_core.simplots import write_plots
+
+        write_plots(results, args.out / name, f"({name}, {hosts} hosts)")
+        plot_curve([r for r in runs if r["trace"] == name], args.out / name / "curve.png",
+                   name)
     report = {
         "benchmark": "trace replay", "version": airflow_gpu.__version__,
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "machine": platform.machine(),
-        "locality_slowdown": slowdown, "limit": args.limit, "runs": runs,
+        "locality_slowdown": slowdown, "limit": args.limit, "sizes": loads,
+        "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
     }
     (args.out / "replay.json").write_text(json.dumps(report, indent=2))
-    (args.out / "replay.md").write_text(markdown(runs, slowdown))
+    (args.out / "replay.md").write_text(markdown(runs, loads, slowdown))
     print((args.out / "replay.md").read_text())
     print(f"written to {args.out}")
     return 0
 
 
-def markdown(runs: list[dict], slowdown) -> str:
-    d = format_duration
-    lines = [f"Locality slowdown (one host / one switch / across): {slowdown}", "",
-             "| trace | GPUs | policy | jobs | avg JCT | avg wait | p95 wait | wait >1 host | "
-             "GPU util | min hosts | replay |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+def fmt(seconds: float) -> str:
+    return f"{seconds / 3600:.1f}h"
+
+
+def targets(runs: list[dict], name: str) -> dict:
+    """The default policy against count: avg JCT and wait at most count's, max wait at
+    most half of count's, every multi-GPU job on its fewest hosts."""
+    by = {r["label"]: r for r in runs if r["trace"] == name}
+    b, c = by["backfill"], by["count"]
+    return {"avg_jct": b["avg_jct_s"] <= c["avg_jct_s"],
+            "avg_wait": b["avg_wait_s"] <= c["avg_wait_s"],
+            "max_wait": b["max_wait_s"] <= c["max_wait_s"] / 2,
+            "min_hosts": b["multi_gpu_jobs_min_hosts_frac"] == 1.0}
+
+
+def markdown(runs: list[dict], loads: dict, slowdown) -> str:
+    lines = [f"Locality slowdown (one host / one switch / across switches): {slowdown}", "",
+             "| trace | hosts (GPUs) | arrivals | offered load (middle 90 % / whole) |",
+             "|---|---|---|---|"]
+    for name, x in loads.items():
+        lines.append(f"| {name} | {x['hosts']} ({x['gpus']:,}) | x{x['arrival_speedup']:g} | "
+                     f"{x['middle_90']:.0%} / {x['whole_trace']:.0%} |")
+    lines += ["", "| trace | policy | jobs | avg wait | p95 wait | max wait | avg JCT | "
+              "wait >1 host | GPU util | min hosts | slowdown GPU-h | replay |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
+        if r["label"] not in POLICIES:
+            continue
         lines.append(
-            f"| {r['trace']} | {r['total_gpus']:,} | {r['policy']} | {r['jobs']:,} | "
-            f"{d(r['avg_jct_s'])} | {d(r['avg_wait_s'])} | {d(r['p95_wait_s'])} | "
-            f"{d(r['avg_wait_large_s'])} | {r['gpu_utilization']:.1%} | "
-            f"{r['multi_gpu_jobs_min_hosts_frac']:.1%} | "
+            f"| {r['trace']} | {r['label']} | {r['jobs']:,} | {fmt(r['avg_wait_s'])} | "
+            f"{fmt(r['p95_wait_s'])} | {fmt(r['max_wait_s'])} | {fmt(r['avg_jct_s'])} | "
+            f"{fmt(r['avg_wait_large_s'])} | {r['gpu_utilization']:.1%} | "
+            f"{r['multi_gpu_jobs_min_hosts_frac']:.1%} | {r['slowdown_gpu_hours']:,.0f} | "
             f"{r['wall_s']:.0f}s |")
-        if r["policy"] == POLICIES[-1]:
-            lines.append(f"| {r['trace']} | | lower bound | | {d(r['avg_jct_lower_bound_s'])}"
-                         " | 0s | 0s | 0s | | | |")
+    lines += ["", "Targets of the default (`backfill`) against `count`:", "",
+              "| trace | avg JCT <= count | avg wait <= count | max wait <= count/2 | "
+              "min hosts 100 % |", "|---|---|---|---|---|"]
+    for name in loads:
+        t = targets(runs, name)
+        lines.append(f"| {name} | " + " | ".join("yes" if t[k] else "**no**" for k in
+                                                  ("avg_jct", "avg_wait", "max_wait",
+                                                   "min_hosts")) + " |")
+    lines += ["", "The knob: `reserve_after` (avg wait / max wait):", ""]
+    labels = [r["label"] for r in runs if r["label"].startswith("reserve_after=")]
+    labels = list(dict.fromkeys(labels))
+    lines.append("| trace | count | " + " | ".join(x.split("=")[1] for x in labels) + " |")
+    lines.append("|---|---|" + "---|" * len(labels))
+    for name in loads:
+        by = {r["label"]: r for r in runs if r["trace"] == name}
+        cells = [f"{fmt(by[x]['avg_wait_s'])} / {fmt(by[x]['max_wait_s'])}" for x in
+                 ["count", *labels]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def plot_curve(runs: list[dict], path: Path, name: str) -> None:
+    """Average against maximum wait, one point per reserve_after, count for reference."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    curve = [r for r in runs if r["label"].startswith("reserve_after=")]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [r["max_wait_s"] / 3600 for r in curve]
+    ys = [r["avg_wait_s"] / 3600 for r in curve]
+    ax.plot(xs, ys, "o-", label="backfill, by reserve_after")
+    for r, x, y in zip(curve, xs, ys, strict=True):
+        ax.annotate(r["label"].split("=")[1], (x, y), textcoords="offset points",
+                    xytext=(4, 4), fontsize=8)
+    for r in runs:
+        if r["label"] == "count":
+            ax.plot([r["max_wait_s"] / 3600], [r["avg_wait_s"] / 3600], "s", color="C3",
+                    label="count")
+            ax.axvline(r["max_wait_s"] / 7200, color="C3", ls=":", lw=1,
+                       label="half of count's max wait")
+            ax.axhline(r["avg_wait_s"] / 3600, color="C3", ls="--", lw=1,
+                       label="count's avg wait")
+    ax.set_xlabel("max wait (h)")
+    ax.set_ylabel("avg wait (h)")
+    ax.set_title(f"{name}: the wait guarantee's trade-off")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,13 @@ import os
 import uuid
 
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+
+from airflow_gpu.scheduler_core.service.app import create_app
+from airflow_gpu.scheduler_core.service.auth import create_token
+from airflow_gpu.scheduler_core.service.core import Service, Settings
+from tests.helpers import make_cluster
 
 PG_ADMIN = os.environ.get("AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
@@ -36,3 +42,23 @@ def db_url(request, tmp_path):
         yield url
     finally:
         _drop_pg_schema(schema)
+
+
+# two dgx-a100 hosts under one switch
+HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
+
+
+@pytest.fixture
+def api(db_url):
+    """The real app on its real store, with tokens for teams vision and nlp and an admin;
+    `api.tick()` runs one scheduling pass."""
+    service = Service(Settings(db_url, make_cluster(*HOSTS), lease_ttl=30))
+    app = create_app(service, run_loop=False)
+    tokens = {t: create_token(service.sessions, t) for t in ("vision", "nlp")}
+    tokens["admin"] = create_token(service.sessions, "ops", admin=True)
+    with TestClient(app) as client:
+        client.tokens = tokens
+        client.tick = app.state.loop.tick
+        client.service = service
+        yield client
+    service.engine.dispose()

@@ -4,14 +4,6 @@ PostgreSQL: the job lifecycle, idempotency, auth, validation, leases, explain, m
 from __future__ import annotations
 
 import pytest
-from fastapi.testclient import TestClient
-
-from airflow_gpu.scheduler_core.service.app import create_app
-from airflow_gpu.scheduler_core.service.auth import create_token
-from airflow_gpu.scheduler_core.service.core import Service, Settings
-from tests.helpers import make_cluster
-
-HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
 
 
 def spec(name: str, gpus: int, team: str | None = None, runtime: str = "1h") -> dict:
@@ -21,20 +13,6 @@ def spec(name: str, gpus: int, team: str | None = None, runtime: str = "1h") -> 
     if team:
         out["team"] = team
     return out
-
-
-@pytest.fixture
-def api(db_url):
-    service = Service(Settings(db_url, make_cluster(*HOSTS), lease_ttl=30))
-    app = create_app(service, run_loop=False)
-    tokens = {t: create_token(service.sessions, t) for t in ("vision", "nlp")}
-    tokens["admin"] = create_token(service.sessions, "ops", admin=True)
-    with TestClient(app) as client:
-        client.tokens = tokens
-        client.tick = app.state.loop.tick
-        client.service = service
-        yield client
-    service.engine.dispose()
 
 
 def auth(api, team: str) -> dict:
@@ -85,7 +63,8 @@ def test_pending_job_explains_itself_and_starts_when_gpus_free(api):
     why = api.get(f"/api/v1/jobs/{waiting['id']}/explain", headers=auth(api, "nlp")).json()
     assert why["state"] == "pending" and why["code"] == "Resources"
     assert why["reason"].startswith("needs w 1x(8 GPUs")
-    assert 7100 < why["eta_seconds"] <= 7200          # when big is expected to end
+    # when big is expected to end: 2h on two hosts under one switch (slowdown 1.1)
+    assert 7100 * 1.1 < why["eta_seconds"] <= 7200 * 1.1
     api.delete(f"/api/v1/jobs/{big['id']}", headers=auth(api, "vision"))
     assert api.tick() == [waiting["id"]]
 
@@ -218,11 +197,12 @@ def test_admins_set_quotas_and_they_apply(api):
     a = submit(api, "vision", spec("a", 8)).json()
     b = submit(api, "vision", spec("b", 4)).json()
     c = submit(api, "nlp", spec("c", 4)).json()
-    assert sorted(api.tick()) == sorted([a["id"], c["id"]])
-    why = api.get(f"/api/v1/jobs/{b['id']}/explain", headers=auth(api, "vision")).json()
+    # smaller work first: b (4 GPUs) starts; then a (8) would pass vision's quota
+    assert sorted(api.tick()) == sorted([b["id"], c["id"]])
+    why = api.get(f"/api/v1/jobs/{a['id']}/explain", headers=auth(api, "vision")).json()
     assert why["code"] == "Quota" and "quota_gpus 8" in why["reason"]
     teams = {t["name"]: t for t in api.get("/api/v1/teams", headers=auth(api, "nlp")).json()}
-    assert teams["vision"]["held_gpus"] == 8 and teams["nlp"]["quota_gpus"] is None
+    assert teams["vision"]["held_gpus"] == 4 and teams["nlp"]["quota_gpus"] is None
     r = submit(api, "vision", spec("too-big", 16))
     assert r.status_code == 422 and "quota_gpus 8" in r.text
     r = api.put("/api/v1/teams/vision", json={"quota_gpus": -1}, headers=auth(api, "admin"))

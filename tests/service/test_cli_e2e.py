@@ -69,9 +69,14 @@ def test_cli_against_a_running_server(server, tmp_path):
         time.sleep(0.1)
     queue = json.loads(cli("queue", "--json", env=env).stdout)
     assert {j["id"]: j["state"] for j in queue} == {first: "admitted", second: "pending"}
-    assert why["code"] == "Resources" and 7000 < why["eta_seconds"] <= 7200
+    # 2h on two hosts under one switch: slowdown 1.1
+    assert why["code"] == "Resources" and 7000 * 1.1 < why["eta_seconds"] <= 7200 * 1.1
     table = cli("queue", env=env).stdout
     assert "Resources" in table and "pending" in table
+    slowdown = cli("slowdown", env=env)
+    assert slowdown.returncode == 0 and "(policy)" in slowdown.stdout
+    assert "1.1" in slowdown.stdout and "one switch" in slowdown.stdout
+    assert json.loads(cli("slowdown", "--json", env=env).stdout)["default"] == [1.0, 1.1, 1.3]
 
     out = cli("drain", "dgx-1", env=env)
     assert out.returncode == 1 and "403" in out.stderr

@@ -96,6 +96,9 @@ class SimResult:
                     sum(r.hosts == -(-r.gpus // self.host_gpus) for r in multi) / len(multi)
                     if multi else 1.0),
                 avg_slowdown=sum((r.end - r.start) / r.duration for r in done) / len(done),
+                # GPU-hours lost to the locality slowdown (jobs spread over hosts run longer)
+                slowdown_gpu_hours=sum(r.gpus * (r.end - r.start - r.duration)
+                                       for r in done) / 3600,
                 max_wait_s=waits[-1],
             )
             large = [r.start - r.submit for r in done if r.gpus > self.host_gpus]
