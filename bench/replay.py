@@ -4,6 +4,7 @@ Run it with `make bench`, or directly:
 
     .venv/bin/python bench/replay.py [--only philly,itp-cluster02] [--limit N]
                                      [--curve 0,1d,2d,3d,5d,7d,10d,inf] [--jobs 2]
+                                     [--with FIELD=VALUE ...]
                                      [--locality-slowdown 1.0,1.1,1.3]
                                      [--out bench/results/replay]
 
@@ -96,8 +97,12 @@ def main() -> int:
     ap.add_argument("--only", default=",".join(SETUPS), help="comma-separated trace names")
     ap.add_argument("--traces", type=Path, default=TRACES, help="folder of trace CSV files")
     ap.add_argument("--limit", type=int, help="replay only the first N jobs of each trace")
-    ap.add_argument("--curve", default=CURVE, help="reserve_after values for the curve")
+    ap.add_argument("--curve", default=CURVE, help="reserve_after values for the curve "
+                    "('' for none)")
     ap.add_argument("--locality-slowdown", default="1.0,1.1,1.3")
+    ap.add_argument("--with", dest="variants", action="append", default=[],
+                    metavar="FIELD=VALUE", help="also replay backfill with this policy field "
+                    "changed (repeatable), e.g. --with age_weight=1")
     ap.add_argument("--jobs", type=int, default=1, help="replays run at once (processes)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
@@ -112,6 +117,10 @@ def main() -> int:
         for policy in POLICIES:
             tasks.append((name, policy, {"mode": policy}, args.traces, args.limit, slowdown,
                           True))
+        for variant in args.variants:
+            field, _, value = variant.partition("=")
+            tasks.append((name, variant, {field: value}, args.traces, args.limit, slowdown,
+                          False))
         for v in curve:
             seconds = math.inf if v == "inf" else parse_duration(v)
             fields = {"reserve_after": 10**12 if seconds == math.inf else seconds}
@@ -184,6 +193,17 @@ def markdown(runs: list[dict], loads: dict, slowdown) -> str:
             f"{fmt(r['avg_wait_large_s'])} | {r['gpu_utilization']:.1%} | "
             f"{r['multi_gpu_jobs_min_hosts_frac']:.1%} | {r['slowdown_gpu_hours']:,.0f} | "
             f"{r['wall_s']:.0f}s |")
+    variants = list(dict.fromkeys(r["label"] for r in runs if "=" in r["label"]
+                                  and not r["label"].startswith("reserve_after=")))
+    if variants:
+        lines += ["", "Variants of `backfill` (avg wait / max wait):", "",
+                  "| trace | backfill | " + " | ".join(variants) + " |",
+                  "|---|---|" + "---|" * len(variants)]
+        for name in loads:
+            by = {r["label"]: r for r in runs if r["trace"] == name}
+            lines.append(f"| {name} | " + " | ".join(
+                f"{fmt(by[x]['avg_wait_s'])} / {fmt(by[x]['max_wait_s'])}"
+                for x in ["backfill", *variants]) + " |")
     lines += ["", "Targets of the default (`backfill`) against `count`:", "",
               "| trace | avg JCT <= count | avg wait <= count | max wait <= count/2 | "
               "min hosts 100 % |", "|---|---|---|---|---|"]

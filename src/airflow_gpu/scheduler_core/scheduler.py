@@ -8,6 +8,7 @@ returns the pass's decisions. See docs/architecture.md ("The scheduling pass").
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 
 from .countfit import place_by_count
@@ -15,11 +16,12 @@ from .errors import InputError
 from .jobclasses import resolve
 from .jobqueue import JobQueue, QueuedJob
 from .jobspec import JobSpec
+from .passplan import PassPlan
 from .pending import Pending, Reasons, locality_wait, quota_wait
 from .placement import Placed, never_fits, place
 from .plugins import Registry, default_registry
 from .policy import FairShare, PolicyConfig
-from .reservations import Hold, Reservation, earliest_end, place_best
+from .reservations import Reservation, earliest_end, place_best
 from .state import ClusterState
 from .timemodel import LocalityModel, tier_of
 
@@ -178,11 +180,11 @@ class Scheduler:
                 if p.done():
                     break
         finally:
-            p.hold_first(0)
+            p.plan.hold_first(0)
         for job, _ in p.result.started:
             self.queue.remove(job.name)
         p.result.reservations = p.reservations
-        self._planned = (self.plan_epoch(), p.made, p.reservations, bool(p.carried_at_start))
+        self._planned = (self.plan_epoch(), p.plan.made, p.reservations, p.plan.had_carried)
         return p.result
 
     def plan_epoch(self) -> tuple[int, int]:
@@ -205,30 +207,20 @@ class _Pass:
         self.s, self.now, self.explain = sched, now, explain
         self.mode = sched.config.mode
         self.result = PassResult(now)
-        epoch, last, stood, carried_before = sched._planned
-        self.planned = {r.job.name: r for r in stood}  # the last pass's, by job
-        # a job waiting for locality keeps its reservation until it is considered again,
-        # so that smaller jobs ahead of it in this pass do not take it
-        self.carried = {r.job.name: r for r in stood if not r.protected and r.start > now}
-        self.carried_at_start = len(self.carried)
-        self.reservations = sorted(self.carried.values(), key=lambda r: r.start)  # by start
-        self.made: list[Reservation] = []              # in the order they were made
-        # reservations carried over change what the last pass's walks went around
-        reuse = (epoch == sched.plan_epoch() and sched.reuse_reservations
-                 and not self.carried and not carried_before)
-        self.last = last if reuse else []
-        self.next_last = 0                             # how far the last pass's still stand
-        cfg = sched.config
+        self.plan = PassPlan(sched, now)
         # backfill protects the oldest job of each band that has waited reserve_after
         backfill = self.mode == "backfill"
-        self.protect_before = now - cfg.reserve_after if backfill else -float("inf")
+        self.protect_before = now - sched.config.reserve_after if backfill else -math.inf
         self.protect_left = sched.queue.protected(self.protect_before) if backfill else 0
-        self._held: list[Hold] = []                    # holds of reservations[:len(_held)]
         self.failed: set[tuple] = set()                # (shape, holds) known not to fit
         self.hopeless: set[tuple] = set()              # shapes that fail even without holds
         self._hopeless_seen = 0
         self.head: QueuedJob | None = None             # fifo: the first job that waits
         self.reasons = Reasons(self) if explain else None
+
+    @property
+    def reservations(self) -> list[Reservation]:
+        return self.plan.reservations
 
     def may_reserve(self) -> bool:
         return (self.mode == "backfill"
@@ -252,8 +244,8 @@ class _Pass:
 
     def consider(self, job: QueuedJob, protected: bool) -> None:
         s = self.s
-        if job.name in self.carried:
-            self.remove(self.carried.pop(job.name))   # it decides again
+        if self.plan.drop_carried(job):   # it waited for locality: it decides again
+            self.failed.clear()
         if job.shape in self.hopeless and not self.explain and not (
                 protected and self.may_reserve()):
             return   # fails even without holds, and it gets no reservation
@@ -271,7 +263,7 @@ class _Pass:
             self.hopeless.add(job.shape)
             return self.wait(job, Pending("Resources", f"needs {job.gpus} GPUs; "
                                           f"{s.state.usable_total} are free (policy count)"))
-        got = self.on_reservation(job) or self.try_now(job)
+        got = self.plan.due_now(job) or self.try_now(job)
         if (got is not None and self.mode == "backfill" and got.tier > s.best_tier(job)
                 and self.may_reserve()):
             right_now = Reservation(job, self.now, self.now + s.runtime(job, got.tier),
@@ -291,100 +283,31 @@ class _Pass:
                 reserved.protected = True
                 self.add(reserved)
         if self.explain:
-            self.hold_first(0)
+            self.plan.hold_first(0)
             self.wait(job, self.reasons.blocked(job, protected, reserved))
 
-    def hold_first(self, k: int) -> None:
-        """Hold exactly the first `k` reservations (by start) on the live state."""
-        state = self.s.state
-        while len(self._held) > k:
-            self._held.pop().drop(state)
-        while len(self._held) < k:
-            hold = Hold(self.reservations[len(self._held)].allocations)
-            hold.grab(state)
-            self._held.append(hold)
-
     def add(self, r: Reservation) -> None:
-        starts = [x.start for x in self.reservations]
-        i = bisect.bisect_right(starts, r.start)
-        self.hold_first(min(i, len(self._held)))
-        self.reservations.insert(i, r)
-        self.made.append(r)
-        self.failed.clear()
-
-    def remove(self, r: Reservation) -> None:
-        i = next(k for k, x in enumerate(self.reservations) if x is r)
-        self.hold_first(min(i, len(self._held)))
-        del self.reservations[i]
-        self.failed.clear()
-
-    def on_reservation(self, job: QueuedJob) -> Placed | None:
-        """The job's reservation from the last pass, if its time has come and it is free:
-        the job starts exactly where it was promised."""
-        r = self.planned.get(job.name)
-        if r is None or r.start > self.now:
-            return None
-        self.hold_first(0)
-        if not r.is_free(self.s.state):
-            return None
-        end = self.now + self.s.runtime(job, r.tier)
-        if any(x.start < end and x.overlaps(r.allocations) for x in self.reservations):
-            return None
-        return Placed(r.allocations)
+        self.plan.add(r)
+        self.failed.clear()            # the holds' positions moved
 
     def reserve(self, job: QueuedJob, candidate: Reservation | None = None
                 ) -> Reservation | None:
-        """The job's reservation: the last pass's if it still stands, else a new walk.
-
-        The last pass's reservations stand in order while each is for the same job and
-        still ahead, the ones before it stood too (or their jobs started on them),
-        nothing came back earlier than planned since (the state's epoch), and no job
-        started in this pass touches it before it ends. Nothing else can move it: every
-        other change only takes resources, and backfill only takes reserved ones until
-        the reservation starts."""
-        r = self.still_standing(job)
+        """The job's reservation: the last pass's if it still stands (and ends before
+        `candidate`), else a new walk for the earliest expected end."""
+        r = self.plan.still_standing(job, self.result.started)
         if r is not None and (candidate is None or r.end < candidate.end):
             return r
         s = self.s
-        self.hold_first(0)
+        self.plan.hold_first(0)
         return earliest_end(job, s.state, s.reg, self.now, self.reservations,
                             lambda tier: s.runtime(job, tier), s.best_tier(job), candidate)
-
-    def still_standing(self, job: QueuedJob) -> Reservation | None:
-        started = {j.name: p for j, p in self.result.started}
-        last = self.last
-        while self.next_last < len(last) and last[self.next_last].job.name in started:
-            r = last[self.next_last]
-            if started[r.job.name].allocations is not r.allocations:
-                break            # it started elsewhere: what came after was planned around it
-            self.next_last += 1
-        if self.next_last < len(last):
-            r = last[self.next_last]
-            state = self.s.state
-            if r.job is job and r.start > self.now and not any(
-                    state.expected_end[j.name] > r.start and r.overlaps(p.allocations)
-                    for j, p in self.result.started) and not self.overdue_under(r):
-                self.next_last += 1
-                return r
-        self.last = []
-        return None
-
-    def overdue_under(self, r: Reservation) -> bool:
-        """A job past its planned end holds part of `r`: its end is re-estimated each pass."""
-        state = self.s.state
-        for end, name in state.ends():
-            if end > self.now:
-                return False
-            if r.overlaps(state.allocations[name]):
-                return True
-        return False
 
     def try_now(self, job: QueuedJob) -> Placed | None:
         """A placement now that touches no reservation starting before the job would end
         there (the end depends on the placement's slowdown), or None."""
         s = self.s
         best = s.best_tier(job)
-        starts = [r.start for r in self.reservations]
+        starts = self.plan.starts()
         k = bisect.bisect_left(starts, self.now + s.runtime(job, best))
         for _ in range(3):
             got = self.try_place(job, k, best)
@@ -401,7 +324,7 @@ class _Pass:
         key = (job.shape, k)
         if key in self.failed or job.shape in self.hopeless:
             return None
-        self.hold_first(k)
+        self.plan.hold_first(k)
         got = place_best(job, self.s.state, self.s.reg, best_tier)
         if got is None:
             self.failed.add(key)

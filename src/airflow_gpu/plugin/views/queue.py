@@ -82,8 +82,9 @@ def live_row(job: dict, now: datetime) -> dict[str, Any]:
 
 
 def queue_page(pending: list[dict], live: list[dict], now: datetime) -> dict[str, Any]:
-    # The engine's full order also weighs job class, age and the team's fair share; the
-    # API does not publish it, so the page orders by priority then submit time.
+    # The engine's full order also weighs job class, job size, the wait guarantee and the
+    # team's fair share; the API does not publish it, so the page orders by priority then
+    # submit time.
     ordered = sorted(pending, key=lambda j: (-j["priority"], parse_time(j["submitted_at"])))
     running = sorted(live, key=lambda j: parse_time(j.get("admitted_at")
                                                     or j["submitted_at"]))
