@@ -25,7 +25,8 @@ test: $(BIN)/.installed
 bench: $(BIN)/.installed
 	command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null || true
 	$(BIN)/python bench/placement.py
-	$(BIN)/python bench/replay.py
+	$(BIN)/python bench/scheduling_pass.py
+	$(BIN)/python bench/replay.py --jobs 2
 	$(BIN)/python bench/api_load.py
 
 clean:

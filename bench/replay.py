@@ -145,6 +145,7 @@ def main() -> int:
         write_plots(results, args.out / name, f"({name}, {hosts} hosts)")
         plot_curve([r for r in runs if r["trace"] == name], args.out / name / "curve.png",
                    name)
+    plot_curves(runs, list(loads), args.out / "curves.png")
     report = {
         "benchmark": "trace replay", "version": airflow_gpu.__version__,
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -225,20 +226,58 @@ def markdown(runs: list[dict], loads: dict, slowdown) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_curve(runs: list[dict], path: Path, name: str) -> None:
-    """Average against maximum wait, one point per reserve_after, count for reference."""
+def _pyplot():
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot_curve(runs: list[dict], path: Path, name: str) -> None:
+    """Average against maximum wait, one point per reserve_after, count for reference."""
+    plt = _pyplot()
+    if plt is None:
         return
-    curve = [r for r in runs if r["label"].startswith("reserve_after=")]
     fig, ax = plt.subplots(figsize=(6, 4))
+    _draw_curve(ax, runs, name)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_curves(runs: list[dict], names: list[str], path: Path) -> None:
+    """Every trace's curve in one figure (the one docs/queue-policy.md shows)."""
+    plt = _pyplot()
+    if plt is None or not names:
+        return
+    cols = min(3, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.3 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        _draw_curve(ax, [r for r in runs if r["trace"] == name], name)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _draw_curve(ax, runs: list[dict], name: str) -> None:
+    curve = [r for r in runs if r["label"].startswith("reserve_after=")]
     xs = [r["max_wait_s"] / 3600 for r in curve]
     ys = [r["avg_wait_s"] / 3600 for r in curve]
     ax.plot(xs, ys, "o-", label="backfill, by reserve_after")
+    for r in runs:
+        if r["label"] == "backfill":
+            ax.plot([r["max_wait_s"] / 3600], [r["avg_wait_s"] / 3600], "*", ms=12,
+                    color="C2", label="backfill (default)")
     for r, x, y in zip(curve, xs, ys, strict=True):
         ax.annotate(r["label"].split("=")[1], (x, y), textcoords="offset points",
                     xytext=(4, 4), fontsize=8)
@@ -252,12 +291,7 @@ def plot_curve(runs: list[dict], path: Path, name: str) -> None:
                        label="count's avg wait")
     ax.set_xlabel("max wait (h)")
     ax.set_ylabel("avg wait (h)")
-    ax.set_title(f"{name}: the wait guarantee's trade-off")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    ax.set_title(name, fontsize=10)
 
 
 if __name__ == "__main__":

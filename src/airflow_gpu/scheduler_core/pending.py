@@ -59,7 +59,7 @@ class Reasons:
 
     def __init__(self, p: _Pass):
         self.p = p
-        self._why: dict[tuple, Pending] = {}
+        self._why: dict[tuple, Pending | tuple] = {}
         self._eta: dict[tuple, float | None] = {}
 
     def blocked(self, job: QueuedJob, protected: bool, reserved: Reservation | None) -> Pending:
@@ -81,32 +81,33 @@ class Reasons:
         return why
 
     def reason(self, job: QueuedJob) -> Pending:
-        """Why the job cannot start now."""
-        key = (job.shape, job.runtime)
-        if key in self._why:
-            w = self._why[key]
-            return Pending(w.code, w.message, dict(w.details))
+        """Why the job cannot start now. Placement is asked once per job shape; only the
+        runtime in the message is the job's own."""
         p = self.p
         s = p.s
-        got = place(job.spec, s.state, s.reg, job.needs)
-        if isinstance(got, Placed):
-            blockers = [r for r in p.reservations if r.overlaps(got.allocations)]
-            r = blockers[0] if blockers else None
-            if r is not None:
-                msg = (f"fits now, but on resources reserved for {r.job.name!r} (priority "
-                       f"{r.job.base:g}) from {format_duration(r.start - p.now)} on, "
-                       f"on {', '.join(r.hosts)}; this job's expected runtime "
-                       f"({format_duration(s.runtime(job, got.tier))}) would end after that")
-                why = Pending("Priority", msg, {"reservation_for": r.job.name})
+        if job.shape not in self._why:
+            got = place(job.spec, s.state, s.reg, job.needs)
+            if isinstance(got, Placed):
+                blocker = next((r for r in p.reservations if r.overlaps(got.allocations)),
+                               None)
+                self._why[job.shape] = (blocker, got.tier)
             else:
-                why = Pending("Priority", "fits now, but not around the reservations of "
-                              "higher-priority jobs", {})
-        else:
-            code, msg, details = got.explain()
-            why = Pending(code, msg, details)
-            self._unhealthy(job, why)
-        self._why[key] = why
-        return Pending(why.code, why.message, dict(why.details))
+                code, msg, details = got.explain()
+                self._why[job.shape] = why = Pending(code, msg, details)
+                self._unhealthy(job, why)
+        cached = self._why[job.shape]
+        if isinstance(cached, Pending):
+            return Pending(cached.code, cached.message, dict(cached.details))
+        r, tier = cached
+        if r is None:
+            return Pending("Priority", "fits now, but not around the reservations of "
+                           "higher-priority jobs", {})
+        return Pending("Priority", (
+            f"fits now, but on resources reserved for {r.job.name!r} (priority "
+            f"{r.job.base:g}) from {format_duration(r.start - p.now)} on, on "
+            f"{', '.join(r.hosts)}; this job's expected runtime "
+            f"({format_duration(s.runtime(job, tier))}) would end after that"),
+            {"reservation_for": r.job.name})
 
     def _unhealthy(self, job: QueuedJob, why: Pending) -> None:
         s = self.p.s
