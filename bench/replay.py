@@ -46,7 +46,7 @@ from airflow_gpu.scheduler_core.units import parse_duration
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # trace -> (hosts, arrival speed-up)
 SETUPS = {"philly": (224, 1.0), "itp-cluster01": (8, 2.0), "itp-cluster02": (12, 1.0),
-          "itp-cluster03": (25, 1.0), "itp-cluster05": (2, 1.6), "itp-cluster06": (12, 1.0),
+          "itp-cluster03": (25, 1.0), "itp-cluster05": (2, 1.4), "itp-cluster06": (12, 1.0),
           "itp-cluster08": (9, 1.0), "itp-cluster09": (4, 1.0), "itp-cluster10": (2, 2.2)}
 POLICIES = ("fifo", "count", "backfill")
 CURVE = "0,1d,2d,3d,5d,7d,10d,inf"

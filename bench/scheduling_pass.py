@@ -6,10 +6,11 @@ Run it with `make bench`, or directly:
                                               [--seed 1] [--out bench/results/pass.json]
 
 The cluster (dgx-a100 hosts, 16 per leaf switch) is filled with running jobs whose
-expected ends spread over the next three days. Then `--pending` jobs wait, submitted over
+expected ends spread over the next three days, and one in thirty of them ends (so some
+GPUs are free, scattered). Then `--pending` jobs wait, submitted over
 the last five days (so the oldest have passed `reserve_after` and get reservations), with
 Philly's job-size mix: mostly 1-GPU jobs, some 2/4/8-GPU ones, a few gangs of 2-8 whole
-hosts. Timed on one core:
+hosts; the oldest is a gang of 64 whole hosts. Timed on one core:
 
 - the first pass (cold: every reservation is walked, as the service's passes are: it
   rebuilds the engine from its store each time), with and without pending reasons;
@@ -73,7 +74,12 @@ def build(hosts: int, pending: int, seed: int, now: float) -> Scheduler:
             sched.finish(f"run-{i}", now - 1)
             misses += 1
         i += 1
-    for k in range(pending):
+    # a busy cluster is fragmented: some jobs ended since the last pass
+    for name in rng.sample(sorted(sched.running), len(sched.running) // 30):
+        sched.finish(name, now - 1)
+    # the oldest waits for 64 whole hosts: the pass protects it with a reservation
+    sched.submit(spec("wait-oldest", 512, host_gpus), now - 5 * 86400, 86400)
+    for k in range(pending - 1):
         submit = now - rng.uniform(0, 5 * 86400)
         sched.submit(spec(f"wait-{k}", draw_size(rng), host_gpus), submit,
                      rng.uniform(600, 2 * 86400))
