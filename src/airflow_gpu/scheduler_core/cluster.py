@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,3 +147,16 @@ def synthetic_cluster(n_hosts: int, models: str | tuple[str, ...] = "dgx-a100",
     spec = validate(ClusterFile, {"cluster": f"{n_hosts}x{'+'.join(models)}", "hosts": entries},
                     "--model")
     return build_cluster(spec, source="--model")
+
+
+# Slowdown tiers of a placement: what the locality slowdown depends on (timemodel.py)
+TIERS = ("one host", "one switch", "across switches")
+
+
+def tier_of_hosts(hosts: Iterable[Host]) -> int:
+    """0: one host (or none), 1: several hosts under one switch, 2: across switches."""
+    indexes, switches = set(), set()
+    for h in hosts:
+        indexes.add(h.index)
+        switches.add(h.switch_key)
+    return 0 if len(indexes) <= 1 else 1 if len(switches) == 1 else 2

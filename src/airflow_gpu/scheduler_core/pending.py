@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from .cluster import TIERS
 from .hosttype import bits
 from .placement import Placed, never_fits, place
 from .reservations import earliest_end
-from .timemodel import TIERS
 from .units import format_duration
 
 if TYPE_CHECKING:

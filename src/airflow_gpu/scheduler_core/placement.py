@@ -21,8 +21,7 @@ from .cluster import Host
 from .fit import Need, allocate_replica
 from .jobspec import JobSpec
 from .plugins import Registry
-from .state import ClusterState, HostState, ReplicaAllocation
-from .timemodel import tier_of
+from .state import ClusterState, HostState, ReplicaAllocation, tier_of
 
 TIERS = {"host": ("host",), "switch": ("switch",), "rack": ("rack",),
          "any": ("switch", "rack", "cluster")}

@@ -22,8 +22,8 @@ from .placement import Placed, never_fits, place
 from .plugins import Registry, default_registry
 from .policy import FairShare, PolicyConfig
 from .reservations import Reservation, earliest_end, place_best
-from .state import ClusterState
-from .timemodel import LocalityModel, tier_of
+from .state import ClusterState, tier_of
+from .timemodel import LocalityModel
 
 
 def over_quota(config: PolicyConfig, team: str, gpus: int) -> str | None:

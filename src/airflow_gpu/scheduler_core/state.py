@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .cluster import Cluster, Host
+from .cluster import Cluster, Host, tier_of_hosts
 from .hosttype import bits
 
 
@@ -81,6 +82,11 @@ class ReplicaAllocation:
             "memory_bytes": self.memory_bytes, "nics": list(self.nics),
             "memory_by_numa": {str(ids[p]): b for p, b in self.mem if b},
         }
+
+
+def tier_of(allocations: Iterable[ReplicaAllocation]) -> int:
+    """The slowdown tier of a placement (cluster.tier_of_hosts)."""
+    return tier_of_hosts(a.host for a in allocations)
 
 
 def take(hs: HostState, a: ReplicaAllocation) -> None:

@@ -15,28 +15,12 @@ toward the policy's factor: a few samples move it a little, many move it all the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .cluster import Host
-from .state import ReplicaAllocation
+from .cluster import TIERS
 
-TIERS = ("one host", "one switch", "across switches")
 _PRIOR = 8.0          # samples the policy's factor is worth
 _MIN_RATIO, _MAX_RATIO = 0.01, 100.0   # an observed ratio outside this is not a runtime
-
-
-def tier_of_hosts(hosts: Iterable[Host]) -> int:
-    """0: one host (or none), 1: several hosts under one switch, 2: across switches."""
-    indexes, switches = set(), set()
-    for h in hosts:
-        indexes.add(h.index)
-        switches.add(h.switch_key)
-    return 0 if len(indexes) <= 1 else 1 if len(switches) == 1 else 2
-
-
-def tier_of(allocations: Iterable[ReplicaAllocation]) -> int:
-    return tier_of_hosts(a.host for a in allocations)
 
 
 def reestimate(start: float, end: float, now: float) -> float:
