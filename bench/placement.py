@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import airflow_gpu
-from airflow_gpu.scheduler_core.cluster import Cluster, synthetic_cluster
-from airflow_gpu.scheduler_core.fit import Need
+from airflow_gpu.scheduler_core.engine.cluster import Cluster, synthetic_cluster
+from airflow_gpu.scheduler_core.engine.fit import Need
+from airflow_gpu.scheduler_core.engine.placement import Placed, compile_needs, place
+from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.jobspec import JobSpec
-from airflow_gpu.scheduler_core.placement import Placed, compile_needs, place
 from airflow_gpu.scheduler_core.plugins import Registry, default_registry
-from airflow_gpu.scheduler_core.state import ClusterState
 
 HOSTS_PER_SWITCH = 16
 SWITCHES_PER_RACK = 4

@@ -37,10 +37,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import airflow_gpu
-from airflow_gpu.scheduler_core.cluster import synthetic_cluster
-from airflow_gpu.scheduler_core.policy import PolicyConfig
-from airflow_gpu.scheduler_core.simulator import SimOptions, simulate
-from airflow_gpu.scheduler_core.trace import TraceJob, load_trace
+from airflow_gpu.scheduler_core.engine.cluster import synthetic_cluster
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
+from airflow_gpu.scheduler_core.simulation.trace import TraceJob, load_trace
 from airflow_gpu.scheduler_core.units import parse_duration
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -140,7 +140,7 @@ def main() -> int:
                        "arrival_speedup": SETUPS[name][1],
                        **offered_load(load(name, args.traces, args.limit), hosts * HOST_GPUS)}
         results = [r.pop("_result") for r in runs if r["trace"] == name and "_result" in r]
-        from airflow_gpu.scheduler_core.simplots import write_plots
+        from airflow_gpu.scheduler_core.simulation.simplots import write_plots
 
         write_plots(results, args.out / name, f"({name}, {hosts} hosts)")
         plot_curve([r for r in runs if r["trace"] == name], args.out / name / "curve.png",

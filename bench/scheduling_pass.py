@@ -33,11 +33,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import airflow_gpu
-from airflow_gpu.scheduler_core.cluster import synthetic_cluster
-from airflow_gpu.scheduler_core.policy import PolicyConfig
-from airflow_gpu.scheduler_core.scheduler import Scheduler
-from airflow_gpu.scheduler_core.state import ClusterState
-from airflow_gpu.scheduler_core.trace import TraceJob, job_spec
+from airflow_gpu.scheduler_core.engine.cluster import synthetic_cluster
+from airflow_gpu.scheduler_core.engine.state import ClusterState
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.policy.scheduler import Scheduler
+from airflow_gpu.scheduler_core.simulation.trace import TraceJob, job_spec
 from placement import engine_commit, pin_to_one_core
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "pass.json"

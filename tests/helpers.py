@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from airflow_gpu.scheduler_core.cluster import ClusterFile, build_cluster
+from airflow_gpu.scheduler_core.engine.cluster import ClusterFile, build_cluster
+from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.jobspec import JobSpec
-from airflow_gpu.scheduler_core.state import ClusterState
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

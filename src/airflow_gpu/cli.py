@@ -17,13 +17,13 @@ EXIT_API = 1
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .scheduler_core.cluster import load_cluster
+    from .scheduler_core.engine.cluster import load_cluster
+    from .scheduler_core.engine.state import ClusterState
     from .scheduler_core.jobclasses import resolve
     from .scheduler_core.jobspec import load_jobs
-    from .scheduler_core.planner import plan
     from .scheduler_core.plugins import default_registry
-    from .scheduler_core.policy import load_policy
-    from .scheduler_core.state import ClusterState
+    from .scheduler_core.policy.config import load_policy
+    from .scheduler_core.policy.planner import plan
 
     cluster = load_cluster(args.cluster)
     jobs = load_jobs(args.jobs)
@@ -51,7 +51,7 @@ def _print_plan(result, cluster_name: str) -> None:
     t = Table(title=f"Admitted on {cluster_name}", title_justify="left")
     for col in ("job", "role", "#", "host", "GPUs", "CPUs", "NUMA", "memory", "NICs"):
         t.add_column(col)
-    from .scheduler_core.topology import format_cpulist
+    from .scheduler_core.engine.topology import format_cpulist
 
     for job, placed in result.admitted:
         for k, a in enumerate(placed.allocations):
@@ -102,10 +102,10 @@ def _slowdown(text: str) -> tuple[float, float, float]:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .scheduler_core.cluster import load_cluster, synthetic_cluster
-    from .scheduler_core.policy import PolicyConfig, load_policy
-    from .scheduler_core.simulator import SimOptions, simulate
-    from .scheduler_core.trace import load_trace
+    from .scheduler_core.engine.cluster import load_cluster, synthetic_cluster
+    from .scheduler_core.policy.config import PolicyConfig, load_policy
+    from .scheduler_core.simulation.simulator import SimOptions, simulate
+    from .scheduler_core.simulation.trace import load_trace
     from .scheduler_core.units import parse_size
 
     if args.hosts is not None:
@@ -136,7 +136,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             path = args.records if len(results) == 1 else _suffixed(args.records, r.policy)
             r.write_records(path)
     if args.plot:
-        from .scheduler_core.simplots import write_plots
+        from .scheduler_core.simulation.simplots import write_plots
 
         write_plots(results, args.plot, f"({cluster.name})")
     metrics = [r.metrics() for r in results]
@@ -183,8 +183,8 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .scheduler_core.hosttype import host_type
-    from .scheduler_core.topology import builtin_model_names, load_topology
+    from .scheduler_core.engine.hosttype import host_type
+    from .scheduler_core.engine.topology import builtin_model_names, load_topology
 
     rows = []
     for name in builtin_model_names():

@@ -162,7 +162,7 @@ def _print_placements(console, url: str, token: str, Table) -> None:
     table = Table(title="Placements", title_justify="left")
     for col in ("job", "state", "replica", "host", "GPUs", "CPUs", "NUMA", "NICs"):
         table.add_column(col)
-    from .scheduler_core.topology import format_cpulist
+    from .scheduler_core.engine.topology import format_cpulist
 
     for j in http.get("/api/v1/jobs").json():
         job = http.get(f"/api/v1/jobs/{j['id']}").json()

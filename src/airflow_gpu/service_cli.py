@@ -26,8 +26,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     import uvicorn
 
-    from .scheduler_core.cluster import load_cluster
-    from .scheduler_core.policy import load_policy
+    from .scheduler_core.engine.cluster import load_cluster
+    from .scheduler_core.policy.config import load_policy
 
     load_cluster(args.cluster)               # bad input fails here, with its message
     if args.policy_file:
@@ -177,7 +177,7 @@ def _job_table(j: dict) -> Table:
               title_justify="left")
     for col in ("role", "#", "host", "GPUs", "CPUs", "NICs"):
         t.add_column(col)
-    from .scheduler_core.topology import format_cpulist
+    from .scheduler_core.engine.topology import format_cpulist
 
     for r in j.get("replicas", []):
         t.add_row(r["role"], str(r["index"]), r["host"], ",".join(map(str, r["gpus"])) or "-",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_gpu.scheduler_core.topology import Topology, load_topology
+from airflow_gpu.scheduler_core.engine.topology import Topology, load_topology
 from tests.agent.fakenvml import FakeNVML
 from tests.agent.fakesysfs import write_host
 from tests.service.conftest import db_url  # noqa: F401  (a fixture: sqlite, postgresql)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from airflow_gpu.scheduler_core.topology import Topology
+from airflow_gpu.scheduler_core.engine.topology import Topology
 from tests.agent.fakesysfs import FakePci
 
 MiB = 2**20

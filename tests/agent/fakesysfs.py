@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airflow_gpu.scheduler_core.topology import Topology, format_cpulist
+from airflow_gpu.scheduler_core.engine.topology import Topology, format_cpulist
 
 MiB_KB = 1024
 

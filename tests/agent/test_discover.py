@@ -11,9 +11,9 @@ import yaml
 from airflow_gpu.agent.discover import discover
 from airflow_gpu.agent.pcie import sysfs_bdf
 from airflow_gpu.cli import main
-from airflow_gpu.scheduler_core.cluster import load_cluster
-from airflow_gpu.scheduler_core.hosttype import host_type
-from airflow_gpu.scheduler_core.topology import Topology, format_cpulist, load_topology
+from airflow_gpu.scheduler_core.engine.cluster import load_cluster
+from airflow_gpu.scheduler_core.engine.hosttype import host_type
+from airflow_gpu.scheduler_core.engine.topology import Topology, format_cpulist, load_topology
 from tests.agent.conftest import MODELS
 
 

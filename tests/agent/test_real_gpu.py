@@ -7,7 +7,7 @@ import pytest
 
 from airflow_gpu.agent.source import NvmlSource
 from airflow_gpu.agent.topoprint import topo_text
-from airflow_gpu.scheduler_core.hosttype import host_type
+from airflow_gpu.scheduler_core.engine.hosttype import host_type
 
 pytestmark = pytest.mark.gpu
 PCIE = {"PIX", "PXB", "PHB", "NODE", "SYS"}

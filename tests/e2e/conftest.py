@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from airflow_gpu.scheduler_core.topology import format_cpulist
+from airflow_gpu.scheduler_core.engine.topology import format_cpulist
 from tests.helpers import REPO
 from tests.service.servers import Server
 

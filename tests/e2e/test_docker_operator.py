@@ -12,7 +12,7 @@ import pytest
 from airflow_gpu.launch.docker import DockerLauncher
 from airflow_gpu.launch.handle import LaunchError
 from airflow_gpu.launch.replica import Replica
-from airflow_gpu.scheduler_core.topology import parse_cpulist
+from airflow_gpu.scheduler_core.engine.topology import parse_cpulist
 
 
 def probe_values(output: str) -> dict[str, str]:

@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from airflow_gpu.scheduler_core.topology import parse_cpulist
+from airflow_gpu.scheduler_core.engine.topology import parse_cpulist
 
 
 def grant_of(scheduler, task: str) -> dict:

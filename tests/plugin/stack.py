@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 import yaml
 
-import airflow_gpu.scheduler_core
+import airflow_gpu.scheduler_core.engine
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions
 from tests.helpers import REPO
 from tests.service.servers import Server, free_port
 
-HOST_MODELS = Path(airflow_gpu.scheduler_core.__file__).parent / "hostmodels"
+HOST_MODELS = Path(airflow_gpu.scheduler_core.engine.__file__).parent / "hostmodels"
 USERS = {"admin": "admin-pass", "viewer": "viewer-pass"}
 TRAIN_KEY = "vision_pipeline/train/manual__2025-06-01T00:00:00+00:00/-1/1"
 UNHEALTHY = ("dgx-a-02", 5, "XID 79: GPU has fallen off the bus")

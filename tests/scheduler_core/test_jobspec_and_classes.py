@@ -1,9 +1,9 @@
 import pytest
 
+from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, place
 from airflow_gpu.scheduler_core.errors import InputError
 from airflow_gpu.scheduler_core.jobclasses import JobClass, resolve
 from airflow_gpu.scheduler_core.jobspec import JobSpec
-from airflow_gpu.scheduler_core.placement import Placed, Unplaced, place
 from airflow_gpu.scheduler_core.plugins import default_registry, hookimpl, make_registry
 from tests.helpers import job, make_state
 

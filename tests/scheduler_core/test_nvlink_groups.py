@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpu.scheduler_core.nvlink_groups import nvlink_groups
+from airflow_gpu.scheduler_core.engine.nvlink_groups import nvlink_groups
 from airflow_gpu.scheduler_core.service.core import Service, Settings
 from tests.helpers import make_cluster
 

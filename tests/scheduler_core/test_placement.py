@@ -1,9 +1,9 @@
 """Placement rules on the real DGX topologies."""
 
-from airflow_gpu.scheduler_core.hosttype import GiB
-from airflow_gpu.scheduler_core.placement import Placed, Unplaced, never_fits, place
+from airflow_gpu.scheduler_core.engine.hosttype import GiB
+from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, never_fits, place
+from airflow_gpu.scheduler_core.engine.topology import load_topology
 from airflow_gpu.scheduler_core.plugins import default_registry
-from airflow_gpu.scheduler_core.topology import load_topology
 from tests.helpers import job, make_state
 
 REG = default_registry()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpu.scheduler_core.policy import PolicyConfig, TeamPolicy
-from airflow_gpu.scheduler_core.scheduler import Rejected, Scheduler
-from airflow_gpu.scheduler_core.simulator import SimOptions, simulate
-from airflow_gpu.scheduler_core.state import ClusterState
-from airflow_gpu.scheduler_core.trace import TraceJob
+from airflow_gpu.scheduler_core.engine.state import ClusterState
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig, TeamPolicy
+from airflow_gpu.scheduler_core.policy.scheduler import Rejected, Scheduler
+from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
+from airflow_gpu.scheduler_core.simulation.trace import TraceJob
 from tests.helpers import job, make_cluster
 
 TWO_HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)

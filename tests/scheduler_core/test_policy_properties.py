@@ -7,14 +7,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_gpu.scheduler_core.cluster import Cluster
-from airflow_gpu.scheduler_core.jobqueue import JobQueue
-from airflow_gpu.scheduler_core.policy import PolicyConfig
-from airflow_gpu.scheduler_core.reservations import earliest_end
-from airflow_gpu.scheduler_core.scheduler import PassResult, Scheduler
-from airflow_gpu.scheduler_core.simulator import SimOptions, simulate
-from airflow_gpu.scheduler_core.state import ClusterState
-from airflow_gpu.scheduler_core.trace import TraceJob
+from airflow_gpu.scheduler_core.engine.cluster import Cluster
+from airflow_gpu.scheduler_core.engine.state import ClusterState
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.policy.jobqueue import JobQueue
+from airflow_gpu.scheduler_core.policy.reservations import earliest_end
+from airflow_gpu.scheduler_core.policy.scheduler import PassResult, Scheduler
+from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
+from airflow_gpu.scheduler_core.simulation.trace import TraceJob
 from tests.helpers import job, make_cluster
 
 SETTINGS = settings(max_examples=60, deadline=None,

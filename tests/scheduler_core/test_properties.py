@@ -15,13 +15,13 @@ from itertools import combinations
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from airflow_gpu.scheduler_core.cluster import Cluster, ClusterFile, build_cluster
-from airflow_gpu.scheduler_core.hosttype import HostType, bits
+from airflow_gpu.scheduler_core.engine.cluster import Cluster, ClusterFile, build_cluster
+from airflow_gpu.scheduler_core.engine.hosttype import HostType, bits
+from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, place
+from airflow_gpu.scheduler_core.engine.state import ClusterState, HostState, ReplicaAllocation
 from airflow_gpu.scheduler_core.jobspec import JobSpec, Role
-from airflow_gpu.scheduler_core.placement import Placed, Unplaced, place
-from airflow_gpu.scheduler_core.planner import PlanResult, plan
 from airflow_gpu.scheduler_core.plugins import default_registry
-from airflow_gpu.scheduler_core.state import ClusterState, HostState, ReplicaAllocation
+from airflow_gpu.scheduler_core.policy.planner import PlanResult, plan
 
 LOCALITIES = ("host", "switch", "rack", "any")
 MODELS = ("dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200")

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_gpu.scheduler_core.cluster import synthetic_cluster
-from airflow_gpu.scheduler_core.policy import PolicyConfig
-from airflow_gpu.scheduler_core.reservations import running_ends
-from airflow_gpu.scheduler_core.scheduler import Scheduler
-from airflow_gpu.scheduler_core.simulator import SimOptions, simulate
-from airflow_gpu.scheduler_core.state import ClusterState
-from airflow_gpu.scheduler_core.timemodel import LocalityModel, reestimate
-from airflow_gpu.scheduler_core.trace import TraceJob
+from airflow_gpu.scheduler_core.engine.cluster import synthetic_cluster
+from airflow_gpu.scheduler_core.engine.state import ClusterState
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.policy.reservations import running_ends
+from airflow_gpu.scheduler_core.policy.scheduler import Scheduler
+from airflow_gpu.scheduler_core.policy.timemodel import LocalityModel, reestimate
+from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
+from airflow_gpu.scheduler_core.simulation.trace import TraceJob
 from tests.helpers import job, make_cluster
 
 # two switches of two hosts each

@@ -1,19 +1,19 @@
-from pathlib import Path
 
 import pytest
 import yaml
 
-from airflow_gpu.scheduler_core.errors import InputError
-from airflow_gpu.scheduler_core.hosttype import bits, host_type
-from airflow_gpu.scheduler_core.topology import (
+from airflow_gpu.scheduler_core.engine.hosttype import bits, host_type
+from airflow_gpu.scheduler_core.engine.topology import (
     builtin_model_names,
     format_cpulist,
     load_topology,
     parse_cpulist,
 )
-from tests.helpers import SHARED
+from airflow_gpu.scheduler_core.errors import InputError
+from tests.helpers import REPO, SHARED
 
 MODELS = ["dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200"]
+HOSTMODELS = REPO / "src/airflow_gpu/scheduler_core/engine/hostmodels"
 
 
 def test_cpulists():
@@ -30,7 +30,7 @@ def test_all_five_models_are_built_in():
 @pytest.mark.skipif(not (SHARED / "topologies").is_dir(), reason="shared/ data not present")
 @pytest.mark.parametrize("name", MODELS)
 def test_builtin_models_match_the_shared_data(name):
-    shipped = Path(__file__).resolve().parents[2] / "src/airflow_gpu/scheduler_core/hostmodels"
+    shipped = HOSTMODELS
     assert (shipped / f"{name}.yaml").read_bytes() == (
         SHARED / "topologies" / f"{name}.yaml").read_bytes()
 
@@ -65,8 +65,7 @@ def test_dgx1_nvlink_quads():
 
 
 def test_user_topology_file(tmp_path):
-    data = yaml.safe_load((Path(__file__).resolve().parents[2]
-                           / "src/airflow_gpu/scheduler_core/hostmodels/dgx-h100.yaml").read_text())
+    data = yaml.safe_load((HOSTMODELS / "dgx-h100.yaml").read_text())
     data["model"] = "my-h100"
     path = tmp_path / "my-h100.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -74,8 +73,7 @@ def test_user_topology_file(tmp_path):
 
 
 def test_asymmetric_nvlink_is_refused(tmp_path):
-    data = yaml.safe_load((Path(__file__).resolve().parents[2]
-                           / "src/airflow_gpu/scheduler_core/hostmodels/dgx-1v.yaml").read_text())
+    data = yaml.safe_load((HOSTMODELS / "dgx-1v.yaml").read_text())
     data["gpus"][0]["nvlink_peers"][1] = 2
     path = tmp_path / "broken.yaml"
     path.write_text(yaml.safe_dump(data))

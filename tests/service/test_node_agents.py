@@ -11,13 +11,13 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from airflow_gpu.scheduler_core.engine.topology import load_topology
 from airflow_gpu.scheduler_core.jobclasses import JobClass
 from airflow_gpu.scheduler_core.plugins import hookimpl, make_registry
 from airflow_gpu.scheduler_core.service.app import create_app
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Service, Settings
 from airflow_gpu.scheduler_core.store.models import CpuHoldRow, GpuHoldRow, HostRow
-from airflow_gpu.scheduler_core.topology import load_topology
 from tests.helpers import make_cluster
 
 HOSTS = ({"name": "dgx-1", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)

@@ -72,7 +72,7 @@ def cmd_topo(args: argparse.Namespace, nvml=None) -> int:
         topo = source.topology
         source.close()
     else:
-        from ..scheduler_core.topology import load_topology
+        from ..scheduler_core.engine.topology import load_topology
 
         topo = load_topology(args.model)
     if args.yaml:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
+from ..scheduler_core.engine.topology import Topology, load_topology
 from ..scheduler_core.errors import InputError
-from ..scheduler_core.topology import Topology, load_topology
 
 
 class DeclaredSource:

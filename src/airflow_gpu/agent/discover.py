@@ -18,14 +18,14 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..scheduler_core.errors import InputError
-from ..scheduler_core.topology import (
+from ..scheduler_core.engine.topology import (
     Topology,
     builtin_model_names,
     format_cpulist,
     load_topology,
     parse_cpulist,
 )
+from ..scheduler_core.errors import InputError
 from .hostinfo import read_host
 from .nics import RdmaNic, read_nics
 from .nvlink import read_nvlinks

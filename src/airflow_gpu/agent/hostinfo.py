@@ -7,7 +7,7 @@ import math
 import re
 from pathlib import Path
 
-from ..scheduler_core.topology import format_cpulist, parse_cpulist
+from ..scheduler_core.engine.topology import format_cpulist, parse_cpulist
 from .pcie import read_int
 
 KIB_PER_GIB = 2**20

@@ -4,7 +4,7 @@ each GPU's CPU and NUMA affinity."""
 
 from __future__ import annotations
 
-from ..scheduler_core.topology import Topology, format_cpulist
+from ..scheduler_core.engine.topology import Topology, format_cpulist
 
 LEGEND = """
 Legend:

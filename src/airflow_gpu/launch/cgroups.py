@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..scheduler_core.topology import format_cpulist
+from ..scheduler_core.engine.topology import format_cpulist
 
 ROOT = Path(os.environ.get("AIRFLOW_GPU_CGROUP_ROOT", "/sys/fs/cgroup"))
 PARENT = "airflow-gpu"

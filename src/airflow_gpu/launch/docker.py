@@ -12,7 +12,7 @@ import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, Mount
 
-from ..scheduler_core.topology import format_cpulist
+from ..scheduler_core.engine.topology import format_cpulist
 from .handle import LaunchError
 from .replica import Replica
 

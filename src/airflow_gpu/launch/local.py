@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..scheduler_core.topology import format_cpulist
+from ..scheduler_core.engine.topology import format_cpulist
 from . import cgroups
 from .handle import LaunchError
 from .replica import Replica

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..scheduler_core.topology import format_cpulist
+from ..scheduler_core.engine.topology import format_cpulist
 
 
 @dataclass(frozen=True)

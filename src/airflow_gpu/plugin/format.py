@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime
 
-from ..scheduler_core.topology import format_cpulist
+from ..scheduler_core.engine.topology import format_cpulist
 from ..scheduler_core.units import format_duration, format_size, parse_duration
 
 __all__ = ["age", "duration", "format_cpulist", "format_size", "parse_time", "seconds_of",

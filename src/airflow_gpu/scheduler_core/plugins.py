@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Protocol
 import pluggy
 
 if TYPE_CHECKING:
-    from .cluster import Host
+    from .engine.cluster import Host
+    from .engine.state import HostState
     from .jobclasses import JobClass
     from .jobspec import JobSpec, Role
-    from .state import HostState
 
 PROJECT = "airflow_gpu"
 hookspec = pluggy.HookspecMarker(PROJECT)

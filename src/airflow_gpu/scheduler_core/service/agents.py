@@ -19,12 +19,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from ..cluster import Cluster, Host
+from ..engine.cluster import Cluster, Host
+from ..engine.hosttype import HostType, host_type
+from ..engine.state import ClusterState
+from ..engine.topology import Topology
 from ..errors import InputError
-from ..hosttype import HostType, host_type
-from ..state import ClusterState
 from ..store.models import AllocationRow, GpuRow, HostRow
-from ..topology import Topology
 
 log = logging.getLogger(__name__)
 

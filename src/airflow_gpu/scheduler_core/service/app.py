@@ -40,8 +40,8 @@ def app_from_env() -> FastAPI:
     """The app as `airflow-gpu server` starts it in each worker process."""
     import os
 
-    from ..cluster import load_cluster
-    from ..policy import PolicyConfig, load_policy
+    from ..engine.cluster import load_cluster
+    from ..policy.config import PolicyConfig, load_policy
     from .core import Settings
 
     env = os.environ

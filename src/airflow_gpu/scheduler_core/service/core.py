@@ -20,17 +20,17 @@ from sqlalchemy import delete, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from ..cluster import Cluster
+from ..engine.cluster import Cluster
+from ..engine.nvlink_groups import nvlink_groups
+from ..engine.placement import compile_needs, never_fits
+from ..engine.state import ClusterState
 from ..errors import InputError
 from ..jobclasses import resolve
-from ..jobqueue import job_shape
 from ..jobspec import JobSpec
-from ..nvlink_groups import nvlink_groups
-from ..placement import compile_needs, never_fits
 from ..plugins import Registry, default_registry
-from ..policy import PolicyConfig, TeamPolicy
-from ..scheduler import Rejected, over_quota
-from ..state import ClusterState
+from ..policy.config import PolicyConfig, TeamPolicy
+from ..policy.jobqueue import job_shape
+from ..policy.scheduler import Rejected, over_quota
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import (
     AllocationRow,

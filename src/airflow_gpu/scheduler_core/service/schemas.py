@@ -7,9 +7,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..engine.topology import Topology
 from ..jobspec import JobSpec
 from ..store.models import AllocationRow, EventRow, JobRow
-from ..topology import Topology
 from .core import eta_seconds
 
 

@@ -15,14 +15,14 @@ from datetime import datetime
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from ..cluster import TIERS, Cluster, tier_of_hosts
+from ..engine.cluster import TIERS, Cluster, tier_of_hosts
 from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..plugins import Registry
-from ..policy import PolicyConfig
-from ..scheduler import planned_runtime
+from ..policy.config import PolicyConfig
+from ..policy.scheduler import planned_runtime
+from ..policy.timemodel import LocalityModel
 from ..store.models import AllocationRow, JobRow
-from ..timemodel import LocalityModel
 from .core import _ts
 
 

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..cluster import Cluster
+from ..engine.cluster import Cluster
+from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
-from ..scheduler import Rejected, Scheduler
-from ..state import ClusterState, ReplicaAllocation
+from ..policy.scheduler import Rejected, Scheduler
 from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
 from .agents import silent_hosts
 from .core import ENDED, LIVE, PENDING, Service, _ts, _update, spec_gpus, utcnow

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..units import format_size
 from .fit import Need, fit_replica
 from .state import HostState
-from .units import format_size
 
 if TYPE_CHECKING:
     from .placement import _Trial

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .errors import InputError, load_yaml, validate
+from ..errors import InputError, load_yaml, validate
 from .hosttype import HostType, host_type
 from .topology import load_topology
 
@@ -115,7 +115,7 @@ def build_cluster(spec: ClusterFile, base_dir: Path | None = None, source: str =
 def builtin_cluster_path(name: str) -> Path | None:
     from importlib import resources
 
-    path = Path(str(resources.files("airflow_gpu.scheduler_core") / "clusters" / f"{name}.yaml"))
+    path = Path(str(resources.files(__package__) / "clusters" / f"{name}.yaml"))
     return path if path.exists() else None
 
 

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from .errors import InputError, load_yaml, validate
+from ..errors import InputError, load_yaml, validate
 
 MAX_CPU = 65535      # highest logical CPU id a host model may name (Linux NR_CPUS is 8192)
 
@@ -191,7 +191,7 @@ class Topology(_Model):
         return near or [n.name for n in nics if n.numa_node == g.numa_node]
 
 
-_BUILTIN = resources.files("airflow_gpu.scheduler_core") / "hostmodels"
+_BUILTIN = resources.files(__package__) / "hostmodels"
 
 
 def builtin_model_names() -> list[str]:

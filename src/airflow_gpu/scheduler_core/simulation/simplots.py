@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import InputError
+from ..errors import InputError
 from .simulator import SimResult
 
 DAY = 86400.0

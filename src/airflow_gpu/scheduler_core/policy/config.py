@@ -16,8 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
-from .errors import load_yaml, validate
-from .units import Duration
+from ..errors import load_yaml, validate
+from ..units import Duration
 
 Mode = Literal["backfill", "fifo", "count"]
 

@@ -11,18 +11,18 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from .countfit import place_by_count
-from .errors import InputError
-from .jobclasses import resolve
+from ..engine.countfit import place_by_count
+from ..engine.placement import Placed, never_fits, place
+from ..engine.state import ClusterState, tier_of
+from ..errors import InputError
+from ..jobclasses import resolve
+from ..jobspec import JobSpec
+from ..plugins import Registry, default_registry
+from .config import FairShare, PolicyConfig
 from .jobqueue import JobQueue, QueuedJob
-from .jobspec import JobSpec
 from .passplan import PassPlan
 from .pending import Pending, Reasons, locality_wait, quota_wait
-from .placement import Placed, never_fits, place
-from .plugins import Registry, default_registry
-from .policy import FairShare, PolicyConfig
 from .reservations import Reservation, earliest_end, place_best
-from .state import ClusterState, tier_of
 from .timemodel import LocalityModel
 
 

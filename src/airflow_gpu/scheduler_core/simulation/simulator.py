@@ -16,11 +16,11 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .cluster import Cluster
-from .plugins import Registry, default_registry
-from .policy import PolicyConfig
-from .scheduler import PassResult, Rejected, Scheduler
-from .state import ClusterState
+from ..engine.cluster import Cluster
+from ..engine.state import ClusterState
+from ..plugins import Registry, default_registry
+from ..policy.config import PolicyConfig
+from ..policy.scheduler import PassResult, Rejected, Scheduler
 from .trace import TraceJob, job_spec
 
 GiB = 2**30

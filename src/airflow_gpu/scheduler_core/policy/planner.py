@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .jobspec import JobSpec
-from .placement import Placed
-from .plugins import Registry
-from .policy import PolicyConfig
+from ..engine.placement import Placed
+from ..engine.state import ClusterState
+from ..jobspec import JobSpec
+from ..plugins import Registry
+from .config import PolicyConfig
 from .scheduler import Pending, Rejected, Scheduler
-from .state import ClusterState
 
 
 @dataclass

@@ -9,11 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .cluster import TIERS
-from .hosttype import bits
-from .placement import Placed, never_fits, place
+from ..engine.cluster import TIERS
+from ..engine.hosttype import bits
+from ..engine.placement import Placed, never_fits, place
+from ..units import format_duration
 from .reservations import earliest_end
-from .units import format_duration
 
 if TYPE_CHECKING:
     from .jobqueue import QueuedJob

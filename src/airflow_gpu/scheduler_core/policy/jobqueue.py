@@ -22,9 +22,9 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .fit import Need
-from .jobspec import JobSpec
-from .placement import compile_needs
+from ..engine.fit import Need
+from ..engine.placement import compile_needs
+from ..jobspec import JobSpec
 
 # Job size: GPU-minutes of work from 1 (size factor 1) to 10^7 (size factor 0), log scale.
 _SIZE_DECADES = 7.0

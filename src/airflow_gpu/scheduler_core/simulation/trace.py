@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError, validate
-from .jobspec import JobSpec
+from ..errors import InputError, validate
+from ..jobspec import JobSpec
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
 OPTIONAL = ("team", "priority", "job_class", "expected_runtime")

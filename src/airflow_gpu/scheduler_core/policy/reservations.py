@@ -14,13 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .placement import Placed, place
-from .state import ClusterState, ReplicaAllocation
+from ..engine.placement import Placed, place
+from ..engine.state import ClusterState, ReplicaAllocation
 from .timemodel import reestimate
 
 if TYPE_CHECKING:
+    from ..plugins import Registry
     from .jobqueue import QueuedJob
-    from .plugins import Registry
 
 
 @dataclass(eq=False)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..jobspec import JobSpec
+from ..plugins import Registry
 from .cluster import Host
 from .fit import Need, allocate_replica
-from .jobspec import JobSpec
-from .plugins import Registry
 from .state import ClusterState, HostState, ReplicaAllocation, tier_of
 
 TIERS = {"host": ("host",), "switch": ("switch",), "rack": ("rack",),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from typing import TYPE_CHECKING
 
-from .placement import Placed
+from ..engine.placement import Placed
 from .reservations import Hold, Reservation
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .cluster import TIERS
+from ..engine.cluster import TIERS
 
 _PRIOR = 8.0          # samples the policy's factor is worth
 _MIN_RATIO, _MAX_RATIO = 0.01, 100.0   # an observed ratio outside this is not a runtime

@@ -1,0 +1,1 @@
+"""Replaying job traces through the scheduling pass with a virtual clock."""
