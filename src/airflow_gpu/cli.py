@@ -158,22 +158,23 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
     first = metrics[0]
     t = Table(title=f"Replay of {trace} on {first['cluster']} ({first['total_gpus']} GPUs)",
               title_justify="left")
-    for col in ("policy", "jobs", "avg JCT", "avg wait", "p95 wait", "wait >1 host",
-                "makespan", "GPU util", "min hosts", "replay time"):
+    for col in ("policy", "jobs", "avg JCT", "avg wait", "p95 wait", "max wait",
+                "wait >1 host", "makespan", "GPU util", "min hosts", "replay time"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for m in metrics:
         if not m["jobs"]:
-            t.add_row(m["policy"], "0", *["-"] * 8)
+            t.add_row(m["policy"], "0", *["-"] * 9)
             continue
         t.add_row(m["policy"], f"{m['jobs']:,}", format_duration(m["avg_jct_s"]),
                   format_duration(m["avg_wait_s"]), format_duration(m["p95_wait_s"]),
+                  format_duration(m["max_wait_s"]),
                   format_duration(m["avg_wait_large_s"]), format_duration(m["makespan_s"]),
                   f"{m['gpu_utilization']:.1%}",
                   f"{m['multi_gpu_jobs_min_hosts_frac']:.1%}", f"{m['wall_s']:.1f}s")
     if "avg_jct_lower_bound_s" in first:
         t.add_section()
         t.add_row("bound", "", format_duration(first["avg_jct_lower_bound_s"]), "0s", "0s",
-                  "0s", format_duration(first["makespan_lower_bound_s"]), "", "", "")
+                  "0s", "0s", format_duration(first["makespan_lower_bound_s"]), "", "", "")
     console = _console()
     console.print(t)
     for m in metrics:
