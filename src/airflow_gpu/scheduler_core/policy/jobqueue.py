@@ -73,11 +73,13 @@ class QueuedJob:
 class JobQueue:
     def __init__(self, age_weight: float, size_weight: float = 0.0):
         self.age_weight, self.size_weight = age_weight, size_weight
-        # band -> team -> [(static key, submit, seq, job)], and band -> [(submit, seq, job)]
-        self._bands: dict[float, dict[str, list[tuple]]] = {}
+        # band -> (team, shape) -> [(static key, submit, seq, job)], and
+        # band -> [(submit, seq, job)]
+        self._bands: dict[float, dict[tuple[str, tuple], list[tuple]]] = {}
         self._by_submit: dict[float, list[tuple]] = {}
         self.jobs: dict[str, QueuedJob] = {}
         self.shapes: Counter = Counter()
+        self._runtimes: dict[tuple, list[float]] = {}   # per shape, sorted
         self.cpu_only = 0                          # queued jobs that ask for no GPU
         self._needs: dict[tuple, list[Need]] = {}   # shared by jobs of one shape
 
@@ -110,49 +112,51 @@ class JobQueue:
             raise ValueError(f"job {job.name!r} is already queued")
         self.jobs[job.name] = job
         self.shapes[job.shape] += 1
+        bisect.insort(self._runtimes.setdefault(job.shape, []), job.runtime)
         self.cpu_only += not job.gpus
-        teams = self._bands.setdefault(job.base, {})
-        bisect.insort(teams.setdefault(job.team, []), self._entry(job))
+        lists = self._bands.setdefault(job.base, {})
+        bisect.insort(lists.setdefault((job.team, job.shape), []), self._entry(job))
         bisect.insort(self._by_submit.setdefault(job.base, []), (job.submit, job.seq, job))
 
     def remove(self, name: str) -> QueuedJob:
         job = self.jobs.pop(name)
         self.shapes[job.shape] -= 1
+        runtimes = self._runtimes[job.shape]
+        del runtimes[bisect.bisect_left(runtimes, job.runtime)]
         self.cpu_only -= not job.gpus
         if not self.shapes[job.shape]:
-            del self.shapes[job.shape]
-        teams = self._bands[job.base]
-        entries = teams[job.team]
+            del self.shapes[job.shape], self._runtimes[job.shape]
+        lists = self._bands[job.base]
+        entries = lists[job.team, job.shape]
         del entries[bisect.bisect_left(entries, self._entry(job)[:3])]
         if not entries:
-            del teams[job.team]
+            del lists[job.team, job.shape]
         by_submit = self._by_submit[job.base]
         del by_submit[bisect.bisect_left(by_submit, (job.submit, job.seq))]
-        if not teams:
+        if not lists:
             del self._bands[job.base], self._by_submit[job.base]
         return job
 
+    def shortest(self, shape: tuple) -> float:
+        """The shortest expected runtime among the queued jobs of a shape."""
+        return self._runtimes[shape][0]
+
     @property
     def teams(self) -> list[str]:
-        return list({t for teams in self._bands.values() for t in teams})
+        return list({t for lists in self._bands.values() for t, _ in lists})
 
     def protected(self, protect_before: float) -> int:
         """How many queued jobs are protected (see `ordered`): one per band at most."""
         return sum(min(1, bisect.bisect_right(e, (protect_before, math.inf)))
                    for e in self._by_submit.values())
 
-    def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf
-                ) -> Iterator[tuple[QueuedJob, bool]]:
+    def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf,
+                skip_shapes: set | None = None) -> Iterator[tuple[QueuedJob, bool]]:
         """(job, protected) in scheduling order: in each band, its oldest job if it was
         submitted at or before `protect_before`, then the others by score.
 
-        Lazy, over a snapshot: remove jobs only after the iteration."""
-        def team_iter(team, entries, skip):
-            fs = fairshare.get(team, 0.0)
-            for key, submit, seq, job in list(entries):
-                if seq not in skip:
-                    yield round(key - fs, 6), submit, seq, job
-
+        Lazy: remove jobs only after the iteration. Shapes that enter `skip_shapes`
+        meanwhile yield no more jobs (the band's other jobs keep their order)."""
         for band in sorted(self._bands, reverse=True):
             by_submit = self._by_submit[band]
             first = by_submit[:min(1, bisect.bisect_right(by_submit,
@@ -162,6 +166,19 @@ class JobQueue:
             if len(first) == len(by_submit):
                 continue
             skip = {seq for _, seq, _ in first}
-            merged = heapq.merge(*(team_iter(t, e, skip) for t, e in self._bands[band].items()))
-            for *_, job in merged:
-                yield job, False
+            # a k-way merge of the (team, shape) lists, each offset by its team's fair share
+            lists = [(entries, fairshare.get(team, 0.0), shape)
+                     for (team, shape), entries in self._bands[band].items()]
+            heap = [(round(e[0][0] - fs, 6), e[0][1], e[0][2], i, 0)
+                    for i, (e, fs, _) in enumerate(lists)]
+            heapq.heapify(heap)
+            while heap:
+                _, _, seq, i, k = heapq.heappop(heap)
+                entries, fs, shape = lists[i]
+                if skip_shapes is not None and shape in skip_shapes:
+                    continue            # the rest of this list is skipped too
+                if seq not in skip:
+                    yield entries[k][3], False
+                if k + 1 < len(entries):
+                    key, submit, nseq, _ = entries[k + 1]
+                    heapq.heappush(heap, (round(key - fs, 6), submit, nseq, i, k + 1))

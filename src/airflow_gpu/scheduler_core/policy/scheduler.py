@@ -166,7 +166,8 @@ class Scheduler:
         fs = self.fairshare.factors(self.queue.teams)
         p = _Pass(self, now, explain)
         try:
-            for job, protected in self.queue.ordered(fs, p.protect_before):
+            for job, protected in self.queue.ordered(
+                    fs, p.protect_before, None if explain else p.hopeless):
                 if p.result.tested >= cfg.max_jobs_tested:
                     if not explain:
                         break
@@ -214,7 +215,7 @@ class _Pass:
         self.protect_left = sched.queue.protected(self.protect_before) if backfill else 0
         self.failed: set[tuple] = set()                # (shape, holds) known not to fit
         self.hopeless: set[tuple] = set()              # shapes that fail even without holds
-        self._hopeless_seen = 0
+        self._failures = self._failures_seen = 0       # failures counted, and when done() ran
         self.head: QueuedJob | None = None             # fifo: the first job that waits
         self.reasons = Reasons(self) if explain else None
 
@@ -227,7 +228,8 @@ class _Pass:
                 and len(self.reservations) < self.s.config.reservation_depth)
 
     def done(self) -> bool:
-        """Nothing more can start or be reserved: every shape queued fails without holds."""
+        """Nothing more can start or be reserved: every shape queued fails, without holds or
+        with the holds its shortest job would have to go around (more holds only take)."""
         if self.explain:
             return False
         if self.mode == "fifo":
@@ -236,11 +238,12 @@ class _Pass:
             return False
         if self.s.state.usable_total == 0 and not self.s.queue.cpu_only:
             return True
-        if len(self.hopeless) == self._hopeless_seen:
+        if self._failures == self._failures_seen:
             return False
-        self._hopeless_seen = len(self.hopeless)
-        return len(self.hopeless) >= len(self.s.queue.shapes) and all(
-            sh in self.hopeless for sh in self.s.queue.shapes)
+        self._failures_seen = self._failures
+        queue, starts = self.s.queue, self.plan.starts()
+        return all(shape in self.hopeless or (shape, bisect.bisect_left(
+            starts, self.now + queue.shortest(shape))) in self.failed for shape in queue.shapes)
 
     def consider(self, job: QueuedJob, protected: bool) -> None:
         s = self.s
@@ -261,6 +264,7 @@ class _Pass:
             if got is not None:
                 return self.start(job, got)
             self.hopeless.add(job.shape)
+            self._failures += 1
             return self.wait(job, Pending("Resources", f"needs {job.gpus} GPUs; "
                                           f"{s.state.usable_total} are free (policy count)"))
         got = self.plan.due_now(job) or self.try_now(job)
@@ -328,6 +332,7 @@ class _Pass:
         got = place_best(job, self.s.state, self.s.reg, best_tier)
         if got is None:
             self.failed.add(key)
+            self._failures += 1
             if k == 0 or not self.reservations:
                 self.hopeless.add(job.shape)
         return got
