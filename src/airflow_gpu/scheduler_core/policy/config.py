@@ -1,8 +1,9 @@
 """The queue policy: how pending jobs are ordered, limited and protected from starvation.
 
-effective priority = priority + job-class weight
-                     + age_weight * hours waited
-                     + fairshare_weight * 2^(-usage/share)
+band  = priority + job-class weight               (strict: higher bands first)
+score = fairshare_weight * 2^(-usage/share)      (within a band, after the job that has
+      + size_weight * size factor                 waited reserve_after: jobqueue.py)
+      + age_weight * hours waited
 
 `usage` is the team's share of all GPU-seconds used, decayed with a half-life;
 `share` its configured share of the cluster (Slurm's classic fair-share factor:

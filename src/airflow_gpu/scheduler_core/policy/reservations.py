@@ -112,18 +112,6 @@ class Hold:
         self.pieces.clear()
 
 
-def hold_all(state: ClusterState, reservations: list[Reservation]) -> list[Hold]:
-    holds = [Hold(r.allocations) for r in reservations]
-    for h in holds:
-        h.grab(state)
-    return holds
-
-
-def drop_all(state: ClusterState, holds: list[Hold]) -> None:
-    for h in reversed(holds):
-        h.drop(state)
-
-
 def could_fit(job: QueuedJob, state: ClusterState) -> bool:
     """A cheap necessary condition (GPU counts only) before trying `place`."""
     if state.usable_total < job.gpus:
@@ -274,6 +262,7 @@ class _Walk:
                     hold.grab(self.state, host)
 
     def undo(self) -> None:
-        drop_all(self.state, list(self.active.values()))
+        for hold in self.active.values():
+            hold.drop(self.state)
         for name, allocs, start, end in reversed(self.released):
             self.state.commit(name, allocs, start, end)
