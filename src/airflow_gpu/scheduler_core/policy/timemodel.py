@@ -62,7 +62,7 @@ class LocalityModel:
                 actual: float) -> None:
         """A job of `job_class` planned for `estimate` seconds (on one host) ran `actual`
         seconds on a placement of `tier`."""
-        if estimate <= 0 or actual <= 0:
+        if not self.learn or estimate <= 0 or actual <= 0:
             return
         ratio = actual / estimate
         if not _MIN_RATIO <= ratio <= _MAX_RATIO:

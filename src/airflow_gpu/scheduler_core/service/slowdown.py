@@ -1,10 +1,11 @@
 """The locality slowdown the service plans with, learned from the jobs that succeeded.
 
 The service knows each job's placement (its allocation rows) and its actual runtime
-(admitted to finished). Every pass reads the jobs that succeeded since the last one and
-feeds them to the engine's `LocalityModel`, which the pass's scheduler plans with. A new
-process reads the whole history once; a changed policy (factors, learning, default
-runtime) starts the model anew.
+(admitted to finished). Every pass reads the jobs that succeeded since the last one (a
+batch at most) and feeds them to the engine's `LocalityModel`, which the pass's
+scheduler plans with. A new process reads the whole history this way once; a changed
+policy (factors, learning, default runtime) starts the model anew. Requeued jobs are
+left out: their last admission's hosts are not told apart from the earlier ones'.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import threading
 from datetime import datetime
 
+from pydantic import ValidationError
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import TIERS, Cluster, tier_of_hosts
+from ..errors import InputError
 from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..plugins import Registry
@@ -24,6 +27,8 @@ from ..policy.scheduler import planned_runtime
 from ..policy.timemodel import LocalityModel
 from ..store.models import AllocationRow, JobRow
 from .core import _ts
+
+BATCH = 5000     # jobs read per pass: a long history is learned over a few passes
 
 
 class LearnedSlowdown:
@@ -46,7 +51,7 @@ class LearnedSlowdown:
             q = (select(JobRow.id, JobRow.spec, JobRow.admitted_at, JobRow.finished_at)
                  .where(JobRow.state == "succeeded", JobRow.attempt <= 1,
                         JobRow.admitted_at.is_not(None), JobRow.finished_at.is_not(None))
-                 .order_by(JobRow.finished_at, JobRow.id))
+                 .order_by(JobRow.finished_at, JobRow.id).limit(BATCH))
             if self._mark is not None:
                 at, job_id = self._mark
                 q = q.where(or_(JobRow.finished_at > at,
@@ -71,7 +76,7 @@ class LearnedSlowdown:
         try:
             resolved = resolve(JobSpec.model_validate({**spec, "name": job_id}),
                                self.reg.job_classes)
-        except Exception:                # a class that no longer exists: nothing to learn
+        except (InputError, ValidationError):   # its class or spec format is gone
             return
         tier = tier_of_hosts(cluster.by_name[h] for h in hosts)
         self.model.observe(resolved.job_class, tier, planned_runtime(resolved, policy), actual)
