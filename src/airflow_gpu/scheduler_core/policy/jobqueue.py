@@ -8,9 +8,10 @@ The order (docs/queue-policy.md):
 3. Then the band's other jobs by score = age + fair share + job size (highest first).
 
 The age and size terms of the score are fixed per job (`age_weight * -submit_hours +
-size points`), so each (band, team) keeps one sorted list for good; only the fair-share
-term moves, and it moves a whole team at once: a pass merges a band's team lists lazily,
-adding each team's current fair-share points.
+size points`), so each (band, team, job shape) keeps one sorted list for good; only the
+fair-share term moves, and it moves a whole team at once: a pass merges a band's lists
+lazily, adding each team's current fair-share points, and drops a shape's lists once
+the pass knows that shape cannot fit.
 """
 
 from __future__ import annotations
