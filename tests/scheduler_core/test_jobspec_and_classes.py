@@ -98,3 +98,36 @@ def test_plugins_add_classes_filters_and_scorers():
     big = job("b", {"name": "w", "replicas": 3, "gpus": 8})
     assert isinstance(place(big, state, reg), Unplaced)      # only two hosts in zone b
     assert isinstance(place(big, state, REG), Placed)        # without the plugin: four
+
+
+GiB = 2**30
+
+
+def test_every_replica_books_memory():
+    """No spec books nothing: a role without memory books the class's or the policy's per
+    GPU and per CPU, and an explicit 0 is refused (it would be an unlimited cgroup)."""
+    spec = job("j", {"name": "w", "gpus": 2, "cpus": 8}, {"name": "ps", "cpus": 2})
+    got = resolve(spec, REG.job_classes)
+    assert [r.memory for r in got.roles] == [2 * 16 * GiB + 8 * GiB, 2 * GiB]
+    got = resolve(spec, REG.job_classes, memory=(40 * GiB, 3 * GiB))   # the policy's
+    assert [r.memory for r in got.roles] == [2 * 40 * GiB + 24 * GiB, 6 * GiB]
+    tf = job("tf", {"name": "worker", "gpus": 1, "cpus": 4}, {"name": "ps"},
+             job_class="tensorflow-ps")
+    assert [r.memory for r in resolve(tf, REG.job_classes).roles] == [20 * GiB, 8 * GiB]
+    heavy = JobClass("heavy", "host memory per GPU", memory_per_gpu=100 * GiB)
+    reg = make_registry(extra_plugins=(_classes_plugin(heavy),))
+    got = resolve(job("h", {"name": "w", "gpus": 1, "cpus": 2}, job_class="heavy"),
+                  reg.job_classes, memory=(40 * GiB, 3 * GiB))
+    assert got.roles[0].memory == 100 * GiB + 6 * GiB     # the class's per GPU wins
+    placed = place(got, make_state({"name": "h1", "model": "dgx-a100"}), reg)
+    assert isinstance(placed, Placed) and placed.allocations[0].memory_bytes == 106 * GiB
+    with pytest.raises(ValueError, match="must book some host memory"):
+        job("z", {"name": "w", "gpus": 1, "memory": 0})
+
+
+def _classes_plugin(*classes):
+    class Plugin:
+        @hookimpl
+        def airflow_gpu_job_classes(self):
+            return list(classes)
+    return Plugin()

@@ -74,7 +74,7 @@ class DockerLauncher:
                     "airflow-gpu.replica": str(r.index), "airflow-gpu.host": r.host},
             cpuset_cpus=format_cpulist(r.cpus) or None,
             cpuset_mems=",".join(map(str, r.numa_nodes)) or None,
-            mem_limit=r.memory_bytes or None, network_mode=self.network_mode,
+            mem_limit=r.memory_bytes, network_mode=self.network_mode,
             mounts=[parse_mount(m) for m in self.mounts], shm_size=self.shm_size,
             detach=True, **gpu_options(self.gpu_mode, r.gpus, self.runtime))
         try:

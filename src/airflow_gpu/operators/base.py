@@ -56,7 +56,8 @@ class GpuBaseOperator(BaseOperator):
 
     :param gpus: GPUs per replica. :param gpu_model: accepted GPU models (substrings of
     the GPU name, e.g. "A100"). :param gpu_memory: minimum memory per GPU ("48GiB").
-    :param cpus: logical CPUs per replica. :param memory: host memory per replica.
+    :param cpus: logical CPUs per replica. :param memory: host memory per replica (booked
+    and its limit; default: per GPU and per CPU, from the job class or the queue policy).
     :param job_class: e.g. pytorch, tensorflow-ps, etl, validation.
     :param priority: higher runs first. :param expected_runtime: e.g. "2h"; default: the
     median of the task's last successful runs where the class allows, else the class's.
@@ -73,7 +74,8 @@ class GpuBaseOperator(BaseOperator):
 
     def __init__(self, *, gpus: int = 0, gpu_model: str | list[str] | None = None,
                  gpu_memory: str | int | None = None, cpus: int = 1,
-                 memory: str | int = "1GiB", job_class: str | None = None, priority: int = 0,
+                 memory: str | int | None = None, job_class: str | None = None,
+                 priority: int = 0,
                  expected_runtime: str | int | None = None, team: str | None = None,
                  placement: dict[str, Any] | None = None,
                  gpu_scheduler_conn_id: str = GpuSchedulerHook.default_conn_name,
@@ -83,7 +85,8 @@ class GpuBaseOperator(BaseOperator):
         super().__init__(**kwargs)
         gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory)) if v}
         self.roles = roles or [{"name": "main", "gpus": gpus, "cpus": cpus,
-                                "memory": memory, **({"gpu": gpu} if gpu else {})}]
+                                **({"memory": memory} if memory is not None else {}),
+                                **({"gpu": gpu} if gpu else {})}]
         self.job_class, self.priority, self.team = job_class, priority, team
         self.expected_runtime, self.placement = expected_runtime, placement or {}
         self.gpu_scheduler_conn_id = gpu_scheduler_conn_id

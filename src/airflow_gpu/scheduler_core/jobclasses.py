@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import InputError
-from .jobspec import JobSpec
+from .jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU, JobSpec
 from .plugins import hookimpl
 
 
@@ -29,6 +29,9 @@ class JobClass:
     # When a GPU the job holds turns unhealthy: requeue the whole gang (same job id, back
     # to pending), cancel it, or keep it running (it is flagged either way).
     on_gpu_failure: Literal["requeue", "cancel", "keep"] = "requeue"
+    # host memory a replica books when its role gives none (else the policy's defaults)
+    memory_per_gpu: int | None = None
+    memory_per_cpu: int | None = None
 
     def check(self, spec: JobSpec) -> list[str]:
         problems = []
@@ -81,15 +84,26 @@ def airflow_gpu_job_classes() -> list[JobClass]:
     return BUILTIN
 
 
-def resolve(spec: JobSpec, classes: dict[str, JobClass], source: str | None = None) -> JobSpec:
-    """The spec with its class applied; an unknown class or a broken class rule is an error."""
-    if spec.job_class is None:
+def resolve(spec: JobSpec, classes: dict[str, JobClass], source: str | None = None,
+            memory: tuple[int, int] = (MEMORY_PER_GPU, MEMORY_PER_CPU)) -> JobSpec:
+    """The spec with its class applied and every role's memory booked (the class's per GPU
+    and per CPU, else `memory`: the policy's); an unknown class or a broken class rule is
+    an error."""
+    jc = None
+    if spec.job_class is not None:
+        jc = classes.get(spec.job_class)
+        if jc is None:
+            raise InputError(f"job {spec.name!r}: job_class: unknown class "
+                             f"{spec.job_class!r}; known classes: {', '.join(sorted(classes))}",
+                             source)
+        problems = jc.check(spec)
+        if problems:
+            raise InputError(f"job {spec.name!r}: job_class: " + "; ".join(problems), source)
+        spec = jc.apply(spec)
+    if all(r.memory is not None for r in spec.roles):
         return spec
-    jc = classes.get(spec.job_class)
-    if jc is None:
-        raise InputError(f"job {spec.name!r}: job_class: unknown class {spec.job_class!r}; "
-                         f"known classes: {', '.join(sorted(classes))}", source)
-    problems = jc.check(spec)
-    if problems:
-        raise InputError(f"job {spec.name!r}: job_class: " + "; ".join(problems), source)
-    return jc.apply(spec)
+    per_gpu = jc.memory_per_gpu if jc and jc.memory_per_gpu is not None else memory[0]
+    per_cpu = jc.memory_per_cpu if jc and jc.memory_per_cpu is not None else memory[1]
+    return spec.model_copy(update={"roles": [
+        r if r.memory is not None else r.model_copy(update={
+            "memory": r.booked_memory(per_gpu, per_cpu)}) for r in spec.roles]})

@@ -13,6 +13,11 @@ from .errors import InputError, load_yaml, validate
 from .units import Duration, Size
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+GiB = 2**30
+# Host memory a replica books when its spec gives none (like Slurm's DefMemPerGPU and
+# DefMemPerCPU); a job class or the queue policy may set their own.
+MEMORY_PER_GPU = 16 * GiB
+MEMORY_PER_CPU = 1 * GiB
 
 
 class _Spec(BaseModel):
@@ -37,7 +42,24 @@ class Role(_Spec):
     gpus: int = Field(0, ge=0, le=64, description="GPUs per replica")
     gpu: GpuConstraint = GpuConstraint()
     cpus: int = Field(1, ge=1, le=4096, description="logical CPUs per replica (exclusive)")
-    memory: Size = Field(1 * 2**30, description="host memory per replica")
+    memory: Size | None = Field(
+        None, description="host memory per replica (booked, and the replica's limit); "
+        "default: per GPU and per CPU, from the job class or the queue policy")
+
+    @field_validator("memory")
+    @classmethod
+    def _some_memory(cls, v: int | None) -> int | None:
+        if v is not None and v <= 0:
+            raise ValueError("a replica must book some host memory (it is its limit too); "
+                             "give a size such as 8GiB, or leave memory out for the default "
+                             "per GPU and per CPU")
+        return v
+
+    def booked_memory(self, per_gpu: int = MEMORY_PER_GPU,
+                      per_cpu: int = MEMORY_PER_CPU) -> int:
+        """Bytes a replica books: its own `memory`, else per GPU and per CPU."""
+        return self.memory if self.memory is not None else (
+            per_gpu * self.gpus + per_cpu * self.cpus)
 
 
 class Placement(_Spec):

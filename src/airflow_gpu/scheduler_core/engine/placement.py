@@ -35,7 +35,7 @@ _EXTRA_DOMAINS = 3
 def compile_needs(job: JobSpec) -> list[Need]:
     """Needs of each role, GPU roles first (largest replicas first), then CPU-only roles."""
     p = job.placement
-    needs = [Need(r.name, r.replicas, r.gpus, r.cpus, r.memory,
+    needs = [Need(r.name, r.replicas, r.gpus, r.cpus, r.booked_memory(),
                   tuple(r.gpu.model) if r.gpu.model else None,
                   r.gpu.min_memory or 0, p.affinity, p.nics) for r in job.roles]
     return sorted(needs, key=lambda n: (n.gpus == 0, -n.gpus, -n.cpus))

@@ -18,7 +18,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from ..errors import load_yaml, validate
-from ..units import Duration
+from ..jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU
+from ..units import Duration, Size
 
 Mode = Literal["backfill", "fifo", "count"]
 
@@ -42,6 +43,10 @@ class PolicyConfig(_Spec):
                                           description="past GPU usage halves after this long")
     default_runtime: Duration = Field(3600, gt=0,
                                       description="planned runtime of jobs that give none")
+    memory_per_gpu: Size = Field(MEMORY_PER_GPU, gt=0, description="host memory a replica "
+                                 "books per GPU when neither it nor its job class says")
+    memory_per_cpu: Size = Field(MEMORY_PER_CPU, gt=0, description="host memory a replica "
+                                 "books per CPU when neither it nor its job class says")
     reserve_after: Duration = Field(
         3 * 86400, ge=0, description="the oldest job of a band that has waited this long goes "
         "first, with a reservation: the knob between average and worst wait")
@@ -67,6 +72,10 @@ class PolicyConfig(_Spec):
             raise ValueError(f"{list(v)} must not shrink from one host to one switch to "
                              "across switches, e.g. [1.0, 1.1, 1.3]")
         return v
+
+    @property
+    def memory_defaults(self) -> tuple[int, int]:
+        return self.memory_per_gpu, self.memory_per_cpu
 
     def share(self, team: str) -> float:
         t = self.teams.get(team)

@@ -35,7 +35,7 @@ def job_shape(spec: JobSpec) -> tuple:
     """What placement sees of a job: equal shapes fit (or fail) on the same state alike."""
     p = spec.placement
     roles = tuple((r.name, r.replicas, r.gpus, tuple(r.gpu.model or ()), r.gpu.min_memory or 0,
-                   r.cpus, r.memory) for r in spec.roles)
+                   r.cpus, r.booked_memory()) for r in spec.roles)
     return roles, p.pack, p.locality, p.affinity, p.nics
 
 

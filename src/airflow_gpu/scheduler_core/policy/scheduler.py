@@ -89,7 +89,7 @@ class Scheduler:
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None) -> QueuedJob:
         """Queue a job; raises Rejected if it can never run (naming why), InputError for
         an unknown job class."""
-        spec = resolve(spec, self.reg.job_classes)
+        spec = resolve(spec, self.reg.job_classes, memory=self.config.memory_defaults)
         if spec.name in self.queue or spec.name in self.running:
             raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
@@ -103,7 +103,8 @@ class Scheduler:
     def restore(self, spec: JobSpec, allocations, start: float,
                 runtime: float | None = None) -> None:
         """A job that already holds resources (a driver rebuilding from its store)."""
-        self._start(self._make(resolve(spec, self.reg.job_classes), start, runtime),
+        self._start(self._make(resolve(spec, self.reg.job_classes,
+                                       memory=self.config.memory_defaults), start, runtime),
                     allocations, start)
 
     def _make(self, spec: JobSpec, submit: float, runtime: float | None) -> QueuedJob:

@@ -304,7 +304,7 @@ class Service:
             spec = spec.model_copy(update={"team": who.team})
         if not who.may_act_for(spec.team):
             raise Forbidden(f"team: your token is for team {who.team!r}, not {spec.team!r}")
-        resolved = resolve(spec, self.reg.job_classes)
+        resolved = resolve(spec, self.reg.job_classes, memory=self._policy().memory_defaults)
         why = self._rejection(resolved)
         if why:
             raise Rejected(spec.name, why)
