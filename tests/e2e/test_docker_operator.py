@@ -54,6 +54,21 @@ def test_container_gets_exactly_its_grant(run_dag, scheduler):
     assert cluster["gpus_allocated"] == 0
 
 
+def test_a_task_that_asks_no_memory_books_some_and_is_limited_to_it(run_dag, scheduler):
+    # no memory from the task, its class (validation) or the policy: 1GiB per CPU for a
+    # CPU-only replica, booked and the container's limit
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="0", TEST_MEMORY="")
+    assert run.result()["tasks"] == {"probe": "success"}, run.output[-3000:]
+    (grant,) = only_job(scheduler)["replicas"]
+    booked = sum(grant["memory_by_numa"].values())
+    assert booked == 1 * 2**30
+    assert int(probe_values(run.output)["memory.limit"]) == booked
+    # with a GPU it books 16GiB more, which these 8GiB hosts cannot hold: refused at once
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="1", TEST_MEMORY="")
+    assert run.result()["tasks"] == {"probe": "failed"}
+    assert "one replica needs 1 CPUs and 17GiB" in run.output
+
+
 def test_device_request_holds_exactly_the_granted_gpus(docker_engine):
     replica = Replica("0f0f0f0f-test", "worker", 3, 0, "host-1", "127.0.0.1", None,
                       [1, 3], [0], [0], 64 * 2**20, [])

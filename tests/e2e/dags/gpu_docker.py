@@ -19,7 +19,8 @@ MOUNT = os.environ.get("TEST_MOUNT")    # host_dir:container_dir, for PROBE_WAIT
 with DAG("gpu_docker", schedule=None, catchup=False) as dag:
     GpuDockerOperator(
         task_id="probe", image="airflow-gpu-test/busybox:1", command=["sh", "-c", PROBE],
-        gpus=int(os.environ.get("TEST_GPUS", "2")), cpus=1, memory="256MiB",
+        gpus=int(os.environ.get("TEST_GPUS", "2")), cpus=1,
+        memory=os.environ.get("TEST_MEMORY", "256MiB") or None,
         gpu_mode=os.environ.get("TEST_GPU_MODE", "env"), network_mode="none",
         environment={k: os.environ.get(k, "") for k in ("PROBE_SLEEP", "PROBE_EXIT",
                                                          "PROBE_WAIT")},
