@@ -192,11 +192,12 @@ def write_host(topo: Topology, pci: FakePci, root: Path) -> tuple[Path, Path]:
     (cpu_dir / "online").write_text(format_cpulist(all_cpus) + "\n")
     (cpu_dir / "possible").write_text(format_cpulist(all_cpus) + "\n")
     socket_of = {c: n.socket for n in host.numa_nodes for c in n.cpus}
+    core_of = {c: i for i, core in enumerate(host.cores()) for c in core}
     for c in all_cpus:
         d = cpu_dir / f"cpu{c}" / "topology"
         d.mkdir(parents=True)
         (d / "physical_package_id").write_text(f"{socket_of[c]}\n")
-        (d / "core_id").write_text(f"{c % host.total_cores}\n")
+        (d / "core_id").write_text(f"{core_of[c]}\n")
     for n in host.numa_nodes:
         d = sysfs / "devices" / "system" / "node" / f"node{n.id}"
         d.mkdir(parents=True)

@@ -14,7 +14,8 @@ from airflow_gpu.cli import main
 from airflow_gpu.scheduler_core.engine.cluster import load_cluster
 from airflow_gpu.scheduler_core.engine.hosttype import host_type
 from airflow_gpu.scheduler_core.engine.topology import Topology, format_cpulist, load_topology
-from tests.agent.conftest import MODELS
+from tests.agent.conftest import MODELS, FakeHost
+from tests.agent.fakesysfs import write_host
 
 
 def run_discovery(host, **kw) -> Topology:
@@ -51,6 +52,20 @@ def matrix(t: Topology) -> dict[tuple[str, str], str]:
             for col, cell in zip(cols, cells, strict=True)}
 
 
+def test_discovery_reports_thread_siblings_that_are_not_the_usual_numbering(fake_host):
+    """A host numbering a core's threads next to each other (cpu 2k and 2k + 1): the
+    agent sends the siblings it read, so whole cores are whole there too."""
+    host = fake_host("dgx-a100")
+    cpus = sorted(c for n in host.topo.host.numa_nodes for c in n.cpus)
+    doc = host.topo.document()
+    doc["host"]["thread_siblings"] = [f"{c},{c + 1}" for c in cpus[::2]]
+    topo = Topology.model_validate(doc)
+    sysfs, procfs = write_host(topo, host.nvml.pci, host.sysfs.parent.parent / "adjacent")
+    got = run_discovery(FakeHost(topo, host.nvml, sysfs, procfs))
+    assert got.host.cores() == [[c, c + 1] for c in cpus[::2]]
+    assert got.host.cores() != load_topology("dgx-a100").host.cores()
+
+
 @pytest.mark.parametrize("model", MODELS)
 def test_discovery_reproduces_the_model(fake_host, model):
     host = fake_host(model)
@@ -72,6 +87,7 @@ def test_discovery_reproduces_the_model(fake_host, model):
             h.total_threads, h.memory_gb) == (w.cpu_model, w.sockets, w.cores_per_socket,
                                               w.threads_per_core, w.total_cores,
                                               w.total_threads, w.memory_gb)
+    assert h.thread_siblings is None and h.cores() == w.cores()   # the usual i / i + cores
     nics = {n.name: n for n in got.nics}
     assert sorted(nics) == sorted(n.name for n in want.nics)
     for w in want.nics:

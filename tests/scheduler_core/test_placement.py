@@ -1,8 +1,10 @@
 """Placement rules on the real DGX topologies."""
 
-from airflow_gpu.scheduler_core.engine.hosttype import GiB
+import pytest
+
+from airflow_gpu.scheduler_core.engine.hosttype import GiB, host_type
 from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, never_fits, place
-from airflow_gpu.scheduler_core.engine.topology import load_topology
+from airflow_gpu.scheduler_core.engine.topology import Topology, load_topology
 from airflow_gpu.scheduler_core.plugins import default_registry
 from tests.helpers import job, make_state
 
@@ -165,9 +167,11 @@ def test_product_brief_two_ps_and_ten_workers():
     worker_hosts = {a.host.name for a in workers}
     assert len(worker_hosts) == 2
     assert len({a.host.switch_key for a in allocs}) == 1
-    # parameter servers sit on the workers' hosts, 1 CPU and 8 GiB each
+    # parameter servers sit on the workers' hosts, 1 CPU (so one whole core: both of its
+    # threads, i and i + 112 on a DGX H100) and 8 GiB each
     assert {a.host.name for a in ps} <= worker_hosts
-    assert all(len(a.cpus) == 1 and a.memory_bytes == 8 * GiB for a in ps)
+    assert all(len(a.cpus) == 2 and a.cpus[1] == a.cpus[0] + 112
+               and a.memory_bytes == 8 * GiB for a in ps)
     for a in workers:  # cores and memory on the GPU's NUMA node, NIC behind the GPU
         gpu = load_topology("dgx-h100").gpus[a.gpus[0]]
         assert set(a.cpus) <= numa_cpus("dgx-h100", gpu.numa_node) and len(a.cpus) == 4
@@ -178,6 +182,31 @@ def test_product_brief_two_ps_and_ten_workers():
     assert len(seen) == len(set(seen))
     cores = [(a.host.name, c) for a in allocs for c in a.cpus]
     assert len(cores) == len(set(cores))
+
+
+def test_replicas_get_whole_cores_unless_threads_are_asked_for():
+    """No job gets the SMT sibling of another job's core: CPUs go by whole physical cores
+    (CPU i and i + 128 on a DGX A100), a replica asking 3 gets 2 cores."""
+    state = make_state({"name": "h1", "model": "dgx-a100"})
+    a, b = (admit(state, job(n, {"name": "w", "cpus": 1}))[0] for n in ("a", "b"))
+    assert a.cpus == [a.cpus[0], a.cpus[0] + 128] and len(b.cpus) == 2
+    assert not set(a.cpus) & set(b.cpus)
+    (c,) = admit(state, job("c", {"name": "w", "gpus": 1, "cpus": 3}))
+    assert len(c.cpus) == 4 and {x % 128 for x in c.cpus} == {c.cpus[0], c.cpus[1]}
+    threads = job("t", {"name": "w", "cpus": 3}, placement={"cpu_allocation": "thread"})
+    (t,) = admit(state, threads)
+    assert len(t.cpus) == 3
+    # a model whose thread numbering is not the usual one says so, and is followed
+    topo = load_topology("dgx-a100").model_dump(by_alias=True)
+    topo["host"]["thread_siblings"] = [f"{k},{k + 16}" for k in range(16)]
+    with pytest.raises(ValueError, match="different NUMA nodes"):
+        Topology.model_validate(topo)     # CPUs 0 and 16 are on NUMA nodes 0 and 1
+    topo["host"]["thread_siblings"] = [f"{2 * k},{2 * k + 1}" for k in range(128)]
+    pairs = Topology.model_validate(topo)
+    assert pairs.host.cores()[:2] == [[0, 1], [2, 3]]
+    other = make_state({"name": "h2", "model": "dgx-a100"})
+    other.hosts[0].free_cpus[:] = list(host_type(pairs).numa_cpus)
+    assert host_type(pairs).numa_cores[0][:2] == (0b11, 0b1100)
 
 
 def test_brief_job_is_pending_with_locality_reason_when_no_switch_can_hold_it():

@@ -277,6 +277,21 @@ def test_no_gpu_cpu_or_numa_memory_granted_twice(scn: Scenario) -> None:
 
 
 # -- 2. gangs are all-or-nothing --------------------------------------------------------------
+def core_size(t: HostType) -> int:
+    """Threads per physical core of a host model (the built-ins are uniform)."""
+    return max(c.bit_count() for cores in t.numa_cores for c in cores)
+
+
+def threads_for(cpus: int, t: HostType) -> int:
+    """Logical CPUs a replica asking `cpus` gets: whole cores (the default allocation)."""
+    return -(-cpus // core_size(t)) * core_size(t)
+
+
+def whole_core_threads(t: HostType, free: int) -> int:
+    """Free logical CPUs that lie in fully free cores."""
+    return sum(c.bit_count() for cores in t.numa_cores for c in cores if c & free == c)
+
+
 def check_gang(job: JobSpec, allocs: list[ReplicaAllocation]) -> None:
     roles = {r.name: r for r in job.roles}
     assert len(allocs) == sum(r.replicas for r in job.roles), (
@@ -288,7 +303,12 @@ def check_gang(job: JobSpec, allocs: list[ReplicaAllocation]) -> None:
         indexes[a.role].append(a.index)
         where = f"{job.name}/{a.role}[{a.index}]"
         assert a.gpu_mask.bit_count() == role.gpus, f"{where}: GPUs {a.gpus}"
-        assert len(a.cpus) == role.cpus, f"{where}: {len(a.cpus)} CPUs, wants {role.cpus}"
+        t = a.host.type
+        assert len(a.cpus) == threads_for(role.cpus, t), (
+            f"{where}: {len(a.cpus)} CPUs, wants {role.cpus} as whole cores")
+        granted = sum(1 << c for c in a.cpus)
+        assert all(c & granted in (0, c) for cores in t.numa_cores for c in cores), (
+            f"{where}: CPUs {a.cpus} split a core")
         assert a.memory_bytes == role.memory, f"{where}: {a.memory_bytes} B, wants {role.memory}"
     for r in job.roles:
         assert sorted(indexes[r.name]) == list(range(r.replicas)), (
@@ -402,13 +422,15 @@ def replica_fits(role: Role, t: HostType, hs: HostState, strict: bool) -> bool:
     numas = range(len(t.numa_ids))
     free = [sum(1 for g in range(t.n_gpus) if hs.usable_gpus >> g & 1 and t.gpu_numa[g] == p
                 and gpu_ok(role, t, g)) for p in numas]
+    # CPUs come as whole cores: only threads of fully free cores count
+    cpus = [whole_core_threads(t, hs.free_cpus[p]) for p in numas]
     if not role.gpus or not strict:
-        return (sum(free) >= role.gpus and hs.n_cpus() >= role.cpus
+        return (sum(free) >= role.gpus and sum(cpus) >= role.cpus
                 and sum(hs.free_mem) >= role.memory)
     for size in range(1, min(role.gpus, len(t.numa_ids)) + 1):
         for nodes in combinations([p for p in numas if free[p]], size):
             if (sum(free[p] for p in nodes) >= role.gpus
-                    and sum(hs.free_cpus[p].bit_count() for p in nodes) >= role.cpus
+                    and sum(cpus[p] for p in nodes) >= role.cpus
                     and sum(hs.free_mem[p] for p in nodes) >= role.memory):
                 return True
     return False
@@ -427,7 +449,8 @@ def fits_empty_cluster_by_counts(job: JobSpec, cluster: Cluster) -> str | None:
         t = h.type
         if (all(gpu_ok(r, t, g) for r in job.roles if r.gpus for g in range(t.n_gpus))
                 and sum(r.gpus * r.replicas for r in job.roles) <= t.n_gpus
-                and sum(r.cpus * r.replicas for r in job.roles) <= t.total_cpus
+                and sum(threads_for(r.cpus, t) * r.replicas for r in job.roles)
+                <= t.total_cpus
                 and sum(r.memory * r.replicas for r in job.roles) <= t.total_mem):
             return f"host {h.name}"
     if len(job.roles) > 1:
@@ -436,7 +459,7 @@ def fits_empty_cluster_by_counts(job: JobSpec, cluster: Cluster) -> str | None:
     role = job.roles[0]
 
     def capacity(t: HostType) -> int:
-        n = min(t.total_cpus // role.cpus, t.total_mem // role.memory)
+        n = min(t.total_cpus // threads_for(role.cpus, t), t.total_mem // role.memory)
         if role.gpus:
             ok = all(gpu_ok(role, t, g) for g in range(t.n_gpus))
             n = min(n, t.n_gpus // role.gpus if ok else 0)

@@ -41,13 +41,13 @@ def read_host(sysfs: Path = Path("/sys"), procfs: Path = Path("/proc")) -> dict:
     except (OSError, ValueError):
         online = sorted(int(p.name[3:]) for p in cpu_dir.glob("cpu[0-9]*"))
     package: dict[int, int] = {}
-    cores: set[tuple[int, int]] = set()
+    cores: dict[tuple[int, int], list[int]] = {}     # (package, core_id) -> its CPUs
     for cpu in online:
         topo = cpu_dir / f"cpu{cpu}" / "topology"
         pkg = read_int(topo / "physical_package_id")
         package[cpu] = 0 if pkg is None or pkg < 0 else pkg
         core = read_int(topo / "core_id")
-        cores.add((package[cpu], cpu if core is None else core))
+        cores.setdefault((package[cpu], cpu if core is None else core), []).append(cpu)
     nodes = []
     for node_dir in sorted((sysfs / "devices" / "system" / "node").glob("node[0-9]*"),
                            key=lambda p: int(p.name[4:])):
@@ -66,7 +66,7 @@ def read_host(sysfs: Path = Path("/sys"), procfs: Path = Path("/proc")) -> dict:
                   "memory_gb": _memtotal_gib(procfs / "meminfo")}]
     sockets = len(set(package.values())) or 1
     total_cores = len(cores) or len(online)
-    return {
+    host = {
         "cpu_model": _cpu_model(procfs),
         "sockets": sockets,
         "cores_per_socket": max(1, total_cores // sockets),
@@ -76,3 +76,19 @@ def read_host(sysfs: Path = Path("/sys"), procfs: Path = Path("/proc")) -> dict:
         "memory_gb": round(sum(n["memory_gb"] for n in nodes), 1),
         "numa_nodes": nodes,
     }
+    siblings = sorted(sorted(g) for g in cores.values())
+    if siblings != _usual_siblings(online, total_cores):
+        host["thread_siblings"] = [format_cpulist(g) for g in siblings]
+    return host
+
+
+def _usual_siblings(online: list[int], total_cores: int) -> list[list[int]]:
+    """The cores a topology file implies without thread_siblings: CPU i and i + cores
+    with two threads per core, else one CPU per core."""
+    if len(online) == 2 * total_cores:
+        known = set(online)
+        pairs = [[c, c + total_cores] for c in online
+                 if c < total_cores and c + total_cores in known]
+        if len(pairs) == total_cores:
+            return pairs
+    return [[c] for c in online]

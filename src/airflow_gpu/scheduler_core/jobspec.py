@@ -69,6 +69,9 @@ class Placement(_Spec):
     affinity: Literal["strict", "preferred", "none"] = Field(
         "preferred", description="CPU cores and memory on the NUMA node(s) of the GPUs")
     nics: bool = Field(True, description="give GPU replicas the compute NICs behind their GPUs")
+    cpu_allocation: Literal["core", "thread"] = Field(
+        "core", description="core: whole physical cores (with their SMT siblings; a replica "
+        "asking 3 CPUs gets 2 cores, 4 threads); thread: logical CPUs one by one")
 
 
 class JobSpec(_Spec):

@@ -133,7 +133,7 @@ def why_never(trial: _Trial, within: str) -> str:
             continue
         biggest = max(samples, key=lambda h: (h.type.total_cpus, h.type.total_mem))
         loose = Need(n.role, 1, n.gpus, n.cpus, n.memory, n.models, n.min_gpu_memory,
-                     "none", False)
+                     "none", False, n.whole_cores)
         if n.gpus and any(fit_replica(h.type, HostState.empty(h), loose) for h in samples):
             local_cpus = max(h.type.numa_cpus[h.type.gpu_numa[0]].bit_count() for h in samples)
             local_mem = max(h.type.numa_mem[h.type.gpu_numa[0]] for h in samples)

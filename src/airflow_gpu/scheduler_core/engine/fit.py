@@ -21,6 +21,7 @@ class Need:
     min_gpu_memory: int
     affinity: str                       # strict | preferred | none
     nics: bool
+    whole_cores: bool = True            # cores with all their SMT threads, never halves
     _eligible: dict[int, int] = field(default_factory=dict)
 
     def eligible(self, t: HostType) -> int:
@@ -61,12 +62,36 @@ def _lowest(mask: int, count: int) -> int:
     return out
 
 
+def free_cpus(avail: int, cores: tuple[int, ...] | None) -> int:
+    """How many of the `avail` CPUs can be handed out: with `cores`, only whole cores."""
+    if cores is None:
+        return avail.bit_count()
+    return sum(c.bit_count() for c in cores if c & avail == c)
+
+
+def _cpus_from(avail: int, want: int, cores: tuple[int, ...] | None) -> int:
+    """`want` CPUs from `avail`, lowest first; with `cores`, whole cores (the last one may
+    bring more threads than asked)."""
+    if cores is None:
+        return _lowest(avail, want)
+    out = n = 0
+    for c in cores:
+        if n >= want:
+            break
+        if c & avail == c:
+            out |= c
+            n += c.bit_count()
+    return out
+
+
 def _take_from(pools: list[int], hs: HostState, cpus: int, memory: int,
-               shares: dict[int, int] | None = None):
+               shares: dict[int, int] | None = None,
+               cores: list[tuple[int, ...]] | None = None):
     """Cores (lowest ids first) and memory from NUMA positions in `pools` order, or None.
 
     With `shares` (GPUs per NUMA position), cores and memory are first split in
-    proportion, so each GPU's process finds cores and memory on its own node.
+    proportion, so each GPU's process finds cores and memory on its own node. With
+    `cores` (the physical cores per NUMA position) CPUs come as whole cores.
     """
     cpu_got: dict[int, int] = {}
     mem_got: dict[int, int] = {}
@@ -81,12 +106,16 @@ def _take_from(pools: list[int], hs: HostState, cpus: int, memory: int,
             for p in pools:
                 if want <= 0:
                     break
-                have = (free[p] & ~got.get(p, 0)).bit_count() if is_cpu else free[p] - got.get(p, 0)
+                pool_cores = cores[p] if cores is not None else None
+                avail = free[p] & ~got.get(p, 0) if is_cpu else 0
+                have = free_cpus(avail, pool_cores) if is_cpu else free[p] - got.get(p, 0)
                 n = min(have, want, cap.get(p, 0) if cap is not None else want)
                 if n <= 0:
                     continue
                 if is_cpu:
-                    got[p] = got.get(p, 0) | _lowest(free[p] & ~got.get(p, 0), n)
+                    taken = _cpus_from(avail, n, pool_cores)
+                    got[p] = got.get(p, 0) | taken
+                    n = taken.bit_count()
                 else:
                     got[p] = got.get(p, 0) + n
                 want -= n
@@ -109,6 +138,7 @@ def _pools(t: HostType, hs: HostState, local: list[int], widen: bool) -> list[in
 
 def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
     """(gpu_mask, cpu_take, mem_take) for one replica on this host, best choice first; or None."""
+    cores = t.numa_cores if need.whole_cores else None
     if need.gpus == 0:
         if hs.drained:
             return None
@@ -116,9 +146,10 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
         order = sorted(range(len(t.numa_ids)), key=lambda p: (
             (t.numa_gpus[p] & hs.usable_gpus).bit_count(), hs.free_cpus[p].bit_count(), p))
         for p in order:
-            if hs.free_cpus[p].bit_count() >= need.cpus and hs.free_mem[p] >= need.memory:
-                return 0, *_take_from([p], hs, need.cpus, need.memory)
-        got = _take_from(order, hs, need.cpus, need.memory)
+            if (free_cpus(hs.free_cpus[p], cores[p] if cores else None) >= need.cpus
+                    and hs.free_mem[p] >= need.memory):
+                return 0, *_take_from([p], hs, need.cpus, need.memory, cores=cores)
+        got = _take_from(order, hs, need.cpus, need.memory, cores=cores)
         return (0, *got) if got else None
     free = hs.usable_gpus & need.eligible(t)
     if free.bit_count() < need.gpus:
@@ -131,7 +162,7 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
         for gset in sets if widen else (*sets, *_spread_by_cores(t, hs, free, need)):
             shares = _gpu_numas(t, gset)
             got = _take_from(_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
-                             shares)
+                             shares, cores)
             if got:
                 return gset, *got
     return None
@@ -141,14 +172,26 @@ def _spread_by_cores(t: HostType, hs: HostState, free: int, need: Need) -> list[
     """GPU sets over the NUMA nodes with the most free cores and memory, 2, 3, ... nodes.
 
     The ranked sets depend on GPUs alone (so they can be cached); when their nodes lack
-    the cores or memory, nodes that still have them are tried before giving up."""
+    the cores or memory, nodes that still have them are tried before giving up: ranked by
+    the scarcer of the two resources (relative to what the replica asks), and by each
+    alone (one node may bring the cores, another the memory)."""
     nodes = [p for p in range(len(t.numa_ids)) if t.numa_gpus[p] & free]
-    # Rank nodes by the scarcer of the two resources, relative to what the replica asks.
-    nodes.sort(key=lambda p: (-min(hs.free_cpus[p].bit_count() / need.cpus,
-                                   hs.free_mem[p] / need.memory if need.memory else 1e9), p))
-    sets = (round_robin([t.numa_gpus[p] & free for p in nodes[:k]], need.gpus)
-            for k in range(2, min(need.gpus, len(nodes)) + 1))
-    return [m for m in sets if m]
+    cores = t.numa_cores if need.whole_cores else [None] * len(t.numa_ids)
+
+    def cpus(p: int) -> float:
+        return free_cpus(hs.free_cpus[p], cores[p]) / need.cpus
+
+    def mem(p: int) -> float:
+        return hs.free_mem[p] / need.memory if need.memory else 1e9
+
+    out: list[int] = []
+    for rank in (lambda p: min(cpus(p), mem(p)), cpus, mem):
+        order = sorted(nodes, key=lambda p, rank=rank: (-rank(p), p))
+        for k in range(2, min(need.gpus, len(order)) + 1):
+            m = round_robin([t.numa_gpus[p] & free for p in order[:k]], need.gpus)
+            if m and m not in out:
+                out.append(m)
+    return out
 
 
 def _gpu_numas(t: HostType, gset: int) -> dict[int, int]:

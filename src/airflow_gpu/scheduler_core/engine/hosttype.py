@@ -61,6 +61,7 @@ class HostType:
     numa_ids: list[int]             # real NUMA node ids, by position
     numa_socket: list[int]
     numa_cpus: list[int]            # bitmask of logical CPU ids per NUMA position
+    numa_cores: list[tuple[int, ...]]   # per NUMA position, its physical cores as CPU masks
     numa_mem: list[int]             # bytes per NUMA position
     numa_gpus: list[int]            # bitmask of GPUs local to each NUMA position
     tree: TreeNode
@@ -142,6 +143,10 @@ def _compile(topo: Topology) -> HostType:
     for g in gpus:
         numa_gpus[pos[g.numa_node]] |= 1 << g.index
     numa_cpus = [sum(1 << c for c in nn.cpus) for nn in topo.host.numa_nodes]
+    numa_cores: list[list[int]] = [[] for _ in numa_ids]
+    for core in topo.host.cores():
+        mask = sum(1 << c for c in core)
+        numa_cores[next(p for p, m in enumerate(numa_cpus) if m & mask)].append(mask)
     return HostType(
         topo=topo,
         model=topo.model,
@@ -156,6 +161,7 @@ def _compile(topo: Topology) -> HostType:
         numa_ids=numa_ids,
         numa_socket=[nn.socket for nn in topo.host.numa_nodes],
         numa_cpus=numa_cpus,
+        numa_cores=[tuple(cores) for cores in numa_cores],
         numa_mem=[int(nn.memory_gb * GiB) for nn in topo.host.numa_nodes],
         numa_gpus=numa_gpus,
         tree=_build_tree(topo, pos),

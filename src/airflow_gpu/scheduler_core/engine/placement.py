@@ -37,7 +37,8 @@ def compile_needs(job: JobSpec) -> list[Need]:
     p = job.placement
     needs = [Need(r.name, r.replicas, r.gpus, r.cpus, r.booked_memory(),
                   tuple(r.gpu.model) if r.gpu.model else None,
-                  r.gpu.min_memory or 0, p.affinity, p.nics) for r in job.roles]
+                  r.gpu.min_memory or 0, p.affinity, p.nics, p.cpu_allocation == "core")
+             for r in job.roles]
     return sorted(needs, key=lambda n: (n.gpus == 0, -n.gpus, -n.cpus))
 
 

@@ -74,6 +74,24 @@ class HostInfo(_Model):
     memory_gb: float = Field(ge=0)
     numa_per_socket: int | None = None
     numa_nodes: list[NumaNode] = Field(min_length=1)
+    # The logical CPUs of each physical core (Linux's thread_siblings_list), where they
+    # are not the usual numbering: with two threads per core, CPU i and i + total_cores
+    # share a core (so on every DGX model); with one, each CPU is a core of its own.
+    thread_siblings: list[CpuList] | None = None
+
+    def cores(self) -> list[list[int]]:
+        """The physical cores, each as its logical CPUs, lowest CPU first."""
+        cpus = sorted(c for n in self.numa_nodes for c in n.cpus)
+        if self.thread_siblings is not None:
+            groups = [sorted(g) for g in self.thread_siblings]
+        elif self.threads_per_core == 2 and self.total_threads == 2 * self.total_cores:
+            known = set(cpus)
+            groups = [[c, c + self.total_cores] for c in cpus if c < self.total_cores
+                      and c + self.total_cores in known]
+        else:
+            groups = []
+        grouped = {c for g in groups for c in g}
+        return sorted(groups + [[c] for c in cpus if c not in grouped])
 
 
 class NvLink(_Model):
@@ -142,6 +160,7 @@ class Topology(_Model):
         if sorted(indexes) != list(range(len(indexes))):
             raise ValueError(f"gpus: indexes must be 0..{len(indexes) - 1}, got {indexes}")
         seen: dict[int, int] = {}
+        self._check_siblings()
         for n in self.host.numa_nodes:
             for cpu in n.cpus:
                 if not 0 <= cpu <= MAX_CPU:
@@ -172,12 +191,31 @@ class Topology(_Model):
                     raise ValueError(f"nics {nic.name}: no GPU {gi}")
         return self
 
+    def _check_siblings(self) -> None:
+        node = {c: n.id for n in self.host.numa_nodes for c in n.cpus}
+        owner: dict[int, int] = {}
+        for i, group in enumerate(self.host.thread_siblings or ()):
+            for cpu in group:
+                if cpu not in node:
+                    raise ValueError(f"host.thread_siblings[{i}]: cpu {cpu} is in no NUMA "
+                                     "node of host.numa_nodes")
+                if cpu in owner:
+                    raise ValueError(f"host.thread_siblings: cpu {cpu} is in cores "
+                                     f"{owner[cpu]} and {i}; a CPU belongs to one core")
+                owner[cpu] = i
+            if len({node[c] for c in group}) > 1:
+                raise ValueError(f"host.thread_siblings[{i}]: the CPUs of one core are on "
+                                 "different NUMA nodes")
+
     def document(self) -> dict:
         """The model as a `gpu-topology/v1` document (JSON-ready, cpulists as strings), the
         form node agents send and the built-in files use."""
         doc = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         for n in doc["host"]["numa_nodes"]:
             n["cpus"] = format_cpulist(n["cpus"])
+        if "thread_siblings" in doc["host"]:
+            doc["host"]["thread_siblings"] = [format_cpulist(g)
+                                              for g in doc["host"]["thread_siblings"]]
         for g in doc["gpus"]:
             g["cpu_affinity"] = format_cpulist(g["cpu_affinity"])
         return doc

@@ -36,7 +36,7 @@ def job_shape(spec: JobSpec) -> tuple:
     p = spec.placement
     roles = tuple((r.name, r.replicas, r.gpus, tuple(r.gpu.model or ()), r.gpu.min_memory or 0,
                    r.cpus, r.booked_memory()) for r in spec.roles)
-    return roles, p.pack, p.locality, p.affinity, p.nics
+    return roles, p.pack, p.locality, p.affinity, p.nics, p.cpu_allocation
 
 
 def size_factor(gpus: int, runtime: float) -> float:
