@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from typing import Any
 
 from rich.table import Table
@@ -32,6 +33,12 @@ def cmd_server(args: argparse.Namespace) -> int:
     load_cluster(args.cluster)               # bad input fails here, with its message
     if args.policy_file:
         load_policy(args.policy_file)
+    if args.deployment is not None and not re.fullmatch(r"[^\x00-\x1f\x7f]{1,200}",
+                                                        args.deployment):
+        raise InputError(f"--deployment: {args.deployment!r} is not a name; use 1-200 "
+                         "printable characters, the same for every replica of the deployment")
+    if args.deployment is not None:
+        os.environ["AIRFLOW_GPU_DEPLOYMENT"] = args.deployment
     if args.workers > 1 and args.db.startswith("sqlite"):
         raise InputError(f"--workers: {args.workers} processes cannot share a SQLite "
                          "database; use PostgreSQL (--db postgresql+psycopg://...) or 1")
@@ -252,6 +259,9 @@ def add_commands(sub) -> None:
                    "unreachable (default 60; keep it above 3x the agents' --interval)")
     s.add_argument("--workers", type=int, default=1,
                    help="API processes (PostgreSQL only; one of them schedules)")
+    s.add_argument("--deployment", help="name of this deployment: its replicas share one "
+                   "scheduler lock (default $AIRFLOW_GPU_DEPLOYMENT, else the database "
+                   "schema: deployments in other schemas of the database schedule apart)")
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=cmd_server)
 

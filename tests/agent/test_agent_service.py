@@ -6,6 +6,7 @@ silent host turns unreachable and comes back when it reports."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -207,3 +208,38 @@ def test_a_silent_host_turns_unreachable_and_comes_back(stack, fake_host):
     finally:
         stop.set()
         loop.join(timeout=10)
+
+
+def test_an_agent_refused_while_jobs_run_keeps_trying_until_the_host_is_empty(
+        stack, fake_host, caplog):
+    """The host comes back as another model (a DGX-1V) while an H100 job runs on it: the
+    service refuses (409), the agent says why and keeps trying, and the new model is taken
+    once the job has ended."""
+    s = stack()
+    s.agent(fake_host("dgx-h100"), "agent-01").register()
+    job = running(s, h100_job("on-h100", 1))
+    again = s.agent(fake_host("dgx-1v"), "agent-01", interval=0.2)
+    stop = threading.Event()
+    loop = threading.Thread(target=again.run, args=(stop,), daemon=True)
+    with caplog.at_level(logging.ERROR, logger="airflow_gpu.agent.run"):
+        loop.start()
+        try:
+            refused = until(lambda: [r.getMessage() for r in caplog.records
+                                     if "refused to register agent-01" in r.getMessage()],
+                            "the refusal was logged")
+            assert "409" in refused[0] and job["id"] in refused[0]
+            assert "drain the host (airflow-gpu drain agent-01)" in refused[0]
+            assert "trying again every 0.2s" in refused[0]
+            until(lambda: len([r for r in caplog.records
+                               if "refused to register" in r.getMessage()]) >= 2,
+                  "the agent tried again")
+            assert loop.is_alive() and not again.registered
+            assert s.host("agent-01")["model"] == "dgx-h100"
+            s.team.finish(job["id"], "succeeded")
+            until(lambda: s.host("agent-01")["model"] == "dgx-1v",
+                  "the new model was taken once the host was empty")
+            until(lambda: again.registered, "the agent registered")
+        finally:
+            stop.set()
+            loop.join(timeout=10)
+    assert not loop.is_alive()

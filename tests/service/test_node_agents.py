@@ -235,3 +235,42 @@ def test_a_cluster_of_agents_only(db_url):
         a = submit(client, "x", 1)
         assert app.state.loop.tick() == [a["id"]]
     service.engine.dispose()
+
+
+def test_a_busy_host_keeps_its_model_until_it_is_empty(api):
+    """A host with live allocations cannot become another model (its jobs were placed on
+    H100s and their NICs); the change applies once the host is empty. A re-registration
+    that changes nothing the jobs depend on (here the Docker URL) is accepted."""
+    assert register(api, "n1", model="dgx-h100").status_code == 200
+    a = submit(api, "h100", 8, model="H100", job_class="pytorch")
+    start(api, a)
+    placed = job(api, a["id"])["replicas"]
+    assert [r["host"] for r in placed] == ["n1"]
+    r = register(api, "n1", model="dgx-1v")
+    assert r.status_code == 409, r.text
+    detail = r.json()["detail"]
+    for part in ("host n1", a["id"], "GPUs 0-7: NVIDIA H100 80GB HBM3 -> Tesla V100-SXM2-16GB",
+                 "GPU memory of GPUs 0-7: 80 GiB -> 16 GiB", "NUMA nodes: 0 (CPUs 0-55,112-167",
+                 "NICs: mlx5_0..mlx5_11 -> mlx5_0..mlx5_3",
+                 "drain the host (airflow-gpu drain n1), let its jobs end, then restart the "
+                 "agent"):
+        assert part in detail, (part, detail)
+    now = job(api, a["id"])
+    assert now["state"] == "running" and now["replicas"] == placed
+    api.tick()
+    host = api.get("/api/v1/cluster", headers=auth(api, "vision")).json()["hosts"][1]
+    assert host["model"] == "dgx-h100"
+    assert {g["name"] for g in host["gpus"]} == {"NVIDIA H100 80GB HBM3"}
+    assert all(g["job"] == a["id"] for g in host["gpus"])
+    # the same model from an agent with a new Docker URL: nothing its jobs use changes
+    r = register(api, "n1", model="dgx-h100", docker_url="tcp://n1:2376")
+    assert r.status_code == 200, r.text
+    assert r.json()["docker_url"] == "tcp://n1:2376" and r.json()["model"] == "dgx-h100"
+    assert job(api, a["id"])["replicas"] == placed
+    r = api.post(f"/api/v1/jobs/{a['id']}/finish", json={"outcome": "succeeded"},
+                 headers=auth(api, "vision"))
+    assert r.status_code == 200
+    r = register(api, "n1", model="dgx-1v")            # empty now: no drain needed
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == "dgx-1v"
+    assert {g["name"] for g in r.json()["gpus"]} == {"Tesla V100-SXM2-16GB"}

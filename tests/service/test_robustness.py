@@ -184,7 +184,7 @@ def test_a_failed_pass_does_not_cost_the_leadership(db_url):
     from sqlalchemy import text
 
     from airflow_gpu.scheduler_core.service.core import Service, Settings
-    from airflow_gpu.scheduler_core.service.loop import LOCK_KEY, SchedulerLoop
+    from airflow_gpu.scheduler_core.service.loop import SchedulerLoop
     from tests.helpers import make_cluster
 
     service = Service(Settings(db_url, make_cluster(*CLUSTER["hosts"])))
@@ -195,9 +195,10 @@ def test_a_failed_pass_does_not_cost_the_leadership(db_url):
         if service.engine.dialect.name != "postgresql":
             return True                           # SQLite: one process, no lock
         with other.connect() as conn:
-            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": LOCK_KEY})
+            key = {"k": loop.lock_key}
+            got = conn.execute(text("SELECT pg_try_advisory_lock(:k)"), key)
             if got.scalar():
-                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": LOCK_KEY})
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), key)
                 return True
             return False
 
@@ -210,5 +211,5 @@ def test_a_failed_pass_does_not_cost_the_leadership(db_url):
         assert loop._lead() and loop.leader       # the same replica leads again
     finally:
         other.dispose()
-        loop._release()
+        loop.stop()
         service.engine.dispose()

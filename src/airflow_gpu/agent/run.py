@@ -2,7 +2,9 @@
 utilization every `interval` seconds, and at once when a GPU turns unhealthy.
 
 The service being away is not fatal (the agent keeps trying); a token that is refused or
-a model the service rejects is, since retrying cannot fix either."""
+a model the service rejects is, since retrying cannot fix either. A registration refused
+for now (409: the host's model changed while jobs run there) is tried again every
+`interval` seconds until the host is empty and the service takes it."""
 
 from __future__ import annotations
 
@@ -66,7 +68,13 @@ class Agent:
         except ApiError as exc:
             if exc.status in (401, 403, 422):
                 raise self._refused(exc) from None
-            log.error("the service answered %s; retrying", exc)
+            if exc.status == 409 and not self.registered:
+                # e.g. the host's model changed while jobs run there: it applies once the
+                # host is empty, so keep trying (no heartbeats meanwhile)
+                log.error("the service refused to register %s for now (%s); trying again "
+                          "every %gs", self.name, exc, self.config.interval)
+            else:
+                log.error("the service answered %s; retrying", exc)
         return False
 
     def _refused(self, exc: ApiError) -> InputError:

@@ -28,10 +28,33 @@ class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+SHARE_RANGE = (1e-3, 1e6)   # a team's fair-share weight: wider makes 2^(-u/s) degenerate
+QUOTA_MAX = 1_000_000       # GPUs a team quota may name
+
+
+def check_share(v: float) -> float:
+    lo, hi = SHARE_RANGE
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise ValueError(f"must be a number from {lo:g} to {hi:.0f} (a team's relative weight "
+                         "in fair share, e.g. 1; 2 is twice as much)")
+    return v
+
+
+def check_quota(v: int | None) -> int | None:
+    if v is not None and not 0 <= v <= QUOTA_MAX:
+        raise ValueError(f"must be a number of GPUs from 0 to {QUOTA_MAX}, or none for no "
+                         "quota")
+    return v
+
+
 class TeamPolicy(_Spec):
-    share: float = Field(1.0, gt=0, description="relative share of the cluster for fair share")
+    share: float = Field(1.0, description="relative share of the cluster for fair share "
+                         f"({SHARE_RANGE[0]:g} to {SHARE_RANGE[1]:.0f})")
     quota_gpus: int | None = Field(
-        None, ge=0, description="hard limit: GPUs the team may hold at once (none: no limit)")
+        None, description="hard limit: GPUs the team may hold at once (none: no limit)")
+
+    _share = field_validator("share")(check_share)
+    _quota = field_validator("quota_gpus")(check_quota)
 
 
 class PolicyConfig(_Spec):
@@ -62,8 +85,10 @@ class PolicyConfig(_Spec):
     max_jobs_tested: int = Field(500, ge=1,
                                  description="pending jobs tested per pass (Slurm's "
                                  "bf_max_job_test): bounds the cost of a pass")
-    default_share: float = Field(1.0, gt=0, description="share of a team not listed in teams")
+    default_share: float = Field(1.0, description="share of a team not listed in teams")
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)
+
+    _default_share = field_validator("default_share")(check_share)
 
     @field_validator("locality_slowdown")
     @classmethod
@@ -107,6 +132,7 @@ class FairShare:
         self.usage: dict[str, float] = {}
         self.running: dict[str, int] = {}       # GPUs each team holds now
         self.now = now
+        self.errors: dict[str, str] = {}        # team -> why its factor could not be had
 
     def advance(self, now: float) -> None:
         dt = now - self.now
@@ -138,7 +164,15 @@ class FairShare:
         total_share = sum(self.config.share(t) for t in known) or 1.0
         out = {}
         for t in teams:
-            u = self.usage.get(t, 0.0) / total_use if total_use > 0 else 0.0
-            s = self.config.share(t) / total_share
-            out[t] = self.config.fairshare_weight * 2.0 ** (-u / s)
+            try:
+                u = self.usage.get(t, 0.0) / total_use if total_use > 0 else 0.0
+                s = self.config.share(t) / total_share
+                out[t] = self.config.fairshare_weight * 2.0 ** (-u / s)
+                if not math.isfinite(out[t]):
+                    raise ArithmeticError(f"the factor is {out[t]}")
+            except ArithmeticError as exc:   # one team's bad numbers must not stop a pass
+                self.errors[t] = (f"fair share of team {t} cannot be computed (usage "
+                                  f"{self.usage.get(t, 0.0):g}, share {self.config.share(t)!r}: "
+                                  f"{exc}); its jobs are ordered with factor 0")
+                out[t] = 0.0
         return out

@@ -100,6 +100,48 @@ def _misfit(t: HostType, live: list[AllocationRow]) -> str | None:
     return None
 
 
+def _current(svc, name: str, row: HostRow | None) -> HostType | None:
+    """The model host `name` is scheduled with: its registered one, else the file's."""
+    if row is not None and row.topology is not None:
+        topo = svc._models.get(row.topology_hash)
+        if topo is None:
+            try:
+                topo = Topology.model_validate(row.topology)
+            except ValueError:           # stored by an older version, say
+                topo = None
+        if topo is not None:
+            return host_type(topo)
+    h = svc.settings.cluster.by_name.get(name)
+    return h.type if h else None
+
+
+def _busy_change(svc, name: str, row: HostRow | None, t: HostType,
+                 live: list[AllocationRow]) -> str | None:
+    """Why registering `t` for a host with live allocations is refused, if it is: its
+    jobs were placed on the current model's GPUs, NUMA nodes and NICs, so none of these
+    may change under them (nor may the new model lack what they hold)."""
+    if not live:
+        return None
+    from .hostdiff import changes
+
+    current = _current(svc, name, row)
+    diff = changes(current, t) if current is not None else []
+    misfit = _misfit(t, live)
+    if not diff and not misfit:
+        return None
+    jobs = list(dict.fromkeys(a.job_id for a in live))
+    shown = ", ".join(jobs[:5]) + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
+    was = f" (scheduled as {current.describe()})" if current is not None else ""
+    return (f"host {name}{was}: its node agent now reports {t.describe()}, but "
+            f"job{'s' if len(jobs) > 1 else ''} {shown} run{'' if len(jobs) > 1 else 's'} "
+            "there, placed on the current model; what would change: "
+            + "; ".join(diff + ([misfit] if misfit else []))
+            + f". To apply it, drain the host (airflow-gpu drain {name}), let its jobs end, "
+            "then restart "
+            "the agent (a running agent retries and the new model applies once the host is "
+            "empty)")
+
+
 def _sync_gpus(s: Session, name: str, t: HostType) -> None:
     rows = {g.index: g for g in s.scalars(select(GpuRow).where(GpuRow.host == name))}
     for i in range(t.n_gpus):
@@ -131,12 +173,11 @@ def register(svc, name: str, topo: Topology, reg: dict, now: datetime) -> None:
     with svc.sessions.begin() as s:
         live = list(s.scalars(select(AllocationRow).where(
             AllocationRow.host == name, AllocationRow.live.is_(True))))
-        problem = _misfit(t, live)
-        if problem:
-            raise Conflict(f"host {name}: its agent reports {t.describe()}, which cannot hold "
-                           f"what runs there now: {problem}; drain the host (airflow-gpu "
-                           "drain), let its jobs end, then restart the agent")
         row = s.get(HostRow, name)
+        problem = _busy_change(svc, name, row, t, live)
+        if problem:
+            log.warning("%s", problem)
+            raise Conflict(problem)
         if row is None:
             row = HostRow(name=name, drained=False, rack="default", switch="default",
                           labels={})

@@ -10,9 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, DBAPIError
 
 from ..errors import InputError
+from . import health
 from .auth import principal_for
 from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service, eta_seconds
 from .loop import SchedulerLoop
@@ -50,7 +51,8 @@ def app_from_env() -> FastAPI:
                         load_policy(policy_file) if policy_file else PolicyConfig(),
                         float(env.get("AIRFLOW_GPU_LEASE_TTL", 60)),
                         float(env.get("AIRFLOW_GPU_INTERVAL", 2)),
-                        host_timeout=float(env.get("AIRFLOW_GPU_HOST_TIMEOUT") or 60))
+                        host_timeout=float(env.get("AIRFLOW_GPU_HOST_TIMEOUT") or 60),
+                        deployment=env.get("AIRFLOW_GPU_DEPLOYMENT") or None)
     return create_app(Service(settings))
 
 
@@ -86,13 +88,16 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     app.add_exception_handler(DataError, lambda _, e: JSONResponse(
         {"detail": "a value cannot be stored: it holds a character (such as NUL) or a size "
          f"the database refuses ({str(e.orig).splitlines()[0]})"}, status_code=422))
+    # a full disk or a read-only database: 503, the client may retry; anything else: 500
+    app.add_exception_handler(DBAPIError, _storage)
     app.add_exception_handler(_Http, lambda _, e: JSONResponse(
         {"detail": e.detail}, status_code=e.status,
         headers={"WWW-Authenticate": "Bearer"} if e.status == 401 else None))
 
     @app.get("/healthz")
     def healthz() -> dict:
-        return {"status": "ok", "scheduling": loop.leader}
+        """Who schedules, when the last pass completed, and why passes fail if they do."""
+        return health.report(loop)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     def prometheus() -> Response:
@@ -216,6 +221,14 @@ Who = Annotated[Principal, Depends(_who)]
 class _Http(Exception):
     def __init__(self, status: int, detail: str):
         self.status, self.detail = status, detail
+
+
+def _storage(_: Request, exc: DBAPIError) -> JSONResponse:
+    why = health.storage_problem(exc)
+    if why is None:
+        raise exc                 # a fault of the service: 500, with its traceback logged
+    return JSONResponse({"detail": why}, status_code=503,
+                        headers={"Retry-After": str(health.RETRY_AFTER)})
 
 
 def _handler(status: int):

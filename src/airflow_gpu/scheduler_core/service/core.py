@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from pydantic import ValidationError
 from sqlalchemy import delete, func, insert, inspect, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -24,7 +25,7 @@ from ..engine.cluster import Cluster
 from ..engine.nvlink_groups import nvlink_groups
 from ..engine.placement import compile_needs, never_fits
 from ..engine.state import ClusterState
-from ..errors import InputError
+from ..errors import InputError, describe_validation_error
 from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
@@ -81,6 +82,7 @@ class Settings:
     lease_ttl: float = 60.0          # seconds an admitted/running job lives without heartbeat
     pass_interval: float = 2.0       # seconds between scheduling passes
     host_timeout: float = 60.0       # seconds a host's node agent may be silent (unreachable)
+    deployment: str | None = None    # names the leader lock (default: the database schema)
 
 
 def utcnow() -> datetime:
@@ -147,6 +149,9 @@ class Service:
         self._cluster_checked = 0.0
         self._cluster_lock = threading.Lock()
         self._silent: set[str] = set()       # hosts the last pass found unreachable
+        self.policy_errors: dict[str, str] = {}   # team -> why its stored setting is refused
+        self.pass_errors: list[str] = []     # kinds of errors the last pass got past
+        self.told: dict[tuple[str, str], str] = {}   # ("team"|"job", name) -> error told
         from .slowdown import LearnedSlowdown
 
         self.slowdown = LearnedSlowdown(self.reg)   # the locality slowdown passes plan with
@@ -273,6 +278,10 @@ class Service:
         """Admins set a team's fair-share weight and GPU quota (None: no quota)."""
         if not who.admin:
             raise Forbidden("only admins change team shares and quotas")
+        try:     # the API checks too; this guards every other caller
+            TeamPolicy(share=1.0 if share is None else share, quota_gpus=quota_gpus)
+        except ValidationError as exc:
+            raise InputError(describe_validation_error(exc, TeamPolicy)) from None
         with self.sessions.begin() as s:
             row = s.get(TeamRow, name) or TeamRow(name=name)
             row.share, row.quota_gpus = share, quota_gpus
@@ -292,7 +301,8 @@ class Service:
             names = set(s.scalars(select(JobRow.team).distinct()))
         names |= set(policy.teams)
         return {t: {"name": t, "share": policy.share(t), "quota_gpus": policy.quota(t),
-                    "held_gpus": held.get(t, 0)} for t in sorted(names)}
+                    "held_gpus": held.get(t, 0), "error": self.policy_errors.get(t)}
+                for t in sorted(names)}
 
     # -- jobs -----------------------------------------------------------------------------
     def submit(self, spec: JobSpec, who: Principal,
@@ -491,13 +501,26 @@ class Service:
         return policy
 
     def _merge_teams(self, teams: list[TeamRow]) -> PolicyConfig:
+        self.policy_errors = {}
         if not teams:
             return self.settings.policy
         merged = dict(self.settings.policy.teams)
+        errors = {}
         for t in teams:
             base = merged.get(t.name, TeamPolicy())
-            merged[t.name] = TeamPolicy(share=t.share if t.share is not None else base.share,
-                                        quota_gpus=t.quota_gpus)
+            try:
+                merged[t.name] = TeamPolicy(share=t.share if t.share is not None else base.share,
+                                            quota_gpus=t.quota_gpus)
+            except ValidationError as exc:   # a row from before the bounds, say: not fatal
+                file = self.settings.policy
+                quota = file.quota(t.name)
+                errors[t.name] = (f"team {t.name}: its stored setting is refused "
+                                  f"({describe_validation_error(exc, TeamPolicy)}); the "
+                                  f"policy file's share {file.share(t.name):g} and quota "
+                                  f"{'none' if quota is None else quota} "
+                                  "apply until an admin sets it again (airflow-gpu team-set "
+                                  f"{t.name} --share 1)")
+        self.policy_errors = errors
         return self.settings.policy.model_copy(update={"teams": merged})
 
     def slowdown_view(self) -> dict:

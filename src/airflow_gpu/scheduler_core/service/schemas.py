@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..engine.topology import Topology
 from ..jobspec import JobSpec
+from ..policy.config import QUOTA_MAX, SHARE_RANGE, check_quota, check_share
 from ..store.models import AllocationRow, EventRow, JobRow
 from .core import eta_seconds
 
@@ -116,10 +117,18 @@ class HostOut(BaseModel):
 
 
 class TeamRequest(_In):
-    share: float | None = Field(None, gt=0, le=1e6, description="fair-share weight; "
-                                "none: the policy file's")
-    quota_gpus: int | None = Field(None, ge=0, le=1_000_000,
-                                   description="GPUs the team may hold at once; none: no quota")
+    share: float | None = Field(None, description="fair-share weight, "
+                                f"{SHARE_RANGE[0]:g} to {SHARE_RANGE[1]:.0f}; none: the "
+                                "policy file's")
+    quota_gpus: int | None = Field(None, description="GPUs the team may hold at once, 0 to "
+                                   f"{QUOTA_MAX}; none: no quota")
+
+    @field_validator("share")
+    @classmethod
+    def _share(cls, v: float | None) -> float | None:
+        return None if v is None else check_share(v)
+
+    _quota = field_validator("quota_gpus")(check_quota)
 
 
 class TeamOut(BaseModel):
@@ -127,6 +136,8 @@ class TeamOut(BaseModel):
     share: float
     quota_gpus: int | None
     held_gpus: int
+    error: str | None = Field(None, description="why the team's stored setting is refused "
+                              "(the policy file's applies meanwhile)")
 
 
 class GpuHealth(_In):

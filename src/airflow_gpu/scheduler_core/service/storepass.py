@@ -14,6 +14,7 @@ from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
 from ..policy.scheduler import Rejected, Scheduler
 from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
+from . import passerrors
 from .agents import silent_hosts
 from .core import ENDED, LIVE, PENDING, Service, _ts, _update, spec_gpus, utcnow
 from .faults import handle_gpu_faults
@@ -24,6 +25,7 @@ def run_pass(svc: Service) -> list[str]:
     holds in one transaction. Returns the admitted job ids."""
     now = utcnow()
     t_now = _ts(now)
+    svc.pass_errors = []
     policy = svc._policy()
     svc.refresh_cluster()
     cluster = svc.cluster         # one cluster for the whole pass, whatever registers meanwhile
@@ -61,8 +63,11 @@ def run_pass(svc: Service) -> list[str]:
                     s.execute(_update(JobRow).where(JobRow.id == row.id,
                                                     JobRow.state == PENDING).values(
                         reason_code="Rejected", reason=exc.reason, eta_at=None))
+            except Exception as exc:  # one job's bad data must not stop the pass
+                passerrors.pending_job(svc, s, row, exc)
         svc._specs = specs
         result = sched.schedule(t_now, explain=True)
+        passerrors.finish(svc, s, {**svc.policy_errors, **sched.fairshare.errors})
         lease = now + timedelta(seconds=svc.settings.lease_ttl)
         admitted = []
         for job, placed in result.started:
@@ -115,13 +120,16 @@ def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now
             JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
         sched.fairshare.add_past(team, spec_gpus(spec), _ts(admitted_at), _ts(finished_at))
     for row in rows:
-        spec = _spec(svc, row, specs)
-        start = _ts(row.admitted_at)
-        sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
         held = allocs.get(row.id, [])
-        if any(a.host not in cluster.by_name for a in held):
-            continue          # its host left the cluster; the lease decides what happens
-        sched.restore(spec, [_to_engine(cluster, a) for a in held], start)
+        try:
+            spec = _spec(svc, row, specs)
+            start = _ts(row.admitted_at)
+            sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
+            if any(a.host not in cluster.by_name for a in held):
+                continue      # its host left the cluster; the lease decides what happens
+            sched.restore(spec, [_to_engine(cluster, a) for a in held], start)
+        except Exception as exc:  # one job's bad data must not stop the pass
+            passerrors.live_job(svc, s, sched.state, cluster, row, held, exc)
 
 
 def _to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:
