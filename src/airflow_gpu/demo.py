@@ -93,6 +93,8 @@ def run_demo(args: argparse.Namespace) -> int:
         env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
                "AIRFLOW__CORE__DAGS_FOLDER": str(Path(args.dag_file).resolve().parent),
                "AIRFLOW_GPU_EXAMPLE_RUNNER": "local", "AIRFLOW_GPU_EXAMPLE_WORK": "sleep 1",
+               # every simulated host is this machine: the local runner may start them all
+               "AIRFLOW__GPU_SCHEDULER__LOCAL_HOST": "*",
                "AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT": json.dumps({
                    "conn_type": "gpu_scheduler", "host": "127.0.0.1", "port": port,
                    "password": token})}
@@ -100,7 +102,8 @@ def run_demo(args: argparse.Namespace) -> int:
         subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env,
                        check=True, capture_output=True)
         console.print(f"[bold]dag.test()[/] {args.dag_file} (full log: {work}/airflow.log)\n"
-                      "  replicas run as local processes; the hosts are simulated, so CPU "
+                      "  replicas run as local processes; the hosts are simulated "
+                      "([gpu_scheduler] local_host = *: every host is this machine), so CPU "
                       "binding and cgroups apply only where this machine has the CPUs "
                       "(warnings in the log)")
         result = _run_pipeline(args.dag_file, args.dag_id, env, work / "airflow.log", console)

@@ -37,6 +37,15 @@ PROVIDER_INFO = {
                                "docker_gpu_mode = env; empty: the engine's default.",
                 "version_added": "0.1.0", "type": "string", "example": "nvidia",
                 "default": ""},
+            "local_host": {
+                "description": "This worker machine's host name in the GPU cluster. The local "
+                               "runner (GpuBashOperator, @task.gpu, GpuGangOperator(runner="
+                               "\"local\")) fails a task whose replicas were granted on "
+                               "another host. Empty: $AIRFLOW_GPU_LOCAL_HOST, else the "
+                               "machine's host name (full or short). * accepts every host: "
+                               "only for a simulated cluster whose hosts are all this machine.",
+                "version_added": "0.1.0", "type": "string", "example": "dgx-a-01",
+                "default": ""},
             "ui_conn_id": {
                 "description": "The connection the Airflow UI plugin's pages read the "
                                "scheduler-core with.",

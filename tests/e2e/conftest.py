@@ -3,7 +3,9 @@ scheduler-core on a loopback port, and the machine's Docker engine.
 
 The cluster is two simulated hosts whose model is *this* machine (its CPUs and NUMA
 nodes, plus four declared GPUs), so cpusets, NUMA memory nodes and memory limits from the
-placement can really be applied and read back."""
+placement can really be applied and read back. Since every host is this machine, Airflow
+runs with `[gpu_scheduler] local_host = *`: the local runner starts the replicas of every
+host here (a test may set another value)."""
 
 from __future__ import annotations
 
@@ -77,6 +79,7 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__GPU_SCHEDULER__LOCAL_HOST": "*",    # every simulated host is this one
             "PYTHONPATH": str(REPO), **extra}
 
 

@@ -11,7 +11,10 @@ FLAGS = ("server", "token", "name", "rack", "switch", "docker_url", "address", "
 
 
 def _config(args: argparse.Namespace):
-    """The agent's settings: the --config file, with the flags given on top."""
+    """The agent's settings: the --config file, with the flags given on top. Without a
+    name: $AIRFLOW_GPU_LOCAL_HOST (the name the local runner of an Airflow worker on this
+    machine knows it by), else the short host name."""
+    import os
     import socket
 
     from ..scheduler_core.errors import validate
@@ -22,7 +25,12 @@ def _config(args: argparse.Namespace):
     merged = validate(AgentConfig, {**config.model_dump(exclude_unset=True), **given},
                       "flags")
     if not merged.name:
-        merged = merged.model_copy(update={"name": socket.gethostname().split(".")[0]})
+        here = os.environ.get("AIRFLOW_GPU_LOCAL_HOST", "").strip()
+        if here and here != "*":      # * is the local runner's "any host" (simulation)
+            merged = validate(AgentConfig, {**merged.model_dump(exclude_unset=True),
+                                            "name": here}, "AIRFLOW_GPU_LOCAL_HOST")
+        else:
+            merged = merged.model_copy(update={"name": socket.gethostname().split(".")[0]})
     return merged
 
 
@@ -93,7 +101,8 @@ def add_commands(sub) -> None:
     a.add_argument("--server", help="the service (default $AIRFLOW_GPU_URL or "
                    "http://127.0.0.1:8080)")
     a.add_argument("--token", help="an admin token (default $AIRFLOW_GPU_TOKEN)")
-    a.add_argument("--name", help="this host's name in the cluster (default: hostname)")
+    a.add_argument("--name", help="this host's name in the cluster (default: "
+                   "$AIRFLOW_GPU_LOCAL_HOST, else the short hostname)")
     a.add_argument("--rack", help="rack of a host the cluster file does not list")
     a.add_argument("--switch", help="leaf switch of a host the cluster file does not list")
     a.add_argument("--docker-url", help="where containers start on this host")

@@ -17,7 +17,8 @@ class AgentConfig(BaseModel):
     token: str | None = Field(None, description="an admin token (airflow-gpu token create "
                               "--team ops --admin)")
     name: str | None = Field(None, max_length=200, pattern=NAME,
-                             description="host name in the cluster (default: hostname)")
+                             description="host name in the cluster (default: "
+                             "$AIRFLOW_GPU_LOCAL_HOST, else the short hostname)")
     rack: str | None = Field(None, max_length=200)
     switch: str | None = Field(None, max_length=200, description="leaf / top-of-rack switch")
     docker_url: str | None = None

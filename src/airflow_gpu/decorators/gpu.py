@@ -10,18 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from airflow.sdk import Context
+from airflow.sdk import Context, conf
 from airflow.sdk.bases.decorator import DecoratedOperator, task_decorator_factory
 
 from ..launch.handle import Handle
-from ..launch.local import start_callable
+from ..launch.local import local_host, refuse_other_hosts, start_callable
 from ..launch.replica import Replica
 from ..operators.base import GpuBaseOperator
 
 
 class GpuPythonOperator(GpuBaseOperator):
     """Runs `python_callable(*op_args, **op_kwargs)` in a forked child with the grant's
-    isolation; its return value is the task's return value (XCom)."""
+    isolation; its return value is the task's return value (XCom). A replica granted on
+    another host than this machine (`[gpu_scheduler] local_host`) fails the task."""
 
     template_fields: Sequence[str] = ("op_args", "op_kwargs", "expected_runtime")
 
@@ -35,6 +36,8 @@ class GpuPythonOperator(GpuBaseOperator):
 
     def _launch(self, context: Context, replicas: list[Replica],
                 started: list[Handle]) -> None:
+        refuse_other_hosts(replicas, local_host(conf.get("gpu_scheduler", "local_host",
+                                                         fallback="")))
         for r in replicas:
             handle, warnings = start_callable(r, self.python_callable, tuple(self.op_args),
                                               self.op_kwargs, {}, self.strict_isolation)

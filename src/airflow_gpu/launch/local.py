@@ -1,7 +1,11 @@
 """Replicas as local processes (one DGX host, LocalExecutor): CUDA_VISIBLE_DEVICES set to
 the granted GPUs, CPU affinity to the granted cores and a cgroup with the cpuset, NUMA
-memory nodes and memory limit. What the machine cannot apply (a simulated host's CPUs,
-no cgroup rights) is warned about, or refused with `strict=True`."""
+memory nodes, memory limit and the GPU device nodes it may open. What the machine cannot
+apply (a simulated host's CPUs, no cgroup rights) is warned about, or refused with
+`strict=True`.
+
+A replica granted on another host is never started here (`refuse_other_hosts`): this
+machine's name in the cluster comes from `local_host()`."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import contextlib
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import traceback
@@ -18,11 +23,70 @@ from pathlib import Path
 from typing import Any
 
 from ..scheduler_core.engine.topology import format_cpulist
-from . import cgroups
+from . import cgroups, devices
 from .handle import LaunchError
 from .replica import Replica
 
 STOP_GRACE = 10.0       # seconds between SIGTERM and SIGKILL
+HOST_VARIABLE = "AIRFLOW_GPU_LOCAL_HOST"   # this machine's host name (the node agent's too)
+ANY_HOST = "*"          # local_host = *: every host is this machine (a simulated cluster)
+SETTING = "[gpu_scheduler] local_host"
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    """Which cluster host this machine is (`names`; empty: any host) and where that was
+    read (`source`)."""
+    names: tuple[str, ...]
+    source: str
+
+    def matches(self, host: str) -> bool:
+        return not self.names or host in self.names
+
+    def __str__(self) -> str:
+        return " or ".join(repr(n) for n in self.names) if self.names else ANY_HOST
+
+
+def local_host(configured: str | None = None, environ: dict[str, str] | None = None,
+               hostname: Callable[[], str] = socket.gethostname) -> LocalHost:
+    """This machine's name in the cluster, from the first that is set: `configured` (the
+    Airflow setting `[gpu_scheduler] local_host`), $AIRFLOW_GPU_LOCAL_HOST (which the node
+    agent also takes as its name when it has no --name), else the host name, full or short
+    (the agent's default name). `*` in the setting or the variable accepts every host."""
+    environ = os.environ if environ is None else environ
+    for value, source in ((configured, SETTING), (environ.get(HOST_VARIABLE), HOST_VARIABLE)):
+        value = (value or "").strip()
+        if value == ANY_HOST:
+            return LocalHost((), source)
+        if value:
+            return LocalHost((value,), source)
+    full = hostname()
+    return LocalHost(tuple(dict.fromkeys((full, full.split(".")[0]))),
+                     f"its host name; neither {SETTING} nor {HOST_VARIABLE} is set")
+
+
+def refuse_other_hosts(replicas: list[Replica], here: LocalHost) -> None:
+    """Raise before anything starts if a replica was granted on a host this machine is
+    not: its GPU indices and cores are that host's, and here they may be another job's."""
+    away = [r for r in replicas if not here.matches(r.host)]
+    if not away:
+        return
+    shown = ", ".join(f"{r.name} on {r.host} (GPUs {','.join(map(str, r.gpus)) or 'none'})"
+                      for r in away[:8]) + (f" and {len(away) - 8} more" if len(away) > 8
+                                            else "")
+    hosts = sorted({r.host for r in away})
+    raise LaunchError(
+        f"{len(away)} of the job's {len(replicas)} replica(s) were granted on another host "
+        f"than this machine, and the local runner starts processes only here: {shown}. "
+        f"This machine is {here} ({here.source}); starting them here would use the GPUs "
+        f"and cores of {', '.join(hosts)} on this machine, where other jobs may hold them. "
+        "Nothing was started and the job's GPUs are released. To fix: run the task on a "
+        f"worker on the granted host (one Airflow queue per host, queue='{hosts[0]}' on "
+        "the operator), or start the replicas as containers on their hosts' Docker engines "
+        "(GpuGangOperator(runner='docker') or GpuDockerOperator), which a gang across hosts "
+        f"needs; if this machine is {hosts[0]} under another name, set {SETTING} (or "
+        f"{HOST_VARIABLE}) to its name in the cluster; on a simulated cluster whose hosts "
+        f"are all this machine, set {SETTING} = {ANY_HOST}.")
 
 
 def machine_numa_nodes() -> list[int]:
@@ -60,10 +124,13 @@ def isolation(r: Replica, strict: bool) -> Isolation:
     if len(mems) < len(r.numa_nodes):
         warnings.append(f"NUMA nodes {sorted(set(r.numa_nodes) - set(mems))} of the grant "
                         "are not on this machine: memory is not bound to them")
-    group = None
-    if cpus and mems:
-        group = cgroups.create(f"{r.job_id}-{r.name}", cpus, mems, r.memory_bytes)
-        warnings += group.warnings
+    # the cpuset and memory limit where this machine has the CPUs and NUMA nodes; the
+    # GPU device nodes always (a replica without GPUs may open none)
+    group = cgroups.create(f"{r.job_id}-{r.name}", cpus if mems else [], mems,
+                           r.memory_bytes, gpu_minors=devices.gpu_minors(r.gpus))
+    warnings += group.warnings
+    if not group.dirs:
+        group = None
     if strict and warnings:
         if group:
             group.remove()

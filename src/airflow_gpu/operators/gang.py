@@ -11,7 +11,7 @@ from airflow.sdk import Context, conf
 
 from ..launch.docker import GPU_MODES, DockerLauncher, engine, reap_orphans
 from ..launch.handle import Handle
-from ..launch.local import start_command
+from ..launch.local import local_host, refuse_other_hosts, start_command
 from ..launch.replica import Replica
 from ..launch.wiring import BY_CLASS, FRAMEWORKS, wiring
 from ..scheduler_core.client import ApiError
@@ -27,7 +27,9 @@ class GpuGangOperator(GpuBaseOperator):
         "cpus": 4, "memory": "5GiB", "command": "python train.py"}]``; a role may set its
         own ``image``, ``command`` and ``environment``.
     :param runner: "docker" (containers on each admitted host's Docker engine) or "local"
-        (processes on this machine: a single DGX host with LocalExecutor).
+        (processes on this machine: a single DGX host with LocalExecutor; a replica
+        granted on another host than this machine, `[gpu_scheduler] local_host`, fails the
+        task before anything starts).
     :param image, command, environment: defaults for every role.
     :param framework: tensorflow-ps | pytorch | none (default: from the job class).
     :param base_port: first rendezvous port on each host (host networking).
@@ -85,6 +87,9 @@ class GpuGangOperator(GpuBaseOperator):
                   "airflow.run_id": ti.run_id, "airflow.try_number": str(ti.try_number)}
         if self.runner == "docker":
             self._reap(replicas)
+        else:
+            refuse_other_hosts(replicas, local_host(conf.get("gpu_scheduler", "local_host",
+                                                             fallback="")))
         for r, wired in zip(replicas, wiring(self.framework, replicas, self.base_port),
                             strict=True):
             role = launch.get(r.role, {})
