@@ -274,3 +274,71 @@ def test_a_busy_host_keeps_its_model_until_it_is_empty(api):
     assert r.status_code == 200, r.text
     assert r.json()["model"] == "dgx-1v"
     assert {g["name"] for g in r.json()["gpus"]} == {"Tesla V100-SXM2-16GB"}
+
+
+def _one_change(what: str) -> dict:
+    """dgx-h100's model with one thing its jobs were placed on changed."""
+    d = load_topology("dgx-h100").document()
+    if what == "gpu model":
+        for g in d["gpus"]:
+            g["name"] = "NVIDIA H800"
+    elif what == "gpu memory":
+        for g in d["gpus"]:
+            g["memory_mb"] = 40960
+    elif what == "numa layout":
+        for n in d["host"]["numa_nodes"]:
+            n["memory_gb"] = 512.0
+        d["host"]["memory_gb"] = 1024.0
+    else:                                     # a NIC gone (GPU 7's)
+        d["nics"] = [n for n in d["nics"] if n["name"] != "mlx5_11"]
+        for sw in d["pcie_switches"]:
+            sw["members"] = [m for m in sw["members"] if m != "mlx5_11"]
+        d["topo_matrix"]["columns"].remove("mlx5_11")
+        d["topo_matrix"]["rows"] = {k: {c: v for c, v in row.items() if c != "mlx5_11"}
+                                    if isinstance(row, dict) else row
+                                    for k, row in d["topo_matrix"]["rows"].items()
+                                    if k != "mlx5_11"}
+    return d
+
+
+@pytest.mark.parametrize(("what", "told"), [
+    ("gpu model", "GPUs 0-7: NVIDIA H100 80GB HBM3 -> NVIDIA H800"),
+    ("gpu memory", "GPU memory of GPUs 0-7: 80 GiB -> 40 GiB"),
+    ("numa layout", "NUMA nodes: 0 (CPUs 0-55,112-167, 1024 GiB), 1 (CPUs 56-111,168-223, "
+     "1024 GiB) -> 0 (CPUs 0-55,112-167, 512 GiB), 1 (CPUs 56-111,168-223, 512 GiB)"),
+    ("nics", "NICs: mlx5_0..mlx5_11 -> mlx5_0..mlx5_10"),
+])
+def test_each_change_a_busy_hosts_jobs_depend_on_waits_until_it_is_empty(api, what, told):
+    """Each of GPU model, GPU memory, NUMA layout and NICs alone is refused (409) while a
+    job that asks nothing of them (no GPU model, one GPU) runs on the host, drained or
+    not; it applies once the host is empty."""
+    assert register(api, "n1", model="dgx-h100").status_code == 200
+    r = api.post("/api/v1/hosts/dgx-1/drain", headers=auth(api, "admin"))
+    assert r.status_code == 200, r.text
+    a = submit(api, "small", 1)
+    start(api, a)
+    assert [r["host"] for r in job(api, a["id"])["replicas"]] == ["n1"]
+    body = {"topology": _one_change(what), "rack": "r2", "switch": "s2"}
+
+    def again():
+        return api.put("/api/v1/hosts/n1", json=body, headers=auth(api, "admin"))
+
+    r = again()
+    assert r.status_code == 409, r.text
+    detail = r.json()["detail"]
+    assert f"what would change: {told}." in detail, detail
+    assert a["id"] in detail and "drain the host (airflow-gpu drain n1)" in detail
+    assert api.post("/api/v1/hosts/n1/drain", headers=auth(api, "admin")).status_code == 200
+    assert again().status_code == 409                  # drained, but its job still runs
+    host = api.get("/api/v1/cluster", headers=auth(api, "vision")).json()["hosts"]
+    (n1,) = [h for h in host if h["name"] == "n1"]
+    assert {g["name"] for g in n1["gpus"]} == {"NVIDIA H100 80GB HBM3"}
+    r = api.post(f"/api/v1/jobs/{a['id']}/finish", json={"outcome": "succeeded"},
+                 headers=auth(api, "vision"))
+    assert r.status_code == 200
+    r = again()                                        # drained and empty: taken
+    assert r.status_code == 200, r.text
+    assert api.post("/api/v1/hosts/n1/resume", headers=auth(api, "admin")).status_code == 200
+    b = submit(api, "after", 8)
+    assert api.tick() == [b["id"]]
+    assert [r["host"] for r in job(api, b["id"])["replicas"]] == ["n1"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime
 
-WARN_AFTER = 3        # scheduling intervals without a completed pass before /healthz warns
+WARN_AFTER = 3        # scheduling rounds without a completed pass before /healthz warns
 RETRY_AFTER = 10      # seconds a client is told to wait when the database cannot write
 
 
@@ -22,13 +22,26 @@ def report(loop, now: float | None = None) -> dict:
                   "application_name": loop.app_name if loop.lock_pid else None}
     else:
         leader = {"this_replica": False, **loop.holder} if loop.holder else None
-    error = loop.last_error and {"message": loop.last_error["message"],
-                                 "at": _iso(loop.last_error["at"])}
+    error = _error(loop)
+    warn = _warning(loop, leader, error, now)
+    loop.note_quiet(warn)          # logged too (when it starts, then once a minute)
     return {"status": "ok", "scheduling": loop.leader, "deployment": loop.deployment,
             "lock_key": loop.lock_key, "leader": leader,
             "seconds_since_last_pass": None if loop.last_pass_at is None
             else round(now - loop.last_pass_at, 3),
-            "last_pass_error": error, "warning": _warning(loop, leader, error, now)}
+            "last_pass_error": error, "warning": warn}
+
+
+def warning(loop, now: float | None = None) -> str | None:
+    """The warning /healthz would give now (the loop logs it between passes)."""
+    now = time.time() if now is None else now
+    leader = {"this_replica": loop.leader} if loop.leader or loop.holder else None
+    return _warning(loop, leader, _error(loop), now)
+
+
+def _error(loop) -> dict | None:
+    return loop.last_error and {"message": loop.last_error["message"],
+                                "at": _iso(loop.last_error["at"])}
 
 
 def _warning(loop, leader: dict | None, error: dict | None, now: float) -> str | None:
@@ -38,10 +51,12 @@ def _warning(loop, leader: dict | None, error: dict | None, now: float) -> str |
     if leader is not None and not leader["this_replica"]:
         return None               # another replica schedules; its /healthz speaks for it
     quiet = now - since
-    if quiet <= WARN_AFTER * loop.interval:
+    # a round: the interval, the wait that gathers bursts of requests, and the pass itself
+    limit = WARN_AFTER * (loop.interval + loop.MAX_COALESCE + loop.last_pass)
+    if quiet <= limit:
         return None
-    what = (f"no scheduling pass has completed for {quiet:.0f}s (over {WARN_AFTER} "
-            f"intervals of {loop.interval:g}s)")
+    what = (f"no scheduling pass has completed for {quiet:.1f}s (over {WARN_AFTER} rounds "
+            f"of the {loop.interval:g}s interval: {limit:.1f}s)")
     if error:
         return f"{what}: the last one failed at {error['at']}: {error['message']}"
     if not loop.leader:

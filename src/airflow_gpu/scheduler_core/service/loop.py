@@ -72,6 +72,7 @@ class SchedulerLoop:
         self.holder: dict | None = None           # the lock's backend, another replica's
         self._holder_seen = False
         self.app_name = application_name()
+        self._warned_at: float | None = None      # when the quiet-passes warning was logged
 
     def start(self) -> None:
         self.started_at = time.time()
@@ -96,6 +97,9 @@ class SchedulerLoop:
                 log.exception("scheduling pass failed")
                 self.failed(exc)
                 self._release()
+            from .health import warning
+
+            self.note_quiet(warning(self))
             self.service.wake.wait(self.interval)
             # Let a burst of submits or finishes gather into one pass; the longer passes
             # take, the longer the gathering, so passes never crowd out the API.
@@ -123,6 +127,20 @@ class SchedulerLoop:
         self.last_error = {"message": describe(exc), "at": time.time()}
         if self.metrics:
             self.metrics.pass_errors.labels("pass").inc()
+
+    def note_quiet(self, warning: str | None, every: float = 60.0) -> None:
+        """Log /healthz's warning that passes have stopped: when it starts, then at most
+        every `every` seconds while it lasts, and once when passes complete again."""
+        if warning is None:
+            if self._warned_at is not None:
+                self._warned_at = None
+                log.info("%s: scheduling passes complete again", self.deployment
+                         or "scheduler")
+            return
+        now = time.time()
+        if self._warned_at is None or now - self._warned_at >= every:
+            self._warned_at = now
+            log.warning("%s: %s", self.deployment or "scheduler", warning)
 
     def _lead(self) -> bool:
         engine = self.service.engine

@@ -35,8 +35,9 @@ class Metrics:
                                       registry=self.registry,
                                       buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
         self.pass_errors = Counter("airflow_gpu_pass_errors", "errors scheduling passes got "
-                                   "past (job, team: per pass that met one) or that stopped "
-                                   "a pass (pass)", ["kind"], registry=self.registry)
+                                   "past (job, team: one per job or team, in each pass that "
+                                   "met it) or that stopped a pass (pass)", ["kind"],
+                                   registry=self.registry)
         for kind in ("pass", "job", "team"):
             self.pass_errors.labels(kind)
         self.registry.register(_StoreCollector(service))
