@@ -63,6 +63,8 @@ def test_a_task_that_asks_no_memory_books_some_and_is_limited_to_it(run_dag, sch
     booked = sum(grant["memory_by_numa"].values())
     assert booked == 1 * 2**30
     assert int(probe_values(run.output)["memory.limit"]) == booked
+    # no GPU granted: none visible even where the NVIDIA runtime is the engine's default
+    assert probe_values(run.output)["NVIDIA_VISIBLE_DEVICES"] == "void"
     # with a GPU it books 16GiB more, which these 8GiB hosts cannot hold: refused at once
     run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="1", TEST_MEMORY="")
     assert run.result()["tasks"] == {"probe": "failed"}
@@ -119,6 +121,20 @@ def test_second_task_waits_deferred_then_runs_on_freed_gpus(run_dag, scheduler, 
                   key=lambda j: j["submitted_at"])
     assert b["admitted_at"] >= a["finished_at"]      # never two jobs on one GPU at once
     assert set(a["replicas"][0]["gpus"]) & set(b["replicas"][0]["gpus"])  # it had to wait
+
+
+def test_a_container_past_its_time_limit_is_stopped_and_the_task_fails_naming_it(
+        run_dag, scheduler):
+    run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="1", PROBE_SLEEP="300",
+                  TEST_TIME_LIMIT="4s")
+    assert run.result()["tasks"] == {"probe": "failed"}
+    assert "the job reached its time limit of 4s (time_limit" in run.output
+    assert "SIGKILL after 30s" in run.output          # the policy's grace, unused here
+    job = only_job(scheduler)
+    assert (job["state"], job["time_limit_s"]) == ("timeout", 4)
+    assert not docker.from_env().containers.list(
+        all=True, filters={"label": f"airflow-gpu.job={job['id']}"})
+    assert scheduler.http.get("/api/v1/cluster").json()["gpus_allocated"] == 0
 
 
 def test_killed_task_removes_its_container_and_frees_the_gpus(run_dag, scheduler):

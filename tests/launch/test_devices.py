@@ -3,7 +3,11 @@ ConstrainDevices), whatever it sets CUDA_VISIBLE_DEVICES to.
 
 The nodes are real character devices made with mknod (major 195, as /dev/nvidiaN). The
 NVIDIA driver is not loaded here, so opening a node the cgroup allows fails with ENXIO
-(no such device), and one it denies with EPERM: that difference is what is checked."""
+(no such device), and one it denies with EPERM: that difference is what is checked.
+
+The tests of the runner (`run_replica`, `run_callable`) use only what the local runner had
+before device confinement, so that on such code they fail on what the process could open
+rather than on an import."""
 
 from __future__ import annotations
 
@@ -15,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_gpu.launch import cgroups, devices
-from airflow_gpu.launch.local import machine_numa_nodes, start_command
+from airflow_gpu.launch import cgroups
+from airflow_gpu.launch.local import machine_numa_nodes, start_callable, start_command
 from airflow_gpu.launch.replica import Replica
+
+NVIDIA_MAJOR = 195              # /dev/nvidiaN is 195:N, /dev/nvidiactl 195:255
 
 OPEN = ("import errno, os, sys\n"
         "for path in sys.argv[1:]:\n"
@@ -35,7 +41,7 @@ def nodes(tmp_path) -> dict[str, Path]:
     for name, minor in (("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)):
         made[name] = tmp_path / name
         try:
-            os.mknod(made[name], stat.S_IFCHR | 0o666, os.makedev(devices.NVIDIA_MAJOR, minor))
+            os.mknod(made[name], stat.S_IFCHR | 0o666, os.makedev(NVIDIA_MAJOR, minor))
         except PermissionError:
             pytest.skip("mknod of character devices needs root (CAP_MKNOD)")
     return made
@@ -48,15 +54,51 @@ def v1_devices() -> None:
         pytest.skip("creating cgroups needs root")
 
 
+def replica(gpus: list[int]) -> Replica:
+    return Replica("job-dev", "worker", len(gpus), 0, "here", "here", None, gpus,
+                   sorted(os.sched_getaffinity(0)), machine_numa_nodes()[:1], 2**30, [])
+
+
+def leftovers() -> list[str]:
+    """Replica cgroups of this test's job still in the v1 hierarchies."""
+    return [str(d) for c in ("devices", "cpuset", "memory")
+            for d in (cgroups.ROOT / c / "airflow-gpu").glob("job-dev-*")]
+
+
 def run_replica(gpus: list[int], nodes: dict[str, Path], env=None) -> dict[str, str]:
     """The real local runner (cgroup and all, strict) opening every node."""
-    r = Replica("job-dev", "worker", len(gpus), 0, "here", "here", None, gpus,
-                sorted(os.sched_getaffinity(0)), machine_numa_nodes()[:1], 2**30, [])
-    handle, warnings = start_command(r, [sys.executable, "-c", OPEN, *map(str, nodes.values()),
-                                         "/dev/null"], env or {}, strict=True)
+    handle, warnings = start_command(replica(gpus), [sys.executable, "-c", OPEN,
+                                                     *map(str, nodes.values()), "/dev/null"],
+                                     env or {}, strict=True)
     lines = list(handle.lines())
     assert handle.wait() == 0 and warnings == [], (lines, warnings)
+    assert leftovers() == []                      # the cgroups go with the process
     return dict(line.split() for line in lines)
+
+
+def open_all(paths: list[str]) -> dict[str, str]:
+    """What a @task.gpu callable finds when it opens each node (it runs in the child)."""
+    import errno
+
+    found = {}
+    for path in paths:
+        try:
+            os.close(os.open(path, os.O_RDWR))
+            found[os.path.basename(path)] = "opened"
+        except OSError as exc:
+            found[os.path.basename(path)] = errno.errorcode[exc.errno]
+    return found
+
+
+def run_callable(gpus: list[int], nodes: dict[str, Path]) -> dict[str, str]:
+    """The real local runner of @task.gpu: a forked child, isolated, runs the callable."""
+    handle, warnings = start_callable(replica(gpus), open_all,
+                                      ([*map(str, nodes.values()), "/dev/null"],), {}, {},
+                                      strict=True)
+    lines = list(handle.lines())
+    assert handle.wait() == 0 and warnings == [], (lines, warnings)
+    assert leftovers() == []
+    return handle.value
 
 
 def test_a_replica_opens_its_own_gpu_and_not_another(nodes):
@@ -69,6 +111,14 @@ def test_a_replica_opens_its_own_gpu_and_not_another(nodes):
     assert run_replica([0, 1], nodes)["nvidia1"] == "ENXIO"
     cpu_only = run_replica([], nodes)             # a replica without GPUs opens none
     assert (cpu_only["nvidia0"], cpu_only["nvidia1"]) == ("EPERM", "EPERM")
+
+
+def test_a_python_callable_opens_its_own_gpu_and_not_another(nodes):
+    """@task.gpu: the forked child joins the replica's cgroup before the callable runs,
+    so the callable itself is confined too."""
+    v1_devices()
+    assert run_callable([1], nodes) == {"nvidia0": "EPERM", "nvidia1": "ENXIO",
+                                        "nvidiactl": "ENXIO", "null": "opened"}
 
 
 def test_a_parent_that_allows_every_gpu_by_wildcard_is_reported(monkeypatch):
@@ -149,6 +199,8 @@ def test_gpu_minors_come_from_nvml_else_the_index():
         def nvmlDeviceGetMinorNumber(self, handle):
             return self.minors[handle[1]]
 
+    from airflow_gpu.launch import devices
+
     known = devices.minors_from_nvml(Nvml([3, 0, 1, 2]))
     assert known == {0: 3, 1: 0, 2: 1, 3: 2}
     assert devices.gpu_minors([0, 1], known) == [0, 3]
@@ -157,6 +209,8 @@ def test_gpu_minors_come_from_nvml_else_the_index():
 
 
 def test_deny_rules_and_what_a_v1_list_still_allows():
+    from airflow_gpu.launch import devices
+
     rules = devices.deny_rules([0, 7])
     assert len(rules) == 252 and "c 195:1 rwm" in rules and "c 195:7 rwm" not in rules
     assert "c 195:254 rwm" not in rules and "c 195:255 rwm" not in rules

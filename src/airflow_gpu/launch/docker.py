@@ -67,6 +67,11 @@ class DockerLauncher:
         env = {**r.env(), **env}
         if self.gpu_mode == "env" and r.gpus:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(map(str, r.gpus))
+        elif not r.gpus:
+            # CUDA base images set NVIDIA_VISIBLE_DEVICES=all: where the NVIDIA runtime
+            # runs the container (the engine's default), a CPU-only replica would get
+            # every GPU; "void" gives it none
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
         kwargs = dict(
             image=self.image, command=self.command, environment=env,
             name=f"airflow-gpu-{r.job_id[:8]}-{r.name}",
@@ -154,9 +159,9 @@ class ContainerHandle:
         self._remove()
         return code
 
-    def stop(self) -> None:
-        with contextlib.suppress(NotFound, APIError):
-            self.container.stop(timeout=STOP_GRACE)
+    def stop(self, grace: float | None = None) -> None:
+        with contextlib.suppress(NotFound, APIError):   # SIGTERM, then SIGKILL after grace
+            self.container.stop(timeout=round(STOP_GRACE if grace is None else grace))
         self._remove()
 
     def _remove(self) -> None:
