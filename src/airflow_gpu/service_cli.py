@@ -49,7 +49,7 @@ def cmd_server(args: argparse.Namespace) -> int:
         "AIRFLOW_GPU_POLICY_FILE": args.policy_file or "",
         "AIRFLOW_GPU_LEASE_TTL": str(args.lease_ttl),
         "AIRFLOW_GPU_HOST_TIMEOUT": str(args.host_timeout),
-        "AIRFLOW_GPU_INTERVAL": str(args.interval)})
+        "AIRFLOW_GPU_INTERVAL": str(args.interval), "AIRFLOW_GPU_LOG_LEVEL": args.log_level})
     uvicorn.run("airflow_gpu.scheduler_core.service.app:app_from_env", factory=True,
                 host=args.host, port=args.port, log_level=args.log_level,
                 workers=args.workers)
@@ -155,11 +155,13 @@ def _host_line(h: dict) -> str:
 # -- tables ------------------------------------------------------------------------------
 def _teams_table(teams: list[dict]) -> Table:
     t = Table(title="Teams", title_justify="left")
-    for col in ("team", "share", "quota GPUs", "GPUs held"):
+    errors = any(x.get("error") for x in teams)    # a stored setting the service refuses
+    for col in ("team", "share", "quota GPUs", "GPUs held") + (("error",) if errors else ()):
         t.add_column(col)
     for x in teams:
         quota = "-" if x["quota_gpus"] is None else str(x["quota_gpus"])
-        t.add_row(x["name"], f"{x['share']:g}", quota, str(x["held_gpus"]))
+        t.add_row(x["name"], f"{x['share']:g}", quota, str(x["held_gpus"]),
+                  *((x.get("error") or "-",) if errors else ()))
     return t
 
 
@@ -205,7 +207,22 @@ def _explain_table(e: dict) -> Table:
         t.add_row(str(ev["at"]), ev["kind"], ev["message"])
     if e.get("eta_seconds") is not None:
         t.caption = f"ETA {format_duration(e['eta_seconds'])}"
+    elif e.get("elapsed_s") is not None:
+        t.caption = elapsed_line(e)
     return t
+
+
+def elapsed_line(e: dict) -> str:
+    """"ran 1h02m of its 2h time limit", as squeue's TIME and TIME_LIMIT columns."""
+    limit = e.get("time_limit_s")
+    verb = "running for" if e["state"] in ("admitted", "running") else "ran"
+    text = f"{verb} {format_duration(e['elapsed_s'])}"
+    if limit is None:
+        return text + " (no time limit)"
+    text += f" of its {format_duration(limit)} time limit"
+    if e.get("limit_cut_by"):
+        text += f" (cut by backfill, ahead of the reservation of job {e['limit_cut_by']})"
+    return text
 
 
 def _cluster_table(c: dict) -> Table:
@@ -259,10 +276,15 @@ def add_commands(sub) -> None:
                    "unreachable (default 60; keep it above 3x the agents' --interval)")
     s.add_argument("--workers", type=int, default=1,
                    help="API processes (PostgreSQL only; one of them schedules)")
-    s.add_argument("--deployment", help="name of this deployment: its replicas share one "
-                   "scheduler lock (default $AIRFLOW_GPU_DEPLOYMENT, else the database "
-                   "schema: deployments in other schemas of the database schedule apart)")
-    s.add_argument("--log-level", default="info")
+    s.add_argument("--deployment", help="PostgreSQL: names the scheduler lock the replicas "
+                   "of this deployment share (give them all the same name; default "
+                   "$AIRFLOW_GPU_DEPLOYMENT, else the schema the tables are in, so "
+                   "deployments in different schemas of one database each schedule); "
+                   "/healthz shows it and who holds the lock")
+    s.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug", "trace"),
+                   help="what the server logs on stderr (default info: who schedules, who "
+                   "holds the deployment's lock, passes that fail or have stopped)")
     s.set_defaults(func=cmd_server)
 
     tok = sub.add_parser("token", help="API tokens")
@@ -316,9 +338,11 @@ def add_commands(sub) -> None:
         if name == "submit":
             p.add_argument("--key", help="idempotency key: submitting again returns the same job")
         if name == "team-set":
-            p.add_argument("--share", type=float, help="fair-share weight")
+            p.add_argument("--share", type=float, help="fair-share weight, 0.001 to "
+                           "1000000 (omit: the policy file's)")
             p.add_argument("--quota-gpus", type=int,
-                           help="GPUs the team may hold at once (omit: no quota)")
+                           help="GPUs the team may hold at once, 0 to 1000000 (omit: no "
+                           "quota)")
         if name == "queue":
             p.add_argument("--state", help="only jobs in this state")
             p.add_argument("--team", help="only this team's jobs")

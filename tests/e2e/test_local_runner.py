@@ -44,3 +44,15 @@ def test_local_processes_get_exactly_their_grant(run_dag, scheduler):
     assert result["returned"]["python_probe"] == {"affinity": python["affinity"]}
     assert result["returned"]["bash_probe"]["replicas"][0]["gpus"] == grant_of(
         scheduler, "bash_probe")["gpus"]
+
+
+def test_a_local_task_past_its_time_limit_gets_sigterm_and_fails_naming_it(run_dag,
+                                                                           scheduler):
+    run = run_dag("gpu_limit_local.py", "gpu_limit_local")
+    assert run.result()["tasks"] == {"long": "failed"}, run.output[-4000:]
+    assert "[main-0] working" in run.output
+    assert "the job reached its time limit of 3s (time_limit" in run.output
+    (job,) = scheduler.jobs(name="gpu_limit_local.long")
+    job = scheduler.job(job["id"])
+    assert (job["state"], job["time_limit_s"]) == ("timeout", 3)
+    assert scheduler.http.get("/api/v1/cluster").json()["gpus_allocated"] == 0

@@ -55,6 +55,7 @@ JOBS = [
     ("vision", {"name": "vit-large", "expected_runtime": "3h",
                 "roles": [role("worker", gpus=8, gpu={"model": ["H100"]})]}, None, "running"),
     ("nlp", {"name": "bert-finetune", "job_class": "pytorch", "expected_runtime": "1h",
+             "time_limit": "6h",
              "roles": [role("worker", gpus=4, replicas=2, gpu={"model": ["V100"]})],
              "placement": {"locality": "switch"}}, None, "admitted"),
     ("nlp", {"name": "etl-features", "job_class": "etl", "expected_runtime": "30m",

@@ -8,6 +8,7 @@ import json
 
 import httpx
 
+from airflow_gpu.scheduler_core.engine.topology import format_cpulist
 from tests.plugin.stack import DRAINED, TRAIN_KEY, UNHEALTHY, UNREACHABLE, UTILIZATION
 
 
@@ -132,12 +133,14 @@ def test_job_page_shows_placement_events_and_the_task_instance(stack, browser):
         assert row[0] == f"{r['role']}[{r['index']}]" and row[1] == r["host"]
         assert row[2] == "rack-2 / leaf-3"
         assert row[3] == f"{r['gpus'][0]}-{r['gpus'][-1]}"
-        assert row[4].startswith(f"{r['cpus'][0]}-{r['cpus'][-1]}")
+        assert row[4].startswith(format_cpulist(r["cpus"]))    # whole cores: i, i + 40
         assert row[5] == ", ".join(r["memory_by_numa"])
         assert row[7] == ", ".join(r["nics"])
     kinds = cells(browser, "#events li", "data-kind")
     assert kinds[:2] == ["submitted", "admitted"]
     assert "Not submitted by an Airflow task" in browser.text(".ti")
+    assert job["time_limit_s"] == 6 * 3600
+    assert browser.text("#job-limit") == "time limit 6h"        # elapsed against it
 
 
 def test_pending_job_page_names_its_reason_eta_and_blocker(stack, browser):

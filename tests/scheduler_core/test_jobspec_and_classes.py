@@ -2,7 +2,7 @@ import pytest
 
 from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, place
 from airflow_gpu.scheduler_core.errors import InputError
-from airflow_gpu.scheduler_core.jobclasses import JobClass, resolve
+from airflow_gpu.scheduler_core.jobclasses import Defaults, JobClass, resolve, stop_grace
 from airflow_gpu.scheduler_core.jobspec import JobSpec
 from airflow_gpu.scheduler_core.plugins import default_registry, hookimpl, make_registry
 from tests.helpers import job, make_state
@@ -109,7 +109,7 @@ def test_every_replica_books_memory():
     spec = job("j", {"name": "w", "gpus": 2, "cpus": 8}, {"name": "ps", "cpus": 2})
     got = resolve(spec, REG.job_classes)
     assert [r.memory for r in got.roles] == [2 * 16 * GiB + 8 * GiB, 2 * GiB]
-    got = resolve(spec, REG.job_classes, memory=(40 * GiB, 3 * GiB))   # the policy's
+    got = resolve(spec, REG.job_classes, defaults=Defaults(40 * GiB, 3 * GiB))   # the policy's
     assert [r.memory for r in got.roles] == [2 * 40 * GiB + 24 * GiB, 6 * GiB]
     tf = job("tf", {"name": "worker", "gpus": 1, "cpus": 4}, {"name": "ps"},
              job_class="tensorflow-ps")
@@ -117,12 +117,53 @@ def test_every_replica_books_memory():
     heavy = JobClass("heavy", "host memory per GPU", memory_per_gpu=100 * GiB)
     reg = make_registry(extra_plugins=(_classes_plugin(heavy),))
     got = resolve(job("h", {"name": "w", "gpus": 1, "cpus": 2}, job_class="heavy"),
-                  reg.job_classes, memory=(40 * GiB, 3 * GiB))
+                  reg.job_classes, defaults=Defaults(40 * GiB, 3 * GiB))
     assert got.roles[0].memory == 100 * GiB + 6 * GiB     # the class's per GPU wins
     placed = place(got, make_state({"name": "h1", "model": "dgx-a100"}), reg)
     assert isinstance(placed, Placed) and placed.allocations[0].memory_bytes == 106 * GiB
     with pytest.raises(ValueError, match="must book some host memory"):
         job("z", {"name": "w", "gpus": 1, "memory": 0})
+
+
+def test_time_limits_come_from_the_job_its_class_or_the_policy_within_their_maximum():
+    gpu = {"name": "w", "gpus": 1}
+    # none anywhere: no limit; the policy's default; the class's default wins over it
+    assert resolve(job("a", gpu), REG.job_classes).time_limit is None
+    policy = Defaults(time_limit=7 * 86400, max_time_limit=14 * 86400, stop_grace=60)
+    assert resolve(job("a", gpu), REG.job_classes, defaults=policy).time_limit == 7 * 86400
+    v = resolve(job("v", gpu, job_class="validation"), REG.job_classes, defaults=policy)
+    assert v.time_limit == 2 * 3600 and v.expected_runtime == 1800
+    # the job's own, up to the class's maximum (1d) and the policy's (14d)
+    mine = job("v", gpu, job_class="validation", time_limit="20h")
+    assert resolve(mine, REG.job_classes, defaults=policy).time_limit == 20 * 3600
+    with pytest.raises(InputError, match=r"time_limit: 2d is more than job class "
+                       r"'validation' allows \(1d\); ask for at most 1d"):
+        resolve(job("v", gpu, job_class="validation", time_limit="2d"), REG.job_classes)
+    with pytest.raises(InputError, match="more than the queue policy allows"):
+        resolve(job("a", gpu, time_limit="15d"), REG.job_classes, defaults=policy)
+    # no limit asked where only a maximum is set: the maximum (Slurm's MaxTime)
+    capped = Defaults(max_time_limit=3 * 86400)
+    assert resolve(job("a", gpu), REG.job_classes, defaults=capped).time_limit == 3 * 86400
+    # a class's default estimate longer than the job's limit is planned as the limit
+    short = resolve(job("p", gpu, job_class="pytorch", time_limit="1h"), REG.job_classes)
+    assert (short.time_limit, short.expected_runtime) == (3600, 3600)
+    with pytest.raises(ValueError, match="expected_runtime: 2h is longer than time_limit 1h"):
+        job("e", gpu, expected_runtime="2h", time_limit="1h")
+    assert stop_grace(v, REG.job_classes, policy) == 60
+
+
+def test_cores_are_whole_unless_the_job_its_class_or_the_policy_says_threads():
+    gpu = {"name": "w", "gpus": 1, "cpus": 3}
+    assert resolve(job("a", gpu), REG.job_classes).placement.cpu_allocation == "core"
+    threads = Defaults(cpu_allocation="thread")
+    assert resolve(job("a", gpu), REG.job_classes,
+                   defaults=threads).placement.cpu_allocation == "thread"
+    mine = job("a", gpu, placement={"cpu_allocation": "core"})
+    assert resolve(mine, REG.job_classes, defaults=threads).placement.cpu_allocation == "core"
+    hpc = JobClass("hpc", "thread-level", placement={"cpu_allocation": "thread"})
+    reg = make_registry(extra_plugins=(_classes_plugin(hpc),))
+    assert resolve(job("h", gpu, job_class="hpc"),
+                   reg.job_classes).placement.cpu_allocation == "thread"
 
 
 def _classes_plugin(*classes):

@@ -3,6 +3,10 @@ replayed through the real scheduler with exact runtimes."""
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,9 +16,9 @@ from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.policy.jobqueue import JobQueue
 from airflow_gpu.scheduler_core.policy.reservations import earliest_end
-from airflow_gpu.scheduler_core.policy.scheduler import PassResult, Scheduler
+from airflow_gpu.scheduler_core.policy.scheduler import PassResult, Rejected, Scheduler
 from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
-from airflow_gpu.scheduler_core.simulation.trace import TraceJob
+from airflow_gpu.scheduler_core.simulation.trace import TraceJob, job_spec
 from tests.helpers import job, make_cluster
 
 SETTINGS = settings(max_examples=60, deadline=None,
@@ -225,3 +229,76 @@ def test_reusing_the_last_passes_reservations_changes_nothing(cluster, trace, sl
                                                   slowdown), observe=observe)
         runs.append([(r.job_id, r.start, r.end) for r in res.records])
     assert runs[0] == runs[1]
+
+
+def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
+                      slowdown=(1.0, 1.0, 1.0)) -> tuple[dict, dict, set]:
+    """Replay where every job runs exactly as planned unless backfill cut its limit in
+    front of a reservation: those run on past it, as a job that declared far too short a
+    runtime and ignores SIGTERM would, until they are killed at their limit + grace.
+    Returns (start, end, timed out) per job name, the protected reservations' first
+    starts, and the jobs that were cut."""
+    cfg = PolicyConfig(fairshare_weight=0, locality_slowdown=slowdown, learn_slowdown=False,
+                       reserve_after=0, stop_grace=grace)
+    s = Scheduler(ClusterState(cluster), cfg)
+    host_gpus = cluster.max_host_gpus
+    trace = sorted(trace, key=lambda t: t.submit)
+    ends: list[tuple[float, str]] = []
+    runs: dict[str, list] = {}
+    promised: dict[str, float] = {}
+    cut: set[str] = set()
+    i = 0
+    while i < len(trace) or ends:
+        now = min(trace[i].submit if i < len(trace) else math.inf,
+                  ends[0][0] if ends else math.inf)
+        while ends and ends[0][0] == now:
+            name = heapq.heappop(ends)[1]
+            s.finish(name, now, completed=name not in cut)
+            runs[name][1] = now
+        while i < len(trace) and trace[i].submit == now:
+            t = trace[i]
+            i += 1
+            with contextlib.suppress(Rejected):
+                s.submit(job_spec(t, host_gpus, 4, 32 * 2**30), now,
+                         t.expected_runtime or t.duration)
+        res = s.schedule(now)
+        check_state(s, res)
+        for r in res.reservations:
+            if r.protected:
+                promised.setdefault(r.job.name, r.start)
+        cut |= set(res.cut)
+        for queued, _ in res.started:
+            name = queued.name
+            end = (s.state.hard_end[name] if name in res.cut
+                   else s.state.expected_end[name])
+            runs[name] = [now, None, name in res.cut]
+            heapq.heappush(ends, (end, name))
+    return runs, promised, cut
+
+
+@settings(SETTINGS, max_examples=300)
+@given(clusters(), inexact_traces(), SLOWDOWNS, st.sampled_from((0, 30, 600)))
+def test_no_backfilled_job_delays_a_reservation_by_more_than_the_grace(
+        cluster, trace, slowdown, grace):
+    """With limits enforced, a protected job starts no later than its first reservation
+    plus the grace, whatever runtimes the jobs backfilled in front of it declared."""
+    runs, promised, _ = replay_with_liars(cluster, trace, grace, slowdown)
+    for name, start in promised.items():
+        assert runs[name][0] <= start + grace, (name, runs[name][0], start, grace)
+
+
+def test_a_job_backfilled_in_front_of_a_reservation_is_stopped_at_its_start():
+    """One 8-GPU host: `a` holds 4 GPUs for 1000 s, `big` (8 GPUs) is reserved from 1000,
+    `liar` declares 100 s on the other 4 GPUs but would run 10,000 s. Its limit is cut to
+    the reservation's start: it is stopped then and `big` waits only the grace."""
+    cluster = make_cluster({"name": "h0", "model": "dgx-a100"})
+    trace = [TraceJob("a", 0, 1000, 4), TraceJob("big", 1, 500, 8),
+             TraceJob("liar", 2, 10_000, 4, expected_runtime=100)]
+    cfg = PolicyConfig(fairshare_weight=0, reserve_after=0, stop_grace=30)
+    res = simulate(cluster, trace, SimOptions(cfg, (1.0, 1.0, 1.0)))
+    got = {r.job_id: r for r in res.records}
+    assert (got["liar"].start, got["liar"].end, got["liar"].timeout) == (2, 1030, True)
+    assert got["big"].start == 1030 and not got["big"].timeout
+    assert res.metrics()["timeouts"] == 1
+    runs, promised, cut = replay_with_liars(cluster, trace, 30)
+    assert promised == {"big": 1000} and cut == {"liar"} and runs["big"][0] == 1030

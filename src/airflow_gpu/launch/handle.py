@@ -17,4 +17,6 @@ class Handle(Protocol):
 
     def wait(self) -> int: ...              # exit code
 
-    def stop(self) -> None: ...             # stop it now (idempotent), free what it used
+    # stop it (idempotent) and free what it used: SIGTERM, SIGKILL after `grace` seconds
+    # (None: the runner's default)
+    def stop(self, grace: float | None = None) -> None: ...

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -159,11 +160,11 @@ class ProcessHandle:
         self._cleanup()
         return code
 
-    def stop(self) -> None:
+    def stop(self, grace: float | None = None) -> None:
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGTERM)
-                self.proc.wait(STOP_GRACE)
+                self.proc.wait(STOP_GRACE if grace is None else grace)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
@@ -200,6 +201,7 @@ class CallableHandle(ProcessHandle):
         self.name, self.pid, self.iso = name, pid, iso
         self._out, self._result, self.code = os.fdopen(out, "rb"), result, None
         self.value: Any = None
+        self._ended = threading.Event()
 
     def wait(self) -> int:
         if self.code is None:
@@ -210,11 +212,18 @@ class CallableHandle(ProcessHandle):
             if self.code == 0 and data:
                 self.value = pickle.loads(data)
             self._cleanup()
+            self._ended.set()
         return self.code
 
-    def stop(self) -> None:
+    def stop(self, grace: float | None = None) -> None:
+        """SIGKILL at once; with `grace` (a time limit), SIGTERM first and SIGKILL if the
+        callable is still running `grace` seconds later (its log reader reaps it)."""
         if self.code is None:
             with contextlib.suppress(ProcessLookupError):
+                if grace:
+                    os.killpg(self.pid, signal.SIGTERM)
+                    if self._ended.wait(grace):
+                        return
                 os.killpg(self.pid, signal.SIGKILL)
         self._cleanup()
 
@@ -236,8 +245,9 @@ def start_callable(r: Replica, fn: Callable, args: tuple, kwargs: dict,
             os.dup2(out_w, 2)
             sys.stdout = os.fdopen(1, "w", buffering=1)
             sys.stderr = os.fdopen(2, "w", buffering=1)
+            child_env = process_env(r, env)      # from the worker's environment
             os.environ.clear()
-            os.environ.update(process_env(r, env))
+            os.environ.update(child_env)
             iso.enter()
             payload = pickle.dumps(fn(*args, **kwargs))
             # End the output first: the parent reads the result only after the log

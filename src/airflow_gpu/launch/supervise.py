@@ -33,17 +33,22 @@ class Outcome:
     tail: list[str] = field(default_factory=list)
     interrupted: Interrupted | None = None
     codes: dict[str, int] = field(default_factory=dict)
+    timed_out: bool = False              # stopped at the job's time limit
 
 
-def stop_all(handles: list[Handle]) -> None:
+def stop_all(handles: list[Handle], grace: float | None = None) -> None:
     if handles:
         with ThreadPoolExecutor(len(handles)) as pool:
-            list(pool.map(lambda h: h.stop(), handles))
+            list(pool.map(lambda h: h.stop(grace), handles))
 
 
 def supervise(handles: list[Handle], log: logging.Logger,
               heartbeat: Callable[[], None] | None = None, interval: float = 15.0,
-              stop: threading.Event | None = None) -> Outcome:
+              stop: threading.Event | None = None, deadline: float | None = None,
+              grace: float = 0.0) -> Outcome:
+    """Run until every replica exits, one fails, the scheduler takes the job back, the
+    task is killed, or `deadline` (time.monotonic()) passes: then every replica gets
+    SIGTERM, and SIGKILL `grace` seconds later."""
     events: queue.Queue = queue.Queue()
     tails = {h.name: deque(maxlen=TAIL) for h in handles}
 
@@ -63,6 +68,11 @@ def supervise(handles: list[Handle], log: logging.Logger,
         if stop is not None and stop.is_set():
             stop_all(handles)
             return Outcome(False, interrupted=Interrupted("killed", "the task was killed"))
+        if deadline is not None and time.monotonic() >= deadline:
+            log.warning("the job reached its time limit: stopping all replicas (SIGTERM, "
+                        "SIGKILL after %gs)", grace)
+            stop_all([h for h in handles if h.name not in codes], grace)
+            return Outcome(False, codes=codes, timed_out=True)
         if heartbeat is not None and time.monotonic() >= next_beat:
             next_beat = time.monotonic() + interval
             try:

@@ -23,7 +23,9 @@ from ..launch.replica import Replica, replicas_of
 from ..launch.supervise import Interrupted, Outcome, stop_all, supervise
 from ..scheduler_core.client import ApiError
 from ..scheduler_core.errors import InputError, describe_validation_error
+from ..scheduler_core.jobclasses import timeout_message
 from ..scheduler_core.jobspec import JobSpec
+from ..scheduler_core.units import parse_duration
 from ..triggers.admission import AdmissionTrigger
 from .links import GpuJobLink
 
@@ -51,6 +53,22 @@ def split_role(role: dict) -> tuple[dict, dict]:
             {k: role[k] for k in LAUNCH_KEYS if k in role})
 
 
+def _seconds_left(iso: str | None) -> float | None:
+    """Seconds until a time the service sent (ISO 8601, UTC), by this machine's clock."""
+    if not iso:
+        return None
+    at = datetime.fromisoformat(iso)
+    if at.tzinfo is None:           # SQLite keeps UTC without the zone
+        at = at.replace(tzinfo=UTC)
+    return (at - datetime.now(UTC)).total_seconds()
+
+
+def _monotonic(iso: str | None) -> float | None:
+    """A time the service sent, on time.monotonic()'s clock (None: none)."""
+    left = _seconds_left(iso)
+    return None if left is None else time.monotonic() + left
+
+
 class GpuBaseOperator(BaseOperator):
     """Base of the GPU operators. The task asks for resources, never for a host or GPU.
 
@@ -59,6 +77,9 @@ class GpuBaseOperator(BaseOperator):
     :param cpus: logical CPUs per replica. :param memory: host memory per replica (booked
     and its limit; default: per GPU and per CPU, from the job class or the queue policy).
     :param job_class: e.g. pytorch, tensorflow-ps, etl, validation.
+    :param time_limit: hard limit (Slurm's --time), e.g. "12h": at it the replicas get
+        SIGTERM, then SIGKILL after the job class's grace, and the task fails naming it;
+        default: the job class's, else the queue policy's.
     :param priority: higher runs first. :param expected_runtime: e.g. "2h"; default: the
     median of the task's last successful runs where the class allows, else the class's.
     :param team: default: the connection's `team` extra, else the token's team.
@@ -68,7 +89,7 @@ class GpuBaseOperator(BaseOperator):
         admits within a scheduling pass).
     """
 
-    template_fields: Sequence[str] = ("expected_runtime",)
+    template_fields: Sequence[str] = ("expected_runtime", "time_limit")
     ui_color = "#76b900"
     operator_extra_links = (GpuJobLink(),)
 
@@ -76,7 +97,8 @@ class GpuBaseOperator(BaseOperator):
                  gpu_memory: str | int | None = None, cpus: int = 1,
                  memory: str | int | None = None, job_class: str | None = None,
                  priority: int = 0,
-                 expected_runtime: str | int | None = None, team: str | None = None,
+                 expected_runtime: str | int | None = None,
+                 time_limit: str | int | None = None, team: str | None = None,
                  placement: dict[str, Any] | None = None,
                  gpu_scheduler_conn_id: str = GpuSchedulerHook.default_conn_name,
                  poll_interval: float = 5.0, admission_timeout: float | None = None,
@@ -89,6 +111,7 @@ class GpuBaseOperator(BaseOperator):
                                 **({"gpu": gpu} if gpu else {})}]
         self.job_class, self.priority, self.team = job_class, priority, team
         self.expected_runtime, self.placement = expected_runtime, placement or {}
+        self.time_limit = time_limit
         self.gpu_scheduler_conn_id = gpu_scheduler_conn_id
         self.poll_interval, self.admission_timeout = poll_interval, admission_timeout
         self.admission_grace = admission_grace
@@ -104,6 +127,7 @@ class GpuBaseOperator(BaseOperator):
                                 "roles": [split_role(r)[0] for r in self.roles]}
         for key, value in (("team", team or self.team), ("job_class", self.job_class),
                            ("expected_runtime", runtime or self.expected_runtime),
+                           ("time_limit", self.time_limit),
                            ("placement", self.placement)):
             if value:
                 spec[key] = value
@@ -131,6 +155,8 @@ class GpuBaseOperator(BaseOperator):
             (datetime.fromisoformat(j["finished_at"]) - datetime.fromisoformat(j["started_at"]))
             .total_seconds() for j in runs)
         seconds = max(1, round(took))
+        if self.time_limit:             # it is stopped there: never plan longer
+            seconds = min(seconds, parse_duration(self.time_limit))
         self.log.info("expected runtime %ss: median of the last %d successful runs",
                       seconds, len(runs))
         return seconds
@@ -208,7 +234,13 @@ class GpuBaseOperator(BaseOperator):
                 raise AirflowException(str(exc)) from None
             outcome = supervise(self._handles, self.log,
                                 lambda: self._beat(client, job_id, attempt),
-                                self._beat_interval(job), self._stop)
+                                self._beat_interval(job), self._stop,
+                                _monotonic(job.get("deadline_at")),
+                                float(job.get("stop_grace") or 0))
+            if outcome.timed_out:
+                self._finish(client, job_id, attempt, "timeout", None)
+                raise AirflowException(f"GPU job {job_id}: " + timeout_message(
+                    job["time_limit_s"], job.get("limit_cut_by"), job.get("stop_grace") or 0))
             return self._conclude(client, job_id, attempt, replicas, outcome)
 
     def _conclude(self, client, job_id: str, attempt: int, replicas: list[Replica],
@@ -236,14 +268,8 @@ class GpuBaseOperator(BaseOperator):
 
     @staticmethod
     def _beat_interval(job: dict) -> float:
-        expires = job.get("lease_expires_at")
-        if not expires:
-            return 10.0
-        at = datetime.fromisoformat(expires)
-        if at.tzinfo is None:           # SQLite keeps UTC without the zone
-            at = at.replace(tzinfo=UTC)
-        left = (at - datetime.now(UTC)).total_seconds()
-        return min(30.0, max(0.5, left / 3))
+        left = _seconds_left(job.get("lease_expires_at"))
+        return 10.0 if left is None else min(30.0, max(0.5, left / 3))
 
     def _beat(self, client, job_id: str, attempt: int) -> None:
         try:

@@ -44,7 +44,7 @@ class GpuGangOperator(GpuBaseOperator):
     """
 
     template_fields: Sequence[str] = ("roles", "image", "command", "environment",
-                                      "expected_runtime")
+                                      "expected_runtime", "time_limit")
 
     def __init__(self, *, roles: list[dict] | None = None, runner: str = "docker",
                  image: str | None = None, command: str | list[str] | None = None,

@@ -11,6 +11,20 @@ from typing import Any, Literal
 from .errors import InputError
 from .jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU, JobSpec
 from .plugins import hookimpl
+from .units import format_duration
+
+STOP_GRACE = 30     # seconds from SIGTERM to SIGKILL at the time limit (Slurm's KillWait)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What the queue policy gives a job that neither it nor its class sets."""
+    memory_per_gpu: int = MEMORY_PER_GPU
+    memory_per_cpu: int = MEMORY_PER_CPU
+    time_limit: int | None = None        # seconds; None: no limit
+    max_time_limit: int | None = None
+    stop_grace: int = STOP_GRACE
+    cpu_allocation: str = "core"
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,11 @@ class JobClass:
     # host memory a replica books when its role gives none (else the policy's defaults)
     memory_per_gpu: int | None = None
     memory_per_cpu: int | None = None
+    # the time limit of a job that sets none, the most it may set (seconds), and the
+    # seconds its replicas get between SIGTERM and SIGKILL at the limit (else the policy's)
+    default_time_limit: int | None = None
+    max_time_limit: int | None = None
+    stop_grace: int | None = None
 
     def check(self, spec: JobSpec) -> list[str]:
         problems = []
@@ -74,6 +93,7 @@ BUILTIN = [
     JobClass("validation", "small GPU jobs (evaluation, tests) on one host",
              placement={"pack": True, "affinity": "preferred", "locality": "host"},
              priority_weight=10, default_runtime=1800, max_gpus=8,
+             default_time_limit=2 * 3600, max_time_limit=24 * 3600,
              # short runs on a suspect GPU: end them; the Airflow task's retries decide
              on_gpu_failure="cancel"),
 ]
@@ -85,10 +105,13 @@ def airflow_gpu_job_classes() -> list[JobClass]:
 
 
 def resolve(spec: JobSpec, classes: dict[str, JobClass], source: str | None = None,
-            memory: tuple[int, int] = (MEMORY_PER_GPU, MEMORY_PER_CPU)) -> JobSpec:
-    """The spec with its class applied and every role's memory booked (the class's per GPU
-    and per CPU, else `memory`: the policy's); an unknown class or a broken class rule is
-    an error."""
+            defaults: Defaults | None = None) -> JobSpec:
+    """The spec with its class applied and what it leaves unset filled: every role's
+    memory (the class's per GPU and per CPU, else the policy's), the time limit (the
+    class's, else the policy's; never above the class's or the policy's maximum, and the
+    estimate never above it) and the CPU allocation. An unknown class, a broken class
+    rule or a limit above the maximum is an error."""
+    defaults = defaults or Defaults()
     jc = None
     if spec.job_class is not None:
         jc = classes.get(spec.job_class)
@@ -100,10 +123,54 @@ def resolve(spec: JobSpec, classes: dict[str, JobClass], source: str | None = No
         if problems:
             raise InputError(f"job {spec.name!r}: job_class: " + "; ".join(problems), source)
         spec = jc.apply(spec)
-    if all(r.memory is not None for r in spec.roles):
-        return spec
-    per_gpu = jc.memory_per_gpu if jc and jc.memory_per_gpu is not None else memory[0]
-    per_cpu = jc.memory_per_cpu if jc and jc.memory_per_cpu is not None else memory[1]
-    return spec.model_copy(update={"roles": [
-        r if r.memory is not None else r.model_copy(update={
-            "memory": r.booked_memory(per_gpu, per_cpu)}) for r in spec.roles]})
+    update: dict[str, Any] = {}
+    if any(r.memory is None for r in spec.roles):
+        per_gpu = jc.memory_per_gpu if jc and jc.memory_per_gpu is not None else \
+            defaults.memory_per_gpu
+        per_cpu = jc.memory_per_cpu if jc and jc.memory_per_cpu is not None else \
+            defaults.memory_per_cpu
+        update["roles"] = [r if r.memory is not None else r.model_copy(update={
+            "memory": r.booked_memory(per_gpu, per_cpu)}) for r in spec.roles]
+    limit = _time_limit(spec, jc, defaults, source)
+    if limit != spec.time_limit:
+        update["time_limit"] = limit
+    if limit is not None and spec.expected_runtime and spec.expected_runtime > limit:
+        update["expected_runtime"] = limit     # it cannot run longer (a class's default)
+    if "cpu_allocation" not in spec.placement.model_fields_set:
+        update["placement"] = spec.placement.model_copy(
+            update={"cpu_allocation": defaults.cpu_allocation})
+    return spec.model_copy(update=update) if update else spec
+
+
+def _time_limit(spec: JobSpec, jc: JobClass | None, defaults: Defaults,
+                source: str | None) -> int | None:
+    limit = spec.time_limit
+    if limit is None:
+        limit = jc.default_time_limit if jc and jc.default_time_limit else defaults.time_limit
+    for most, whose in ((jc.max_time_limit if jc else None, f"job class {spec.job_class!r}"),
+                        (defaults.max_time_limit, "the queue policy")):
+        if most is None:
+            continue
+        if limit is None:
+            limit = most             # no limit asked: the most allowed (Slurm's MaxTime)
+        elif limit > most:
+            raise InputError(f"job {spec.name!r}: time_limit: {format_duration(limit)} is "
+                             f"more than {whose} allows ({format_duration(most)}); ask for "
+                             f"at most {format_duration(most)}", source)
+    return limit
+
+
+def stop_grace(spec: JobSpec, classes: dict[str, JobClass], defaults: Defaults) -> int:
+    """Seconds the job's replicas get from SIGTERM to SIGKILL at its time limit."""
+    jc = classes.get(spec.job_class or "")
+    return jc.stop_grace if jc and jc.stop_grace is not None else defaults.stop_grace
+
+
+def timeout_message(limit: float, cut_by: str | None, grace: float) -> str:
+    """Why a job ended `timeout`, naming its limit (events, the operators' failures)."""
+    what = format_duration(limit)
+    how = (f"its time limit of {what}, cut by backfill to end before the reservation of "
+           f"job {cut_by} (its expected runtime said it would end by then; declare an "
+           "expected_runtime it keeps)") if cut_by else (
+        f"its time limit of {what} (time_limit; ask for more if it needs longer)")
+    return f"the job reached {how}: stopped with SIGTERM, then SIGKILL after {grace:g}s"

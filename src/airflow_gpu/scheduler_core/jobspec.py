@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InputError, load_yaml, validate
-from .units import Duration, Size
+from .units import Duration, Size, format_duration
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 GiB = 2**30
@@ -79,7 +79,12 @@ class JobSpec(_Spec):
     team: str = Field("default", pattern=_NAME)
     job_class: str | None = None
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
-    expected_runtime: Duration | None = None
+    expected_runtime: Duration | None = Field(
+        None, description="what the job is planned with (an estimate, not enforced)")
+    time_limit: Duration | None = Field(
+        None, gt=0, description="hard limit (Slurm's --time): at it the replicas get "
+        "SIGTERM, then SIGKILL after the class's grace, and the job ends timeout; default: "
+        "the job class's, else the queue policy's")
     roles: list[Role] = Field(min_length=1)
     placement: Placement = Placement()
 
@@ -89,6 +94,12 @@ class JobSpec(_Spec):
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"roles: role names must be unique, {sorted(dup)} repeats")
+        if (self.expected_runtime and self.time_limit
+                and self.expected_runtime > self.time_limit):
+            raise ValueError(f"expected_runtime: {format_duration(self.expected_runtime)} is "
+                             f"longer than time_limit {format_duration(self.time_limit)}, so "
+                             "the job would be stopped before it is expected to end; raise "
+                             "time_limit or lower expected_runtime")
         return self
 
     @property

@@ -26,4 +26,5 @@ with DAG("gpu_docker", schedule=None, catchup=False) as dag:
                                                          "PROBE_WAIT")},
         mounts=[MOUNT] if MOUNT else [],
         job_class=os.environ.get("TEST_JOB_CLASS", "validation"), poll_interval=0.5,
+        time_limit=os.environ.get("TEST_TIME_LIMIT") or None,
         admission_grace=float(os.environ.get("TEST_GRACE", "1")))

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from ..format import age, duration, format_cpulist, format_size, team_color
+from ..format import age, duration, format_cpulist, format_size, seconds_of, team_color
 from .queue import blockers, expected_runtime, job_gpus, with_names
 
 
@@ -74,6 +74,10 @@ def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: dat
         "times": {k: job.get(k) for k in ("submitted_at", "admitted_at", "started_at",
                                           "finished_at", "lease_expires_at")},
         "elapsed": duration(elapsed), "expected": duration(expected_runtime(job["spec"])),
+        # as admitted (backfill may have cut it), else what the spec asks
+        "limit": duration(job.get("time_limit_s") or seconds_of(job["spec"].get("time_limit")))
+        if job.get("time_limit_s") or job["spec"].get("time_limit") else None,
+        "limit_cut_by": names.get(job.get("limit_cut_by"), job.get("limit_cut_by")),
         "waiting": duration(age(job["submitted_at"], now)),
         "exit_code": job.get("exit_code"),
         "reason": with_names(explain.get("reason") or why.get("reason"), names),

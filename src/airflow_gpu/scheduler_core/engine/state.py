@@ -119,6 +119,9 @@ class ClusterState:
         self.started: dict[str, float] = {}          # job -> start time
         self.expected_end: dict[str, float] = {}     # job -> planned end (inf: unknown)
         self._ends: list[tuple[float, str]] = []     # (expected end, job), sorted
+        # job -> when it is gone at the latest (its time limit + grace): an overdue job is
+        # never re-estimated past it. Kept by the scheduler, not by commit and release.
+        self.hard_end: dict[str, float] = {}
         self.usable_total = 0                        # usable GPUs in the whole cluster
         # bumped whenever resources come back earlier than planned (early ends, repairs):
         # reservations planned before may now start sooner

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
 
 from ..errors import load_yaml, validate
+from ..jobclasses import STOP_GRACE, Defaults
 from ..jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU
 from ..units import Duration, Size
 
@@ -70,6 +71,16 @@ class PolicyConfig(_Spec):
                                  "books per GPU when neither it nor its job class says")
     memory_per_cpu: Size = Field(MEMORY_PER_CPU, gt=0, description="host memory a replica "
                                  "books per CPU when neither it nor its job class says")
+    default_time_limit: Duration | None = Field(
+        None, gt=0, description="time limit of jobs that, like their class, set none "
+        "(none: no limit, like Slurm's default MaxTime=UNLIMITED)")
+    max_time_limit: Duration | None = Field(
+        None, gt=0, description="the most time_limit any job may ask for (none: no maximum)")
+    stop_grace: Duration = Field(STOP_GRACE, ge=0, le=3600, description="seconds from SIGTERM "
+                                 "to SIGKILL at a time limit, where the job class sets none")
+    cpu_allocation: Literal["core", "thread"] = Field(
+        "core", description="core: replicas get whole physical cores (SMT siblings "
+        "together); thread: logical CPUs one by one; a job or its class may say otherwise")
     reserve_after: Duration = Field(
         3 * 86400, ge=0, description="the oldest job of a band that has waited this long goes "
         "first, with a reservation: the knob between average and worst wait")
@@ -99,8 +110,10 @@ class PolicyConfig(_Spec):
         return v
 
     @property
-    def memory_defaults(self) -> tuple[int, int]:
-        return self.memory_per_gpu, self.memory_per_cpu
+    def defaults(self) -> Defaults:
+        """What jobs get that neither they nor their class set."""
+        return Defaults(self.memory_per_gpu, self.memory_per_cpu, self.default_time_limit,
+                        self.max_time_limit, self.stop_grace, self.cpu_allocation)
 
     def share(self, team: str) -> float:
         t = self.teams.get(team)

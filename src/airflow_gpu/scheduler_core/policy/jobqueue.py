@@ -57,6 +57,8 @@ class QueuedJob:
     shape: tuple
     gpus: int = 0            # GPUs of the whole gang
     size: float = 0.0        # size factor (0..1)
+    limit: float = math.inf  # its time limit, seconds (inf: none)
+    grace: float = 0.0       # seconds from SIGTERM to SIGKILL at the limit
 
     @property
     def name(self) -> str:

@@ -66,7 +66,7 @@ class Reasons:
         why = self.reason(job)
         p = self.p
         if reserved is not None:
-            why.eta = reserved.start - p.now
+            why.eta = reserved.planned_start - p.now
             why.details["reserved_hosts"] = reserved.hosts
         else:
             why.eta = self.eta(job)

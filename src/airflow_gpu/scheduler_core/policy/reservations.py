@@ -31,6 +31,13 @@ class Reservation:
     allocations: list[ReplicaAllocation]
     tier: int = 0                       # 0 one host, 1 one switch, 2 across switches
     protected: bool = False             # the wait guarantee's (else: waits for locality)
+    # where `start` was moved up to the job's first promise (a job in its way overran):
+    # when the walk expects it to start
+    eta: float | None = None
+
+    @property
+    def planned_start(self) -> float:
+        return self.start if self.eta is None else self.eta
 
     @property
     def hosts(self) -> list[str]:
@@ -139,21 +146,24 @@ def place_best(job: QueuedJob, state: ClusterState, reg: Registry, best_tier: in
 
 def running_ends(state: ClusterState, now: float) -> list[tuple[float, str]]:
     """Running jobs by expected end, soonest first; jobs past their planned end are
-    re-estimated (`timemodel.reestimate`)."""
+    re-estimated (`timemodel.reestimate`), never past their time limit and grace."""
     ends = state.ends()
     k = 0
     while k < len(ends) and ends[k][0] <= now:
         k += 1
     if not k:
         return list(ends)
-    late = sorted((reestimate(state.started[name], end, now), name) for end, name in ends[:k])
+    hard = state.hard_end
+    late = sorted((min(reestimate(state.started[name], end, now),
+                       max(hard.get(name, math.inf), now)), name) for end, name in ends[:k])
     return list(heapq.merge(late, ends[k:]))
 
 
 def earliest_end(job: QueuedJob, state: ClusterState, reg: Registry, now: float,
                  reservations: list[Reservation], runtime: Callable[[int], float],
                  best_tier: int, candidate: Reservation | None = None,
-                 tried: list | None = None) -> Reservation | None:
+                 tried: list | None = None, start_by: float = math.inf
+                 ) -> Reservation | None:
     """The placement with the earliest expected end, from `candidate` (e.g. one that
     starts now on a wider tier) or any the running jobs' expected ends make room for.
 
@@ -163,7 +173,8 @@ def earliest_end(job: QueuedJob, state: ClusterState, reg: Registry, now: float,
     A placement at time t goes around the `reservations` (sorted by start) that it would
     overlap in time, as backfill does now: those starting before t + runtime and not
     ended by t. `tried` collects (start, tier, end) of every placement found. None: the
-    job never fits, even when everything has ended.
+    job never fits, even when everything has ended. With `start_by` (a protected job's
+    promise plus its grace), a placement starting by then wins over any starting later.
     """
     best = candidate
     best_end = candidate.end if candidate is not None else math.inf
@@ -171,7 +182,8 @@ def earliest_end(job: QueuedJob, state: ClusterState, reg: Registry, now: float,
     walk = _Walk(state, reservations)
     try:
         for t in walk.times(now):
-            if t + fastest >= best_end:
+            if t + fastest >= best_end or (t > start_by and best is not None
+                                           and best.start <= start_by):
                 break
             walk.hold_until(t, t + fastest)
             cap = max(k for k in range(best_tier, 3) if k == best_tier

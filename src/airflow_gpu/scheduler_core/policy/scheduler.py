@@ -8,6 +8,7 @@ returns the pass's decisions. See docs/architecture.md ("The scheduling pass").
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -15,7 +16,7 @@ from ..engine.countfit import place_by_count
 from ..engine.placement import Placed, never_fits, place
 from ..engine.state import ClusterState, tier_of
 from ..errors import InputError
-from ..jobclasses import resolve
+from ..jobclasses import resolve, stop_grace
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from .config import FairShare, PolicyConfig
@@ -37,8 +38,9 @@ def over_quota(config: PolicyConfig, team: str, gpus: int) -> str | None:
 
 def planned_runtime(spec: JobSpec, config: PolicyConfig) -> float:
     """The runtime a job is planned with on one host: its spec's (with its job class
-    applied), else the policy's default."""
-    return float(spec.expected_runtime or config.default_runtime)
+    applied), else the policy's default; never more than its time limit."""
+    return float(min(spec.expected_runtime or config.default_runtime,
+                     spec.time_limit or math.inf))
 
 
 class Rejected(InputError):
@@ -56,6 +58,8 @@ class PassResult:
     reservations: list[Reservation] = field(default_factory=list)
     pending: dict[str, Pending] = field(default_factory=dict)   # filled when explaining
     tested: int = 0
+    # job -> (the time its limit was cut to, the job whose reservation starts then)
+    cut: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
 class Scheduler:
@@ -74,6 +78,9 @@ class Scheduler:
                                                     self.config.learn_slowdown)
         self.running: dict[str, QueuedJob] = {}
         self.held: dict[str, int] = {}          # GPUs held per team
+        # protected job -> the earliest start its reservations promised: what backfilled
+        # jobs' limits are cut to, so that none can delay it beyond its grace
+        self.promised: dict[str, float] = {}
         self._seq = 0
         self._empty = state.empty_like()
         self._never: dict[tuple, str | None] = {}
@@ -89,7 +96,7 @@ class Scheduler:
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None) -> QueuedJob:
         """Queue a job; raises Rejected if it can never run (naming why), InputError for
         an unknown job class."""
-        spec = resolve(spec, self.reg.job_classes, memory=self.config.memory_defaults)
+        spec = resolve(spec, self.reg.job_classes, defaults=self.config.defaults)
         if spec.name in self.queue or spec.name in self.running:
             raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
@@ -101,11 +108,12 @@ class Scheduler:
         return job
 
     def restore(self, spec: JobSpec, allocations, start: float,
-                runtime: float | None = None) -> None:
-        """A job that already holds resources (a driver rebuilding from its store)."""
+                runtime: float | None = None, deadline: float | None = None) -> None:
+        """A job that already holds resources (a driver rebuilding from its store);
+        `deadline`: when it is stopped, if it was cut (else start + its time limit)."""
         self._start(self._make(resolve(spec, self.reg.job_classes,
-                                       memory=self.config.memory_defaults), start, runtime),
-                    allocations, start)
+                                       defaults=self.config.defaults), start, runtime),
+                    allocations, start, deadline)
 
     def _make(self, spec: JobSpec, submit: float, runtime: float | None) -> QueuedJob:
         """A resolved spec as a queue entry; the runtime defaults to the spec's (or its
@@ -113,8 +121,11 @@ class Scheduler:
         jc = self.reg.job_classes.get(spec.job_class or "")
         if runtime is None:
             runtime = planned_runtime(spec, self.config)
-        job = self.queue.make(spec, submit, self._seq, float(runtime),
+        limit = float(spec.time_limit or math.inf)
+        job = self.queue.make(spec, submit, self._seq, min(float(runtime), limit),
                               jc.priority_weight if jc else 0)
+        job.limit = limit
+        job.grace = float(stop_grace(spec, self.reg.job_classes, self.config.defaults))
         self._seq += 1
         return job
 
@@ -144,12 +155,14 @@ class Scheduler:
     def finish(self, name: str, now: float, completed: bool = False) -> None:
         """The job ended (or was cancelled): its resources return. `completed`: it ran to
         its natural end, so its runtime teaches the time model."""
+        self.promised.pop(name, None)
         if name in self.queue:
             self.queue.remove(name)
             if any(r.job.name == name for r in self._planned[2]):
                 self.state.epoch += 1    # its reservation is gone: others may move up
             return
         job = self.running.pop(name)
+        self.state.hard_end.pop(name, None)
         if now != self.state.expected_end[name]:
             # earlier than planned, or later (overdue): then earlier than re-estimated
             self.state.epoch += 1
@@ -185,6 +198,7 @@ class Scheduler:
             p.plan.hold_first(0)
         for job, _ in p.result.started:
             self.queue.remove(job.name)
+            self.promised.pop(job.name, None)
         p.result.reservations = p.reservations
         self._planned = (self.plan_epoch(), p.plan.made, p.reservations, p.plan.had_carried)
         return p.result
@@ -194,8 +208,21 @@ class Scheduler:
         than planned, or the time model changed its factors."""
         return self.state.epoch, self.timemodel.version
 
-    def _start(self, job: QueuedJob, allocations, now: float) -> None:
-        end = now + self.runtime(job, tier_of(allocations))
+    def deadline(self, name: str) -> float:
+        """When a running job is stopped (SIGTERM): start + its time limit, or earlier
+        where backfill cut it (inf: never)."""
+        return self.state.hard_end.get(name, math.inf) - self.running[name].grace
+
+    def _start(self, job: QueuedJob, allocations, now: float,
+               deadline: float | None = None) -> None:
+        """Start `job`; it is stopped at `deadline` (default: now + its time limit), and
+        gone by then + its grace, which planned ends never pass."""
+        if deadline is None:
+            deadline = now + job.limit
+        hard_end = deadline + job.grace
+        end = min(now + self.runtime(job, tier_of(allocations)), hard_end)
+        if hard_end < math.inf:
+            self.state.hard_end[job.name] = hard_end
         self.state.commit(job.name, allocations, now, end)
         self.running[job.name] = job
         self.held[job.team] = self.held.get(job.team, 0) + job.gpus
@@ -274,7 +301,10 @@ class _Pass:
             right_now = Reservation(job, self.now, self.now + s.runtime(job, got.tier),
                                     got.allocations, got.tier)
             better = self.reserve(job, right_now)
-            if better is not right_now:    # waiting for a narrower placement ends earlier
+            # waiting for a narrower placement ends earlier; a job promised a start waits
+            # no longer than its promise and grace allow
+            if better is not right_now and better.start <= s.promised.get(
+                    job.name, math.inf) + job.grace:
                 self.add(better)
                 return self.wait(job, locality_wait(job, right_now, better, self.now))
         if got is not None:
@@ -285,11 +315,22 @@ class _Pass:
         if (self.explain if self.mode == "fifo" else protected and self.may_reserve()):
             reserved = self.reserve(job)
             if reserved is not None and self.mode == "backfill":
-                reserved.protected = True
+                reserved = self.keep_promise(reserved)
                 self.add(reserved)
         if self.explain:
             self.plan.hold_first(0)
             self.wait(job, self.reasons.blocked(job, protected, reserved))
+
+    def keep_promise(self, r: Reservation) -> Reservation:
+        """A protected reservation holds from the earliest start promised to its job: if a
+        job in its way overran (within its limit and grace), nothing more may backfill onto
+        its resources in front of it, so the slip cannot grow."""
+        r.protected = True
+        promise = min(self.s.promised.get(r.job.name, math.inf), r.planned_start)
+        self.s.promised[r.job.name] = promise
+        if r.start > promise:
+            return dataclasses.replace(r, start=promise, eta=r.planned_start)
+        return r
 
     def add(self, r: Reservation) -> None:
         self.plan.add(r)
@@ -305,7 +346,8 @@ class _Pass:
         s = self.s
         self.plan.hold_first(0)
         return earliest_end(job, s.state, s.reg, self.now, self.reservations,
-                            lambda tier: s.runtime(job, tier), s.best_tier(job), candidate)
+                            lambda tier: s.runtime(job, tier), s.best_tier(job), candidate,
+                            start_by=s.promised.get(job.name, math.inf) + job.grace)
 
     def try_now(self, job: QueuedJob) -> Placed | None:
         """A placement now that touches no reservation starting before the job would end
@@ -339,8 +381,18 @@ class _Pass:
         return got
 
     def start(self, job: QueuedJob, placed: Placed) -> None:
-        self.s._start(job, placed.allocations, self.now)
+        """Start the job. Backfilled onto resources a reservation holds from a later
+        time, it is planned to end before then; that is enforced: its time limit is cut
+        to the reservation's start (Slurm's --time-min), so the reserved job waits at most
+        the grace for it, whatever the job declared."""
+        cut, by = min(((r.start, r.job.name) for r in self.reservations if r.job is not job
+                       and r.start > self.now and r.overlaps(placed.allocations)),
+                      default=(math.inf, ""))
+        deadline = min(self.now + job.limit, cut)
+        self.s._start(job, placed.allocations, self.now, deadline)
         self.result.started.append((job, placed))
+        if cut < self.now + job.limit:
+            self.result.cut[job.name] = (cut, by)
 
     def wait(self, job: QueuedJob, why: Pending) -> None:
         if self.explain:

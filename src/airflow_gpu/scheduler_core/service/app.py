@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from contextlib import asynccontextmanager
 from typing import Annotated, Literal
 
@@ -15,11 +16,10 @@ from sqlalchemy.exc import DataError, DBAPIError
 from ..errors import InputError
 from . import health
 from .auth import principal_for
-from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service, eta_seconds
+from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service
 from .loop import SchedulerLoop
 from .metrics import Metrics
 from .schemas import (
-    EventOut,
     ExplainOut,
     FinishRequest,
     GpuOut,
@@ -34,7 +34,8 @@ from .schemas import (
 
 MAX_BODY = 1 << 20          # bytes; larger request bodies get 413
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"       # team names, as in the job spec
-States = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "lost"]
+States = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "lost",
+                 "timeout"]
 
 
 def app_from_env() -> FastAPI:
@@ -46,6 +47,7 @@ def app_from_env() -> FastAPI:
     from .core import Settings
 
     env = os.environ
+    _log_to_stderr(env.get("AIRFLOW_GPU_LOG_LEVEL") or "info")
     policy_file = env.get("AIRFLOW_GPU_POLICY_FILE")
     settings = Settings(env["AIRFLOW_GPU_DB"], load_cluster(env["AIRFLOW_GPU_CLUSTER"]),
                         load_policy(policy_file) if policy_file else PolicyConfig(),
@@ -54,6 +56,22 @@ def app_from_env() -> FastAPI:
                         host_timeout=float(env.get("AIRFLOW_GPU_HOST_TIMEOUT") or 60),
                         deployment=env.get("AIRFLOW_GPU_DEPLOYMENT") or None)
     return create_app(Service(settings))
+
+
+def _log_to_stderr(level: str) -> None:
+    """The service's own log (who schedules, who holds the lock, passes that fail or have
+    stopped) on stderr at the server's --log-level; uvicorn configures only its own."""
+    import logging
+
+    logger = logging.getLogger("airflow_gpu")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: "
+                                               "%(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False
+    level = level.upper()
+    logger.setLevel("DEBUG" if level == "TRACE" else level)    # uvicorn's "trace" too
 
 
 def create_app(service: Service, run_loop: bool = True) -> FastAPI:
@@ -133,9 +151,7 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     @app.get("/api/v1/jobs/{job_id}/explain", response_model=ExplainOut)
     def explain(job_id: str, _: Who):
         j = service.get(job_id)
-        return ExplainOut(id=j.id, state=j.state, code=j.reason_code, reason=j.reason,
-                          details=j.details, eta_seconds=eta_seconds(j),
-                          events=[EventOut.of(e) for e in service.events(job_id)])
+        return ExplainOut.of(j, service.events(job_id), time.time())
 
     @app.post("/api/v1/jobs/{job_id}/heartbeat", response_model=JobOut)
     def heartbeat(job_id: str, p: Who,

@@ -26,7 +26,7 @@ from ..engine.nvlink_groups import nvlink_groups
 from ..engine.placement import compile_needs, never_fits
 from ..engine.state import ClusterState
 from ..errors import InputError, describe_validation_error
-from ..jobclasses import resolve
+from ..jobclasses import resolve, timeout_message
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
@@ -50,7 +50,7 @@ PENDING = "pending"
 UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "power_watts",
                "temperature_c")
 LIVE = ("admitted", "running")
-ENDED = ("succeeded", "failed", "cancelled", "lost")
+ENDED = ("succeeded", "failed", "cancelled", "lost", "timeout")
 
 
 class NotFound(LookupError):
@@ -123,8 +123,17 @@ def _stale(row: JobRow, attempt: int | None, rule: str) -> str:
     return f"job {row.id} is {row.state}; {rule}"
 
 
+def _aware(dt: datetime) -> datetime:
+    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)   # SQLite keeps UTC without a zone
+
+
 def spec_gpus(spec: dict) -> int:
-    return sum(r.get("gpus", 0) * r.get("replicas", 1) for r in spec.get("roles", []))
+    """GPUs a stored spec asks; 0 for one it cannot read (an ended job's bad spec must
+    not stop every pass while its usage counts in fair share)."""
+    try:
+        return int(sum(r.get("gpus", 0) * r.get("replicas", 1) for r in spec.get("roles", [])))
+    except (AttributeError, TypeError, ValueError):
+        return 0
 
 
 class Service:
@@ -314,7 +323,7 @@ class Service:
             spec = spec.model_copy(update={"team": who.team})
         if not who.may_act_for(spec.team):
             raise Forbidden(f"team: your token is for team {who.team!r}, not {spec.team!r}")
-        resolved = resolve(spec, self.reg.job_classes, memory=self._policy().memory_defaults)
+        resolved = resolve(spec, self.reg.job_classes, defaults=self._policy().defaults)
         why = self._rejection(resolved)
         if why:
             raise Rejected(spec.name, why)
@@ -456,9 +465,10 @@ class Service:
         return self.get(job_id)
 
     def expire_leases(self) -> list[str]:
-        """Admitted or running jobs whose lease ran out become `lost`; resources return."""
+        """Admitted or running jobs whose lease ran out become `lost`, and those past their
+        time limit and grace `timeout`; resources return either way."""
         now = utcnow()
-        lost = []
+        lost = self._time_out(now)
         with self.sessions.begin() as s:
             ids = list(s.scalars(select(JobRow.id).where(
                 JobRow.state.in_(LIVE), JobRow.lease_expires_at < now)))
@@ -475,6 +485,30 @@ class Service:
         if lost:
             self.wake.set()
         return lost
+
+    def _time_out(self, now: datetime) -> list[str]:
+        """End the live jobs past their time limit and grace: their launcher should have
+        stopped them at the limit (and said so); whether it did or is gone, their GPUs
+        return now."""
+        ended = []
+        with self.sessions.begin() as s:
+            rows = list(s.execute(select(JobRow.id, JobRow.deadline_at, JobRow.stop_grace,
+                                         JobRow.admitted_at, JobRow.limit_cut_by).where(
+                JobRow.state.in_(LIVE), JobRow.deadline_at < now)))
+            for job_id, deadline, grace, admitted, cut_by in rows:
+                if _aware(deadline) + timedelta(seconds=grace or 0) >= now:
+                    continue
+                done = s.execute(_update(JobRow).where(
+                    JobRow.id == job_id, JobRow.state.in_(LIVE)).values(
+                    state="timeout", finished_at=now, outcome="timeout",
+                    lease_expires_at=None))
+                if done.rowcount == 1:
+                    self._release(s, job_id)
+                    limit = (_aware(deadline) - _aware(admitted)).total_seconds()
+                    self._event(s, "timeout", timeout_message(limit, cut_by, grace or 0)
+                                + "; its resources are released", job=job_id)
+                    ended.append(job_id)
+        return ended
 
     @staticmethod
     def _release(s: Session, job_id: str) -> None:

@@ -11,7 +11,7 @@ from ..engine.topology import Topology
 from ..jobspec import JobSpec
 from ..policy.config import QUOTA_MAX, SHARE_RANGE, check_quota, check_share
 from ..store.models import AllocationRow, EventRow, JobRow
-from .core import eta_seconds
+from .core import _ts, eta_seconds
 
 
 class _In(BaseModel):
@@ -27,7 +27,8 @@ class SubmitRequest(_In):
 
 
 class FinishRequest(_In):
-    outcome: Literal["succeeded", "failed"]
+    outcome: Literal["succeeded", "failed", "timeout"] = Field(
+        description="timeout: the launcher stopped the replicas at the job's time limit")
     exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
     attempt: int | None = Field(None, ge=1, le=2**31 - 1, description="the admission the "
                                 "launcher started; finishing a later one answers 409")
@@ -74,6 +75,13 @@ class JobOut(BaseModel):
     gpu_fault: str | None = None    # a GPU it held turned unhealthy (see its events)
     attempt: int = Field(0, description="admissions so far; heartbeat and finish name the "
                          "one they launched")
+    deadline_at: datetime | None = Field(None, description="a live job is stopped then "
+                                         "(SIGTERM; SIGKILL stop_grace seconds later)")
+    time_limit_s: int | None = Field(None, description="its time limit as admitted: from "
+                                     "admission to deadline_at")
+    stop_grace: int | None = None
+    limit_cut_by: str | None = Field(None, description="the job whose reservation backfill "
+                                     "cut its limit for")
     replicas: list[ReplicaOut] = []
 
     @classmethod
@@ -88,6 +96,10 @@ class JobOut(BaseModel):
                    started_at=j.started_at, finished_at=j.finished_at,
                    lease_expires_at=j.lease_expires_at, exit_code=j.exit_code,
                    gpu_fault=j.gpu_fault, attempt=j.attempt or 0,
+                   deadline_at=j.deadline_at, stop_grace=j.stop_grace,
+                   limit_cut_by=j.limit_cut_by,
+                   time_limit_s=round(_ts(j.deadline_at) - _ts(j.admitted_at))
+                   if j.deadline_at and j.admitted_at else None,
                    replicas=[ReplicaOut.of(a) for a in allocations or []])
 
 
@@ -109,6 +121,22 @@ class ExplainOut(BaseModel):
     details: dict[str, Any]
     eta_seconds: float | None
     events: list[EventOut]
+    elapsed_s: int | None = Field(None, description="since admission: to now while live, "
+                                  "to its end once ended")
+    time_limit_s: int | None = Field(None, description="its limit as admitted (none: none)")
+    limit_cut_by: str | None = None
+
+    @classmethod
+    def of(cls, j: JobRow, events: list[EventRow], now: float) -> ExplainOut:
+        start = _ts(j.admitted_at) if j.admitted_at else None
+        end = _ts(j.finished_at) if j.finished_at else now
+        return cls(id=j.id, state=j.state, code=j.reason_code, reason=j.reason,
+                   details=j.details, eta_seconds=eta_seconds(j),
+                   events=[EventOut.of(e) for e in events],
+                   elapsed_s=None if start is None else round(max(0.0, end - start)),
+                   time_limit_s=round(_ts(j.deadline_at) - start)
+                   if j.deadline_at and start is not None else None,
+                   limit_cut_by=j.limit_cut_by)
 
 
 class HostOut(BaseModel):

@@ -4,6 +4,7 @@ and holds) and the changed pending reasons in one transaction."""
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
@@ -14,6 +15,7 @@ from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
 from ..policy.scheduler import Rejected, Scheduler
 from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
+from ..units import format_duration
 from . import passerrors
 from .agents import silent_hosts
 from .core import ENDED, LIVE, PENDING, Service, _ts, _update, spec_gpus, utcnow
@@ -58,6 +60,8 @@ def run_pass(svc: Service) -> list[str]:
         for row in pending:
             try:
                 sched.submit(_spec(svc, row, specs), _ts(row.submitted_at))
+                if row.promised_at is not None:
+                    sched.promised[row.id] = row.promised_at
             except Rejected as exc:   # the cluster shrank under it
                 if (row.reason_code, row.reason) != ("Rejected", exc.reason):
                     s.execute(_update(JobRow).where(JobRow.id == row.id,
@@ -71,28 +75,35 @@ def run_pass(svc: Service) -> list[str]:
         lease = now + timedelta(seconds=svc.settings.lease_ttl)
         admitted = []
         for job, placed in result.started:
+            deadline = sched.deadline(job.name)
+            cut_by = result.cut.get(job.name, (None, None))[1]
             done = s.execute(_update(JobRow).where(
                 JobRow.id == job.name, JobRow.state == PENDING).values(
                 state="admitted", admitted_at=now, lease_expires_at=lease,
                 attempt=JobRow.attempt + 1,
-                reason_code=None, reason=None, details={}, eta_at=None))
+                reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
+                deadline_at=None if deadline == math.inf else
+                datetime.fromtimestamp(deadline, UTC),
+                stop_grace=round(job.grace), limit_cut_by=cut_by))
             if done.rowcount != 1:
                 continue              # cancelled meanwhile
             _write_allocations(s, job.name, placed.allocations)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
-            svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}", job=job.name)
+            svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
+                       + limit_note(job.limit, deadline - t_now, cut_by), job=job.name)
             admitted.append(job.name)
         rows = {r.id: r for r in pending}
         for job_id, why in result.pending.items():
             r = rows[job_id]
             eta_at = None if why.eta is None else round(t_now + why.eta)
-            if (r.reason_code, r.reason, r.details, r.eta_at) == (
-                    why.code, why.message, why.details, eta_at):
+            promised = sched.promised.get(job_id)
+            if (r.reason_code, r.reason, r.details, r.eta_at, r.promised_at) == (
+                    why.code, why.message, why.details, eta_at, promised):
                 continue              # unchanged: no write (a pass must stay cheap)
             s.execute(_update(JobRow).where(JobRow.id == job_id,
                                             JobRow.state == PENDING).values(
                 reason_code=why.code, reason=why.message, details=why.details,
-                eta_at=eta_at))
+                eta_at=eta_at, promised_at=promised))
     svc._silent = silent
     return admitted
 
@@ -127,7 +138,8 @@ def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now
             sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
             if any(a.host not in cluster.by_name for a in held):
                 continue      # its host left the cluster; the lease decides what happens
-            sched.restore(spec, [_to_engine(cluster, a) for a in held], start)
+            sched.restore(spec, [_to_engine(cluster, a) for a in held], start,
+                          deadline=_ts(row.deadline_at) if row.deadline_at else None)
         except Exception as exc:  # one job's bad data must not stop the pass
             passerrors.live_job(svc, s, sched.state, cluster, row, held, exc)
 
@@ -156,3 +168,12 @@ def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation])
         s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
     s.flush()   # the hold keys are checked here, inside the pass's transaction
 
+
+
+def limit_note(limit: float, left: float, cut_by: str | None) -> str:
+    """What the admission event says of the job's time limit."""
+    if cut_by:
+        return (f"; time limit cut to {format_duration(max(0, left))} (from "
+                f"{format_duration(limit) if limit < math.inf else 'none'}): it backfills "
+                f"ahead of the reservation for job {cut_by} and is stopped when that starts")
+    return f"; time limit {format_duration(limit)}" if limit < math.inf else ""

@@ -4,7 +4,9 @@ Events are job arrivals (the trace's submit times) and job ends (start + duratio
 locality slowdown). At each distinct event time the ends are applied, the arrivals
 submitted, and one scheduling pass runs: the same `Scheduler.schedule` as everywhere.
 Each job's planned runtime is its `expected_runtime` column, else its trace duration
-(users who know their runtimes; the slowdown is not known in advance).
+(users who know their runtimes; the slowdown is not known in advance). Time limits are
+enforced: a job still running at its limit (its own, or the one backfill cut it to) ends
+then plus its grace, as a job that ignores SIGTERM would.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class JobRecord:
     hosts: int = 0
     switches: int = 0
     rejected: str | None = None
+    timeout: bool = False    # stopped at its time limit
 
 
 @dataclass
@@ -80,7 +83,8 @@ class SimResult:
         out: dict = {"policy": self.policy, "cluster": self.cluster,
                      "total_gpus": self.total_gpus, "jobs": len(done),
                      "rejected": len(self.records) - len(accepted),
-                     "unfinished": len(accepted) - len(done)}
+                     "unfinished": len(accepted) - len(done),
+                     "timeouts": sum(r.timeout for r in done)}
         if done:
             t0 = min(r.submit for r in done)
             makespan = max(r.end for r in done) - t0
@@ -136,8 +140,9 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
         now = min(trace[i].submit if i < n else math.inf, ends[0][0] if ends else math.inf)
         while ends and ends[0][0] == now:
             _, _, name = heapq.heappop(ends)
-            sched.finish(name, now, completed=True)
-            records[ids[name]].end = now
+            rec = records[ids[name]]
+            sched.finish(name, now, completed=not rec.timeout)
+            rec.end = now
         while i < n and trace[i].submit == now:
             t = trace[i]
             i += 1
@@ -157,7 +162,11 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             switches = {a.host.switch_key for a in placed.allocations}
             factor = options.slowdown[0 if len(hosts) <= 1 else 1 if len(switches) == 1 else 2]
             rec.start, rec.hosts, rec.switches = now, len(hosts), len(switches)
-            heapq.heappush(ends, (now + rec.duration * factor, result.passes, job.name))
+            end = now + rec.duration * factor
+            # past its time limit it is stopped, and gone after the grace at the latest
+            hard_end = sched.state.hard_end.get(job.name, math.inf)
+            rec.timeout = hard_end < end
+            heapq.heappush(ends, (min(end, hard_end), result.passes, job.name))
         result.times.append(now)
         result.busy.append(total - sched.state.usable_total)   # nothing is drained here
         result.queued.append(len(sched.queue))

@@ -92,6 +92,13 @@ class JobRow(Base):
     # a GPU of the job turned unhealthy while it held it: which one, why, and when
     gpu_fault: Mapped[str | None] = mapped_column(Text)
     gpu_fault_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # time limits: when a live job is stopped (SIGTERM; gone after stop_grace seconds),
+    # the job whose reservation its limit was cut for (backfill), and a pending protected
+    # job's promised start (epoch seconds), which no backfilled job may delay
+    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    stop_grace: Mapped[int | None] = mapped_column(Integer)
+    limit_cut_by: Mapped[str | None] = mapped_column(String(36))
+    promised_at: Mapped[float | None] = mapped_column(Float)
 
 
 class AllocationRow(Base):
