@@ -44,3 +44,23 @@ def test_a_job_that_ends_before_its_limit_is_not_stopped():
     out = supervise([h], logging.getLogger("test"), deadline=time.monotonic() + 60,
                     grace=1.0)
     assert out.ok and not out.timed_out and out.codes == {h.name: 0}
+
+
+class _Vanished:
+    """A replica whose exit code cannot be read (its container was removed meanwhile)."""
+    name = "gone"
+
+    def lines(self):
+        yield "last words"
+
+    def wait(self) -> int:
+        raise RuntimeError("404 Client Error: No such container")
+
+    def stop(self, grace=None) -> None:
+        pass
+
+
+def test_a_replica_whose_exit_code_is_lost_does_not_hang_the_supervisor():
+    h = start_command(replica([]), "echo fine", {})[0]
+    out = supervise([h, _Vanished()], logging.getLogger("test"))
+    assert not out.ok and out.failed == "gone" and out.codes == {h.name: 0, "gone": -1}

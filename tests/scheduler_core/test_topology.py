@@ -4,6 +4,7 @@ import yaml
 
 from airflow_gpu.scheduler_core.engine.hosttype import bits, host_type
 from airflow_gpu.scheduler_core.engine.topology import (
+    Topology,
     builtin_model_names,
     format_cpulist,
     load_topology,
@@ -84,3 +85,25 @@ def test_asymmetric_nvlink_is_refused(tmp_path):
 def test_unknown_model_lists_the_built_ins():
     with pytest.raises(InputError, match="dgx-a100"):
         load_topology("dgx-b300")
+
+
+@pytest.mark.parametrize("siblings, error", [
+    ([""], r"thread_siblings\[0\]: a core has at least one CPU"),
+    (["0,9999"], r"thread_siblings\[0\]: cpu 9999 is in no NUMA node"),
+    (["0,1", "1,2"], r"cpu 1 is in cores 0 and 1"),
+    (["0,255"], r"thread_siblings\[0\]: the CPUs of one core are on different NUMA nodes"),
+])
+def test_thread_siblings_are_checked(siblings, error):
+    doc = load_topology("dgx-a100").document()
+    doc["host"]["thread_siblings"] = siblings
+    with pytest.raises(ValueError, match=error):
+        Topology.model_validate(doc)
+
+
+def test_thread_siblings_decide_the_cores():
+    doc = load_topology("dgx-a100").document()
+    usual = host_type(Topology.model_validate(doc)).numa_cores
+    assert bin(usual[0][0]) == bin(1 << 0 | 1 << 128)          # cpu i and i + 128 cores
+    doc["host"]["thread_siblings"] = [f"{c},{c + 1}" for c in range(0, 256, 2)]
+    paired = host_type(Topology.model_validate(doc)).numa_cores
+    assert paired[0][0] == 0b11 and sum(len(c) for c in paired) == 128

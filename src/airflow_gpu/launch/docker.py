@@ -143,6 +143,7 @@ def reap_orphans(engine: docker.DockerClient, is_live, log) -> None:
 class ContainerHandle:
     def __init__(self, name: str, container):
         self.name, self.container = name, container
+        self.code: int | None = None     # known once stopped: wait() may find it removed
 
     def lines(self) -> Iterator[str]:
         rest = b""
@@ -155,13 +156,19 @@ class ContainerHandle:
             yield rest.decode(errors="replace")
 
     def wait(self) -> int:
-        code = self.container.wait()["StatusCode"]
+        try:
+            code = self.container.wait()["StatusCode"]
+        except (NotFound, APIError):
+            if self.code is None:         # removed by someone else: it did not succeed
+                raise
+            code = self.code              # stop() removed it after reading its code
         self._remove()
         return code
 
     def stop(self, grace: float | None = None) -> None:
         with contextlib.suppress(NotFound, APIError):   # SIGTERM, then SIGKILL after grace
             self.container.stop(timeout=round(STOP_GRACE if grace is None else grace))
+            self.code = self.container.wait()["StatusCode"]
         self._remove()
 
     def _remove(self) -> None:

@@ -57,7 +57,12 @@ def supervise(handles: list[Handle], log: logging.Logger,
             for line in h.lines():
                 events.put((h.name, line, None))
         finally:
-            events.put((h.name, None, h.wait()))
+            try:
+                code = h.wait()
+            except Exception as exc:   # never leave the loop below waiting for this one
+                log.warning("[%s] its exit code cannot be read (%s)", h.name, exc)
+                code = -1
+            events.put((h.name, None, code))
 
     for h in handles:
         threading.Thread(target=read, args=(h,), name=f"log-{h.name}", daemon=True).start()

@@ -195,6 +195,9 @@ class Topology(_Model):
         node = {c: n.id for n in self.host.numa_nodes for c in n.cpus}
         owner: dict[int, int] = {}
         for i, group in enumerate(self.host.thread_siblings or ()):
+            if not group:
+                raise ValueError(f"host.thread_siblings[{i}]: a core has at least one CPU, "
+                                 "e.g. \"0,112\"")
             for cpu in group:
                 if cpu not in node:
                     raise ValueError(f"host.thread_siblings[{i}]: cpu {cpu} is in no NUMA "
