@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .hosttype import HostType, round_robin
+from .hosttype import Cores, HostType, lowest_bits, round_robin
 from .state import HostState, ReplicaAllocation, take
 
 
@@ -53,40 +53,20 @@ class Need:
         return n
 
 
-def _lowest(mask: int, count: int) -> int:
-    out = 0
-    for _ in range(count):
-        low = mask & -mask
-        out |= low
-        mask ^= low
-    return out
-
-
-def free_cpus(avail: int, cores: tuple[int, ...] | None) -> int:
+def free_cpus(avail: int, cores: Cores | None) -> int:
     """How many of the `avail` CPUs can be handed out: with `cores`, only whole cores."""
-    if cores is None:
-        return avail.bit_count()
-    return sum(c.bit_count() for c in cores if c & avail == c)
+    return avail.bit_count() if cores is None else cores.free(avail)
 
 
-def _cpus_from(avail: int, want: int, cores: tuple[int, ...] | None) -> int:
+def _cpus_from(avail: int, want: int, cores: Cores | None) -> int:
     """`want` CPUs from `avail`, lowest first; with `cores`, whole cores (the last one may
     bring more threads than asked)."""
-    if cores is None:
-        return _lowest(avail, want)
-    out = n = 0
-    for c in cores:
-        if n >= want:
-            break
-        if c & avail == c:
-            out |= c
-            n += c.bit_count()
-    return out
+    return lowest_bits(avail, want) if cores is None else cores.take(avail, want)
 
 
 def _take_from(pools: list[int], hs: HostState, cpus: int, memory: int,
                shares: dict[int, int] | None = None,
-               cores: list[tuple[int, ...]] | None = None):
+               cores: list[Cores] | None = None):
     """Cores (lowest ids first) and memory from NUMA positions in `pools` order, or None.
 
     With `shares` (GPUs per NUMA position), cores and memory are first split in
@@ -177,15 +157,10 @@ def _spread_by_cores(t: HostType, hs: HostState, free: int, need: Need) -> list[
     alone (one node may bring the cores, another the memory)."""
     nodes = [p for p in range(len(t.numa_ids)) if t.numa_gpus[p] & free]
     cores = t.numa_cores if need.whole_cores else [None] * len(t.numa_ids)
-
-    def cpus(p: int) -> float:
-        return free_cpus(hs.free_cpus[p], cores[p]) / need.cpus
-
-    def mem(p: int) -> float:
-        return hs.free_mem[p] / need.memory if need.memory else 1e9
-
+    cpus = {p: free_cpus(hs.free_cpus[p], cores[p]) / need.cpus for p in nodes}
+    mem = {p: hs.free_mem[p] / need.memory if need.memory else 1e9 for p in nodes}
     out: list[int] = []
-    for rank in (lambda p: min(cpus(p), mem(p)), cpus, mem):
+    for rank in (lambda p: min(cpus[p], mem[p]), cpus.get, mem.get):
         order = sorted(nodes, key=lambda p, rank=rank: (-rank(p), p))
         for k in range(2, min(need.gpus, len(order)) + 1):
             m = round_robin([t.numa_gpus[p] & free for p in order[:k]], need.gpus)

@@ -38,6 +38,57 @@ def round_robin(masks: list[int], count: int) -> int | None:
     return None if count else picked
 
 
+def lowest_bits(mask: int, count: int) -> int:
+    """The `count` lowest set bits of `mask`."""
+    out = 0
+    for _ in range(count):
+        low = mask & -mask
+        out |= low
+        mask ^= low
+    return out
+
+
+class Cores(tuple):
+    """One NUMA node's physical cores as CPU masks, lowest CPU first, with fast paths for
+    the usual layouts (every core one CPU; every core CPU i and i + shift, as on DGX)."""
+
+    def __new__(cls, masks):
+        self = super().__new__(cls, masks)
+        self.all = sum(masks)
+        self.singles = all(m.bit_count() == 1 for m in masks)
+        firsts = [m & -m for m in masks]
+        shifts = {(m ^ f).bit_length() - f.bit_length() for m, f in zip(masks, firsts,
+                                                                         strict=True)}
+        pairs = all(m.bit_count() == 2 for m in masks) and len(shifts) == 1
+        self.shift = shifts.pop() if pairs else 0
+        self.firsts = sum(firsts)
+        return self
+
+    def free(self, avail: int) -> int:
+        """Logical CPUs in the cores whose every CPU is in `avail`."""
+        if self.singles:
+            return (avail & self.all).bit_count()
+        if self.shift:
+            return 2 * (avail & (avail >> self.shift) & self.firsts).bit_count()
+        return sum(c.bit_count() for c in self if c & avail == c)
+
+    def take(self, avail: int, want: int) -> int:
+        """At least `want` CPUs as whole free cores, lowest first (fewer if not free)."""
+        if self.singles:
+            return lowest_bits(avail & self.all, want)
+        if self.shift:
+            low = lowest_bits(avail & (avail >> self.shift) & self.firsts, (want + 1) // 2)
+            return low | low << self.shift
+        out = n = 0
+        for c in self:
+            if n >= want:
+                break
+            if c & avail == c:
+                out |= c
+                n += c.bit_count()
+        return out
+
+
 @dataclass(eq=False)
 class TreeNode:
     level: int
@@ -61,7 +112,7 @@ class HostType:
     numa_ids: list[int]             # real NUMA node ids, by position
     numa_socket: list[int]
     numa_cpus: list[int]            # bitmask of logical CPU ids per NUMA position
-    numa_cores: list[tuple[int, ...]]   # per NUMA position, its physical cores as CPU masks
+    numa_cores: list[Cores]         # per NUMA position, its physical cores as CPU masks
     numa_mem: list[int]             # bytes per NUMA position
     numa_gpus: list[int]            # bitmask of GPUs local to each NUMA position
     tree: TreeNode
@@ -161,7 +212,7 @@ def _compile(topo: Topology) -> HostType:
         numa_ids=numa_ids,
         numa_socket=[nn.socket for nn in topo.host.numa_nodes],
         numa_cpus=numa_cpus,
-        numa_cores=[tuple(cores) for cores in numa_cores],
+        numa_cores=[Cores(cores) for cores in numa_cores],
         numa_mem=[int(nn.memory_gb * GiB) for nn in topo.host.numa_nodes],
         numa_gpus=numa_gpus,
         tree=_build_tree(topo, pos),

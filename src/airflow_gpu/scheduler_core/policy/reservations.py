@@ -8,6 +8,7 @@ before when they return.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable
@@ -43,14 +44,20 @@ class Reservation:
     def hosts(self) -> list[str]:
         return list(dict.fromkeys(a.host.name for a in self.allocations))
 
-    def overlaps(self, allocs: list[ReplicaAllocation]) -> bool:
-        """Whether `allocs` take any GPU or core this reservation holds."""
+    @functools.cached_property
+    def _held(self) -> dict[int, tuple[int, dict[int, int]]]:
+        """Per host index: the GPU mask and the CPU masks per NUMA position it holds."""
         mine: dict[int, tuple[int, dict[int, int]]] = {}
         for a in self.allocations:
             g, cpus = mine.get(a.host.index, (0, {}))
             for p, m in a.cpu_masks:
                 cpus[p] = cpus.get(p, 0) | m
             mine[a.host.index] = (g | a.gpu_mask, cpus)
+        return mine
+
+    def overlaps(self, allocs: list[ReplicaAllocation]) -> bool:
+        """Whether `allocs` take any GPU or core this reservation holds."""
+        mine = self._held
         for a in allocs:
             if a.host.index not in mine:
                 continue
