@@ -39,6 +39,15 @@ def cmd_server(args: argparse.Namespace) -> int:
                          "printable characters, the same for every replica of the deployment")
     if args.deployment is not None:
         os.environ["AIRFLOW_GPU_DEPLOYMENT"] = args.deployment
+    if args.db_pool_size is not None:     # each worker process reads it (store/db.py)
+        from .scheduler_core.store.db import POOL_SIZE_ENV, pool_size_from
+
+        os.environ[POOL_SIZE_ENV] = str(pool_size_from(args.db_pool_size))
+    if args.leader_lease is not None:     # each worker process reads it (service/loop.py)
+        if not 0.5 <= args.leader_lease <= 3600:
+            raise InputError(f"--leader-lease: {args.leader_lease:g} is out of bounds; use "
+                             "0.5 to 3600 seconds (default: 3 scheduling rounds, at least 5)")
+        os.environ["AIRFLOW_GPU_LEADER_LEASE"] = str(args.leader_lease)
     if args.workers > 1 and args.db.startswith("sqlite"):
         raise InputError(f"--workers: {args.workers} processes cannot share a SQLite "
                          "database; use PostgreSQL (--db postgresql+psycopg://...) or 1")
@@ -60,12 +69,43 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     from .scheduler_core.service.auth import create_token
     from .scheduler_core.store.db import make_engine, sessions, upgrade
 
+    if args.agent and not args.host:
+        raise InputError("--agent: name the host(s) the agent token is for: --host NAME "
+                         "(repeat it, or a glob pattern such as --host 'dgx-*')")
+    if args.host and not args.agent:
+        raise InputError("--host: only agent tokens are for hosts; add --agent")
+    if not args.agent and not args.team:
+        raise InputError("--team: a team or admin token needs a team (--team T)")
     engine = make_engine(args.db)
     try:
         upgrade(engine)
-        print(create_token(sessions(engine), args.team, args.admin))
+        print(create_token(sessions(engine), args.team, args.admin,
+                           args.host if args.agent else None))
     finally:
         engine.dispose()
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace) -> int:
+    from .scheduler_core.service.auth import CACHE_SECONDS, revoke_team_tokens, revoke_token
+    from .scheduler_core.store.db import make_engine, sessions, upgrade
+
+    if bool(args.token) == bool(args.team):
+        raise InputError("token revoke: give the token, or --team T for all of a team's "
+                         "tokens")
+    engine = make_engine(args.db)
+    try:
+        upgrade(engine)
+        if args.token:
+            if not revoke_token(sessions(engine), args.token):
+                raise InputError("token revoke: no such token (already revoked?)")
+            gone = 1
+        else:
+            gone = revoke_team_tokens(sessions(engine), args.team)
+    finally:
+        engine.dispose()
+    print(f"revoked {gone} token{'' if gone == 1 else 's'}; the service refuses "
+          f"{'it' if gone == 1 else 'them'} within {CACHE_SECONDS:g} s")
     return 0
 
 
@@ -129,8 +169,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.key and len(specs) > 1:
         raise InputError("--key: an idempotency key names one job; the file holds "
                          f"{len(specs)}", args.file)
+    import uuid
+
+    # One idempotency key per job of the file (--key for a single job): the client
+    # retries a submit that got no answer with the same key, so none is created twice.
+    keys = [args.key] if args.key else [str(uuid.uuid4()) for _ in specs]
     with _client(args) as c:
-        jobs = [c.submit(s, args.key) for s in specs]
+        jobs = [c.submit(s, k) for s, k in zip(specs, keys, strict=True)]
     if args.json:
         print(json.dumps(jobs[0] if len(jobs) == 1 else jobs, indent=2, default=str))
     else:
@@ -281,6 +326,16 @@ def add_commands(sub) -> None:
                    "$AIRFLOW_GPU_DEPLOYMENT, else the schema the tables are in, so "
                    "deployments in different schemas of one database each schedule); "
                    "/healthz shows it and who holds the lock")
+    s.add_argument("--db-pool-size", help="PostgreSQL: connections each API process pools, "
+                   "at most (default $AIRFLOW_GPU_DB_POOL_SIZE, else 41: the API's 40 "
+                   "threads and the scheduling loop); a replica uses this plus one per "
+                   "process for the scheduler lock, times --workers (docs/service.md, "
+                   "Connection budget)")
+    s.add_argument("--leader-lease", type=float, metavar="SECONDS",
+                   help="PostgreSQL: how long the scheduling leader's lease lasts unrenewed: "
+                   "a frozen leader is replaced after it, and a pass may take at most that "
+                   "long (default $AIRFLOW_GPU_LEADER_LEASE, else 3 scheduling rounds, at "
+                   "least 5 s; docs/service.md, Leadership)")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug", "trace"),
                    help="what the server logs on stderr (default info: who schedules, who "
@@ -289,11 +344,25 @@ def add_commands(sub) -> None:
 
     tok = sub.add_parser("token", help="API tokens")
     tsub = tok.add_subparsers(dest="token_command", required=True)
-    tc = tsub.add_parser("create", help="create a token for a team; prints it once")
-    tc.add_argument("--team", required=True)
+    tc = tsub.add_parser("create", help="create a token for a team, an admin or a node "
+                         "agent; prints it once")
+    tc.add_argument("--team", help="the team the token acts for (agent tokens: default "
+                    "'agents', a label only)")
     tc.add_argument("--admin", action="store_true", help="may drain hosts and act for any team")
+    tc.add_argument("--agent", action="store_true",
+                    help="a node agent's token: it may only register and report the --host "
+                    "hosts (no jobs, teams or admin routes)")
+    tc.add_argument("--host", action="append", metavar="NAME",
+                    help="with --agent: a host the token is for, or a glob pattern "
+                    "('dgx-*'); repeat for several")
     _db_arg(tc)
     tc.set_defaults(func=cmd_token_create)
+    tr = tsub.add_parser("revoke", help="delete a token (or all of a team's); the service "
+                         "refuses it within a second")
+    tr.add_argument("token", nargs="?", help="the token to revoke")
+    tr.add_argument("--team", help="revoke every token of this team instead")
+    _db_arg(tr)
+    tr.set_defaults(func=cmd_token_revoke)
 
     d = sub.add_parser("db", help="the service's database")
     dsub = d.add_subparsers(dest="db_command", required=True)

@@ -17,6 +17,7 @@ from airflow_gpu.agent.config import AgentConfig
 from airflow_gpu.agent.run import Agent
 from airflow_gpu.agent.source import NvmlSource
 from airflow_gpu.scheduler_core.client import ApiError, Client
+from airflow_gpu.scheduler_core.errors import InputError
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from tests.service.servers import Server
@@ -52,13 +53,26 @@ class Stack:
         self.admin = Client(self.server.url, self.admin_token)
         self.team = Client(self.server.url, self.team_token)
         self.sources: list[NvmlSource] = []
+        self.clients: list[Client] = []
 
-    def agent(self, host, name: str, **config) -> Agent:
+    def agent(self, host, name: str, token: str | None = None, **config) -> Agent:
+        """An agent of host `name`, with the admin token unless given `token`."""
         src = NvmlSource(host.nvml, host.sysfs, host.procfs, name)
         self.sources.append(src)
-        cfg = AgentConfig(server=self.server.url, token=self.admin_token, name=name,
+        cfg = AgentConfig(server=self.server.url, token=token or self.admin_token, name=name,
                           rack="r1", switch="s1", **config)
-        return Agent(cfg, src, self.admin)
+        if token is None:
+            return Agent(cfg, src, self.admin)
+        self.clients.append(Client(self.server.url, token))
+        return Agent(cfg, src, self.clients[-1])
+
+    def agent_token(self, *hosts: str) -> str:
+        """A node agent's token for `hosts` (as `airflow-gpu token create --agent`)."""
+        engine = make_engine(self.server.db)
+        try:
+            return create_token(sessions(engine), None, hosts=list(hosts))
+        finally:
+            engine.dispose()
 
     def host(self, name: str) -> dict:
         return next(h for h in self.admin.cluster()["hosts"] if h["name"] == name)
@@ -66,6 +80,8 @@ class Stack:
     def close(self) -> None:
         for src in self.sources:
             src.close()
+        for c in self.clients:
+            c.close()
         self.admin.close()
         self.team.close()
         self.server.stop()
@@ -243,3 +259,41 @@ def test_an_agent_refused_while_jobs_run_keeps_trying_until_the_host_is_empty(
             stop.set()
             loop.join(timeout=10)
     assert not loop.is_alive()
+
+
+def test_an_agent_with_an_agent_token_serves_its_host_and_nothing_else(stack, fake_host):
+    """The recommended setup: each agent with a token for its own host only. The loop
+    registers and heartbeats (a fault arrives); the same token cannot act for another host,
+    nor on jobs, teams or admin routes."""
+    s = stack()
+    token = s.agent_token("agent-01")
+    host = fake_host("dgx-h100")
+    a = s.agent(host, "agent-01", token=token, interval=3600)
+    stop = threading.Event()
+    loop = threading.Thread(target=a.run, args=(stop,), daemon=True)
+    loop.start()
+    try:
+        until(lambda: any(h["name"] == "agent-01" for h in s.admin.cluster()["hosts"]),
+              "the agent registered with its agent token")
+        host.nvml.inject_xid(2, 79)
+        until(lambda: not s.host("agent-01")["gpus"][2]["healthy"], "GPU 2 unhealthy")
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+    assert not loop.is_alive()
+
+    other = s.agent(fake_host("dgx-a100"), "agent-02", token=token)
+    with pytest.raises(InputError) as err:
+        other.run(once=True)
+    assert "403" in str(err.value) and "agent token" in str(err.value)
+    assert "airflow-gpu token create --agent --host agent-02" in str(err.value)
+    assert "agent-02" not in [h["name"] for h in s.admin.cluster()["hosts"]]
+
+    job = s.team.submit(h100_job("theirs", 1))
+    as_agent = s.clients[0]
+    for call in (as_agent.cluster, lambda: as_agent.cancel(job["id"]),
+                 lambda: as_agent.drain("file-01")):
+        with pytest.raises(ApiError) as refused:
+            call()
+        assert refused.value.status == 403 and "role agent" in str(refused.value)
+    assert s.team.job(job["id"])["state"] != "cancelled"

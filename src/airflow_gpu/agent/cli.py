@@ -100,7 +100,8 @@ def add_commands(sub) -> None:
                        "register it, heartbeat GPU health and utilization")
     a.add_argument("--server", help="the service (default $AIRFLOW_GPU_URL or "
                    "http://127.0.0.1:8080)")
-    a.add_argument("--token", help="an admin token (default $AIRFLOW_GPU_TOKEN)")
+    a.add_argument("--token", help="the host's agent token, from airflow-gpu token create --agent "
+                   "--host NAME (default $AIRFLOW_GPU_TOKEN)")
     a.add_argument("--name", help="this host's name in the cluster (default: "
                    "$AIRFLOW_GPU_LOCAL_HOST, else the short hostname)")
     a.add_argument("--rack", help="rack of a host the cluster file does not list")

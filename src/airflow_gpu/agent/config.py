@@ -14,8 +14,8 @@ class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     server: str | None = Field(None, description="the scheduler-core service URL")
-    token: str | None = Field(None, description="an admin token (airflow-gpu token create "
-                              "--team ops --admin)")
+    token: str | None = Field(None, description="the host's agent token (airflow-gpu "
+                              "token create --agent --host NAME), or an admin token")
     name: str | None = Field(None, max_length=200, pattern=NAME,
                              description="host name in the cluster (default: "
                              "$AIRFLOW_GPU_LOCAL_HOST, else the short hostname)")

@@ -78,8 +78,8 @@ class Agent:
         return False
 
     def _refused(self, exc: ApiError) -> InputError:
-        hint = ("; use an admin token (airflow-gpu token create --team ops --admin)"
-                if exc.status in (401, 403) else "")
+        hint = (f"; use this host's agent token (airflow-gpu token create --agent --host "
+                f"{self.name}), or use an admin token" if exc.status in (401, 403) else "")
         return InputError(f"the service refused the agent of {self.name}: {exc}{hint}")
 
     def run(self, stop: threading.Event | None = None, once: bool = False) -> int:

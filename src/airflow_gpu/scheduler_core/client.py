@@ -1,11 +1,18 @@
 """A small client of the scheduler-core API (httpx), for the CLI and the Airflow hooks.
 
 The service and token come from arguments, else `AIRFLOW_GPU_URL` and `AIRFLOW_GPU_TOKEN`.
+
+Every submit carries an idempotency key (the caller's, else a new UUID) and is retried with
+the same key when the request times out or the connection fails, so a response lost on
+the way creates no second job.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import time
+import uuid
 from typing import Any
 
 import httpx
@@ -13,6 +20,9 @@ import httpx
 from .errors import InputError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+SUBMIT_RETRIES = (0.5, 1.0, 2.0)   # seconds before each retry of a submit that got no answer
+
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -78,9 +88,21 @@ class Client:
         return _answer(r)
 
     # -- the API ----------------------------------------------------------------------------
-    def submit(self, spec: dict, idempotency_key: str | None = None) -> dict:
-        return self.request("POST", "/api/v1/jobs",
-                            json={"spec": spec, "idempotency_key": idempotency_key})
+    def submit(self, spec: dict, idempotency_key: str | None = None,
+               retries: tuple[float, ...] = SUBMIT_RETRIES) -> dict:
+        """Submit a job. Without `idempotency_key` a new UUID is its key; a timeout or a
+        failed connection is retried (after each of `retries` seconds) with the same key,
+        so the job is created once even when an answer was lost."""
+        body = {"spec": spec, "idempotency_key": idempotency_key or str(uuid.uuid4())}
+        for wait in retries:
+            try:
+                return _answer(self.http.request("POST", "/api/v1/jobs", json=body))
+            except httpx.TransportError as exc:
+                log.warning("submitting job %r to %s: %s; retrying in %gs with the same "
+                            "idempotency key", spec.get("name"), self.url,
+                            type(exc).__name__, wait)
+                time.sleep(wait)
+        return self.request("POST", "/api/v1/jobs", json=body)
 
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/api/v1/jobs/{job_id}")

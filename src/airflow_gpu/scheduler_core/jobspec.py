@@ -5,7 +5,7 @@ The same model serves job files, the API and the Airflow operators.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -18,6 +18,12 @@ GiB = 2**30
 # DefMemPerCPU); a job class or the queue policy may set their own.
 MEMORY_PER_GPU = 16 * GiB
 MEMORY_PER_CPU = 1 * GiB
+# Caps on one job (the API's and the job files'): no real job comes near them, and they keep
+# the cost of checking a spec small and linear whatever is sent.
+MAX_ROLES = 64              # roles per job
+MAX_REPLICAS = 4096         # replicas per role, and all roles' replicas together
+MAX_MODELS = 32             # accepted GPU models per role
+MAX_TEXT = 200              # characters in a name, a class or a GPU model
 
 
 class _Spec(BaseModel):
@@ -25,8 +31,9 @@ class _Spec(BaseModel):
 
 
 class GpuConstraint(_Spec):
-    model: list[str] | None = Field(
-        None, description="accepted GPU models, matched as substrings of the GPU name "
+    model: list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]] | None = Field(
+        None, max_length=MAX_MODELS, description=
+        "accepted GPU models, matched as substrings of the GPU name "
         "(e.g. A100 matches 'NVIDIA A100-SXM4-40GB')")
     min_memory: Size | None = Field(None, description="minimum memory per GPU, e.g. 48GiB")
 
@@ -37,8 +44,8 @@ class GpuConstraint(_Spec):
 
 
 class Role(_Spec):
-    name: str = Field(pattern=_NAME)
-    replicas: int = Field(1, ge=1, le=4096)
+    name: str = Field(pattern=_NAME, max_length=MAX_TEXT)
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     gpus: int = Field(0, ge=0, le=64, description="GPUs per replica")
     gpu: GpuConstraint = GpuConstraint()
     cpus: int = Field(1, ge=1, le=4096, description="logical CPUs per replica (exclusive)")
@@ -76,8 +83,8 @@ class Placement(_Spec):
 
 class JobSpec(_Spec):
     name: str = Field(pattern=_NAME, max_length=200)
-    team: str = Field("default", pattern=_NAME)
-    job_class: str | None = None
+    team: str = Field("default", pattern=_NAME, max_length=MAX_TEXT)
+    job_class: str | None = Field(None, max_length=MAX_TEXT)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
     expected_runtime: Duration | None = Field(
         None, description="what the job is planned with (an estimate, not enforced)")
@@ -85,15 +92,33 @@ class JobSpec(_Spec):
         None, gt=0, description="hard limit (Slurm's --time): at it the replicas get "
         "SIGTERM, then SIGKILL after the class's grace, and the job ends timeout; default: "
         "the job class's, else the queue policy's")
-    roles: list[Role] = Field(min_length=1)
+    roles: list[Role] = Field(min_length=1, max_length=MAX_ROLES,
+                              description=f"at most {MAX_ROLES} roles, {MAX_REPLICAS} "
+                              "replicas in all")
     placement: Placement = Placement()
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _few_roles(cls, v):
+        """Counted before any role is checked, so a huge list costs nothing."""
+        if isinstance(v, list | tuple) and len(v) > MAX_ROLES:
+            raise ValueError(f"a job has at most {MAX_ROLES} roles, got {len(v)}; give "
+                             "replicas of one role instead of many roles alike, or split the "
+                             "job")
+        return v
 
     @model_validator(mode="after")
     def _unique_roles(self) -> JobSpec:
-        names = [r.name for r in self.roles]
-        dup = {n for n in names if names.count(n) > 1}
+        seen: set[str] = set()
+        dup = sorted({r.name for r in self.roles if r.name in seen or seen.add(r.name)})
         if dup:
-            raise ValueError(f"roles: role names must be unique, {sorted(dup)} repeats")
+            shown = ", ".join(repr(n) for n in dup[:5]) + (" ..." if len(dup) > 5 else "")
+            raise ValueError(f"roles: role names must be unique, {shown} repeats; rename "
+                             "them or give one role more replicas")
+        total = sum(r.replicas for r in self.roles)
+        if total > MAX_REPLICAS:
+            raise ValueError(f"roles: {total} replicas in all, over the most a job may have, "
+                             f"{MAX_REPLICAS}; lower replicas or split the job")
         if (self.expected_runtime and self.time_limit
                 and self.expected_runtime > self.time_limit):
             raise ValueError(f"expected_runtime: {format_duration(self.expected_runtime)} is "

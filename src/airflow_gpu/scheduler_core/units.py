@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated
 
@@ -17,47 +18,79 @@ _SIZE_UNITS = {
 _SIZE_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
+# The largest a size or a duration may be: a size fits a signed 64-bit integer (the
+# database's BIGINT, any host's memory many times over); a duration is at most 100 years,
+# so a deadline computed from it stays a date. Infinity, NaN and numbers such as 1e400
+# (which JSON parsers read as infinity) are refused with a message naming them.
+MAX_SIZE = 2**63 - 1
+MAX_DURATION = 100 * 365 * 86400
+
+
+def _show(value: object) -> str:
+    """The value as an error quotes it: at most 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _finite(number: float, value: object, what: str, example: str) -> None:
+    if not math.isfinite(number):
+        raise ValueError(f"{what} must be a finite number, got {_show(value)} (NaN, Infinity "
+                         f"and numbers too large to hold, such as 1e400, are refused); give "
+                         f"a {what} such as {example}")
 
 
 def parse_size(value: object) -> int:
     """Bytes from an int or a string such as `8GiB` (binary) or `48GB` (decimal)."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a size such as 8GiB, got {value!r}")
-    if isinstance(value, int | float):
+        raise ValueError(f"expected a size such as 8GiB, got {_show(value)}")
+    if isinstance(value, int) and abs(value) > MAX_SIZE:     # float() would overflow
+        number, unit = 2.0**64 if value > 0 else -1.0, ""
+    elif isinstance(value, int | float):
         number, unit = float(value), ""
     elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
         number, unit = float(m.group(1)), m.group(2).lower()
     else:
-        raise ValueError(f"expected a size such as 8GiB, 48GB or 512MiB, got {value!r}")
+        raise ValueError(f"expected a size such as 8GiB, 48GB or 512MiB, got {_show(value)}")
     if unit not in _SIZE_UNITS:
-        raise ValueError(f"unknown size unit {unit!r} in {value!r}; use B, KiB, MiB, GiB, TiB "
-                         "(binary) or KB, MB, GB, TB (decimal)")
+        raise ValueError(f"unknown size unit {_show(unit)} in {_show(value)}; use B, KiB, MiB, "
+                         "GiB, TiB (binary) or KB, MB, GB, TB (decimal)")
+    _finite(number, value, "size", "8GiB")
     if number < 0:
-        raise ValueError(f"size must not be negative, got {value!r}")
-    return int(number * _SIZE_UNITS[unit])
+        raise ValueError(f"size must not be negative, got {_show(value)}")
+    size = int(value) if isinstance(value, int) else int(number * _SIZE_UNITS[unit])
+    if size > MAX_SIZE:
+        raise ValueError(f"size {_show(value)} is over the largest there is, {MAX_SIZE} bytes "
+                         "(8 EiB); give a size such as 8GiB")
+    return size
 
 
 def parse_duration(value: object) -> int:
     """Seconds from a number or a string such as `90m`, `6h`, `2d` or `1h30m`."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 90m, got {value!r}")
-    if isinstance(value, int | float):
+        raise ValueError(f"expected a duration such as 90m, got {_show(value)}")
+    if isinstance(value, int) and abs(value) > MAX_DURATION:
+        seconds = MAX_DURATION + 1.0 if value > 0 else -1.0     # float() could overflow
+    elif isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         if text.startswith("-"):
-            raise ValueError(f"duration must not be negative, got {value!r}")
+            raise ValueError(f"duration must not be negative, got {_show(value)}")
         if re.fullmatch(r"\d+(\.\d+)?", text):
             seconds = float(text)
         elif text and _DURATION_RE.sub("", text) == "":
             seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_RE.findall(text))
         else:
             raise ValueError(f"expected a duration such as 30s, 90m, 6h, 2d or 1h30m, "
-                             f"got {value!r}")
+                             f"got {_show(value)}")
     else:
-        raise ValueError(f"expected a duration such as 90m or 6h, got {value!r}")
+        raise ValueError(f"expected a duration such as 90m or 6h, got {_show(value)}")
+    _finite(seconds, value, "duration", "90m")
     if seconds < 0:
-        raise ValueError(f"duration must not be negative, got {value!r}")
+        raise ValueError(f"duration must not be negative, got {_show(value)}")
+    if seconds > MAX_DURATION:
+        raise ValueError(f"duration {_show(value)} is over the longest accepted, 100 years "
+                         f"({MAX_DURATION}s); give a duration such as 90m, 6h or 2d")
     return int(seconds)
 
 

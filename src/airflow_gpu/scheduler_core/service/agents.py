@@ -116,10 +116,11 @@ def _current(svc, name: str, row: HostRow | None) -> HostType | None:
 
 
 def _busy_change(svc, name: str, row: HostRow | None, t: HostType,
-                 live: list[AllocationRow]) -> str | None:
+                 live: list[AllocationRow], forgetting: bool = False) -> str | None:
     """Why registering `t` for a host with live allocations is refused, if it is: its
     jobs were placed on the current model's GPUs, NUMA nodes and NICs, so none of these
-    may change under them (nor may the new model lack what they hold)."""
+    may change under them (nor may the new model lack what they hold). With `forgetting`,
+    `t` is the cluster file's model that removing the registration would bring back."""
     if not live:
         return None
     from .hostdiff import changes
@@ -132,14 +133,18 @@ def _busy_change(svc, name: str, row: HostRow | None, t: HostType,
     jobs = list(dict.fromkeys(a.job_id for a in live))
     shown = ", ".join(jobs[:5]) + (f" and {len(jobs) - 5} more" if len(jobs) > 5 else "")
     was = f" (scheduled as {current.describe()})" if current is not None else ""
-    return (f"host {name}{was}: its node agent now reports {t.describe()}, but "
+    what = (f"removing its node agent's registration would bring back the cluster file's "
+            f"model, {t.describe()}" if forgetting
+            else f"its node agent now reports {t.describe()}")
+    fix = ("then remove the registration" if forgetting else
+           "then restart the agent (a running agent retries and the new model applies once "
+           "the host is empty)")
+    return (f"host {name}{was}: {what}, but "
             f"job{'s' if len(jobs) > 1 else ''} {shown} run{'' if len(jobs) > 1 else 's'} "
             "there, placed on the current model; what would change: "
             + "; ".join(diff + ([misfit] if misfit else []))
             + f". To apply it, drain the host (airflow-gpu drain {name}), let its jobs end, "
-            "then restart "
-            "the agent (a running agent retries and the new model applies once the host is "
-            "empty)")
+            + fix)
 
 
 def _sync_gpus(s: Session, name: str, t: HostType) -> None:
@@ -196,7 +201,9 @@ def register(svc, name: str, topo: Topology, reg: dict, now: datetime) -> None:
 
 def forget(svc, name: str) -> None:
     """Drop the agent's registration: a file host goes back to its declared model (and is
-    never unreachable), a host only the agent knew leaves the cluster."""
+    never unreachable), a host only the agent knew leaves the cluster. Refused (409) while
+    jobs run there, unless the host is in the cluster file and its declared model is the
+    registered one in all the jobs were placed on (the rule registrations follow)."""
     from .core import Conflict, NotFound
 
     in_file = name in svc.settings.cluster.by_name
@@ -204,11 +211,21 @@ def forget(svc, name: str) -> None:
         row = s.get(HostRow, name)
         if row is None or row.registered_at is None:
             raise NotFound(f"host {name!r} has no registered node agent")
-        live = s.scalars(select(AllocationRow.job_id).where(
-            AllocationRow.host == name, AllocationRow.live.is_(True))).first()
+        live = list(s.scalars(select(AllocationRow).where(
+            AllocationRow.host == name, AllocationRow.live.is_(True))))
         if live and not in_file:
-            raise Conflict(f"host {name}: job {live} runs there; drain the host, let its jobs "
-                           "end, then remove it")
+            jobs = list(dict.fromkeys(a.job_id for a in live))
+            shown = ", ".join(jobs[:5]) + (f" and {len(jobs) - 5} more"
+                                           if len(jobs) > 5 else "")
+            raise Conflict(f"host {name}: job{'s' if len(jobs) > 1 else ''} {shown} "
+                           f"run{'' if len(jobs) > 1 else 's'} there; drain the host "
+                           f"(airflow-gpu drain {name}), let its jobs end, then remove it")
+        if in_file:
+            problem = _busy_change(svc, name, row, svc.settings.cluster.by_name[name].type,
+                                   live, forgetting=True)
+            if problem:
+                log.warning("%s", problem)
+                raise Conflict(problem)
         row.topology = row.topology_hash = row.registered_at = None
         if in_file:
             _sync_gpus(s, name, svc.settings.cluster.by_name[name].type)

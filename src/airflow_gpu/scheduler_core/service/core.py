@@ -83,6 +83,9 @@ class Settings:
     pass_interval: float = 2.0       # seconds between scheduling passes
     host_timeout: float = 60.0       # seconds a host's node agent may be silent (unreachable)
     deployment: str | None = None    # names the leader lock (default: the database schema)
+    # PostgreSQL connections pooled per process (default: $AIRFLOW_GPU_DB_POOL_SIZE, else
+    # the API's threads and the loop's, store.db.POOL_SIZE); see "Connection budget"
+    db_pool_size: int | None = None
 
 
 def utcnow() -> datetime:
@@ -123,10 +126,6 @@ def _stale(row: JobRow, attempt: int | None, rule: str) -> str:
     return f"job {row.id} is {row.state}; {rule}"
 
 
-def _aware(dt: datetime) -> datetime:
-    return dt if dt.tzinfo else dt.replace(tzinfo=UTC)   # SQLite keeps UTC without a zone
-
-
 def spec_gpus(spec: dict) -> int:
     """GPUs a stored spec asks; 0 for one it cannot read (an ended job's bad spec must
     not stop every pass while its usage counts in fair share)."""
@@ -141,7 +140,7 @@ class Service:
         self.settings = settings
         self.cluster = settings.cluster
         self.reg = reg or default_registry()
-        self.engine = make_engine(settings.db_url)
+        self.engine = make_engine(settings.db_url, pool_size=settings.db_pool_size)
         upgrade(self.engine)
         self.sessions = sessions(self.engine)          # transactions that write
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
@@ -158,6 +157,7 @@ class Service:
         self._cluster_checked = 0.0
         self._cluster_lock = threading.Lock()
         self._silent: set[str] = set()       # hosts the last pass found unreachable
+        self._leases_checked: float | None = None   # monotonic time of the last expiry
         self.policy_errors: dict[str, str] = {}   # team -> why its stored setting is refused
         self.pass_errors: list[str] = []     # kinds of errors the last pass got past
         self.told: dict[tuple[str, str], str] = {}   # ("team"|"job", name) -> error told
@@ -165,7 +165,10 @@ class Service:
 
         self.slowdown = LearnedSlowdown(self.reg)   # the locality slowdown passes plan with
         self.refresh_cluster(force=True)
-        self.sync_hosts()
+        try:
+            self.sync_hosts()
+        except IntegrityError:   # a replica starting beside this one added them first
+            self.sync_hosts()
 
     # -- hosts ----------------------------------------------------------------------------
     def sync_hosts(self) -> None:
@@ -202,7 +205,8 @@ class Service:
         from .agents import register
 
         if not who.admin:
-            raise Forbidden("only admin tokens (node agents, admins) register hosts")
+            raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
+                            f"{name}) or an admin token registers hosts")
         register(self, name, topology, reg, utcnow())
         self.refresh_cluster(force=True)
         self.wake.set()
@@ -225,7 +229,8 @@ class Service:
         from .faults import handle_gpu_faults
 
         if not who.admin:
-            raise Forbidden("only admin tokens (node agents, admins) report host health")
+            raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
+                            f"{name}) or an admin token reports host health")
         host = self.cluster.by_name.get(name)
         if host is None:
             self.refresh_cluster(force=True)
@@ -466,9 +471,16 @@ class Service:
 
     def expire_leases(self) -> list[str]:
         """Admitted or running jobs whose lease ran out become `lost`, and those past their
-        time limit and grace `timeout`; resources return either way."""
+        time limit and grace `timeout`; resources return either way. Leases are measured
+        against this process's own responsiveness: after a stall (frozen, starved) longer
+        than a third of a lease, the launchers may not have reached it either, so every
+        live lease is first extended by the stall instead of expiring."""
         now = utcnow()
         lost = self._time_out(now)
+        checked, self._leases_checked = self._leases_checked, time.monotonic()
+        stall = self._leases_checked - checked if checked is not None else 0.0
+        if stall > self.settings.lease_ttl / 3:
+            self._extend_leases(stall)
         with self.sessions.begin() as s:
             ids = list(s.scalars(select(JobRow.id).where(
                 JobRow.state.in_(LIVE), JobRow.lease_expires_at < now)))
@@ -486,6 +498,16 @@ class Service:
             self.wake.set()
         return lost
 
+    def _extend_leases(self, stall: float) -> None:
+        log.warning("no lease was checked for %.1fs (this process stalled): live jobs' "
+                    "leases are extended by that much instead of expiring", stall)
+        by = timedelta(seconds=stall)
+        with self.sessions.begin() as s:
+            for job_id, expires in s.execute(select(JobRow.id, JobRow.lease_expires_at).where(
+                    JobRow.state.in_(LIVE), JobRow.lease_expires_at.is_not(None))).all():
+                s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
+                          .values(lease_expires_at=expires + by))
+
     def _time_out(self, now: datetime) -> list[str]:
         """End the live jobs past their time limit and grace: their launcher should have
         stopped them at the limit (and said so); whether it did or is gone, their GPUs
@@ -496,7 +518,7 @@ class Service:
                                          JobRow.admitted_at, JobRow.limit_cut_by).where(
                 JobRow.state.in_(LIVE), JobRow.deadline_at < now)))
             for job_id, deadline, grace, admitted, cut_by in rows:
-                if _aware(deadline) + timedelta(seconds=grace or 0) >= now:
+                if _ts(deadline) + (grace or 0) >= _ts(now):
                     continue
                 done = s.execute(_update(JobRow).where(
                     JobRow.id == job_id, JobRow.state.in_(LIVE)).values(
@@ -504,7 +526,7 @@ class Service:
                     lease_expires_at=None))
                 if done.rowcount == 1:
                     self._release(s, job_id)
-                    limit = (_aware(deadline) - _aware(admitted)).total_seconds()
+                    limit = _ts(deadline) - _ts(admitted)
                     self._event(s, "timeout", timeout_message(limit, cut_by, grace or 0)
                                 + "; its resources are released", job=job_id)
                     ended.append(job_id)

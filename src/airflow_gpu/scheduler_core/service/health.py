@@ -4,11 +4,14 @@ read-only database): 503 with Retry-After and what is wrong, not 500."""
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import UTC, datetime
 
 WARN_AFTER = 3        # scheduling rounds without a completed pass before /healthz warns
 RETRY_AFTER = 10      # seconds a client is told to wait when the database cannot write
+
+log = logging.getLogger(__name__)
 
 
 def report(loop, now: float | None = None) -> dict:
@@ -90,9 +93,104 @@ def storage_problem(exc: BaseException) -> str | None:
     return None
 
 
+def unavailable(exc: BaseException) -> str | None:
+    """What is wrong when the database cannot be reached or used right now (down,
+    restarting, dropped, its files unreadable), so that a retry later may succeed; None
+    for other errors (faults of the service: 500)."""
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [""])[0]
+    state = getattr(orig, "sqlstate", None) or ""             # PostgreSQL (psycopg)
+    code = (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF   # SQLite primary code
+    postgres = type(orig).__module__.startswith("psycopg")
+    if (getattr(exc, "connection_invalidated", False) or state.startswith("08")
+            or state in ("57P01", "57P02", "57P03", "3D000")
+            or (postgres and not state and type(orig).__name__ == "OperationalError")):
+        return (f"the database cannot be reached ({first or type(orig).__name__}); nothing "
+                "was changed, retry later")
+    if code in (5, 6, 10, 14) or any(m in first for m in (
+            "disk I/O error", "unable to open database file", "database is locked")):
+        return (f"the database cannot be used right now ({first}); nothing was changed, "
+                "retry later")
+    return None
+
+
+def readiness(loop, service, now: float | None = None) -> tuple[bool, dict]:
+    """/readyz: a write that commits, through the pool the API uses (so a read-only,
+    full, unreachable or locked database fails it), and scheduling: the leader's last
+    completed pass within 3 rounds (this replica's, when it leads; else the leader's
+    lease as the database holds it, renewed each round)."""
+    now = time.time() if now is None else now
+    problems: list[str] = []
+    t0 = time.perf_counter()
+    try:
+        lease = _write_round_trip(service, loop)
+        database = {"ok": True, "seconds": round(time.perf_counter() - t0, 3)}
+    except Exception as exc:          # noqa: BLE001 - the answer names it
+        lease = None
+        database = {"ok": False, "error": describe(exc)}
+        problems.append(f"the database cannot write: {database['error']}")
+    scheduling = _scheduling(loop, lease, now)
+    if scheduling.get("problem"):
+        problems.append(scheduling["problem"])
+    return not problems, {"status": "ready" if not problems else "not ready",
+                          "problems": problems, "database": database,
+                          "scheduling": scheduling}
+
+
+_READY_LIMITS = "SELECT set_config('lock_timeout', '2s', true), " \
+                "set_config('statement_timeout', '5s', true)"
+# A write that changes nothing (the schema's revision set to itself) and commits: it needs
+# the write lock (SQLite: BEGIN IMMEDIATE) and a writable, not read-only, database.
+_TOUCH = "UPDATE alembic_version SET version_num = version_num"
+_LEASE = ("SELECT EXTRACT(EPOCH FROM clock_timestamp() - expires_at) FROM leader_lease "
+          "WHERE deployment = :d")
+
+
+def _write_round_trip(service, loop) -> float | None:
+    """Commit the write above; on PostgreSQL, in the same transaction, how many seconds
+    ago the deployment's leader lease expired (negative: it is live; None: no lease)."""
+    from sqlalchemy import inspect, text
+
+    engine = service.engine
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            raw = conn.connection.driver_connection
+            raw.execute("PRAGMA busy_timeout = 5000")    # wait for a pass, not 30s
+            try:
+                conn.execute(text(_TOUCH))
+                conn.commit()
+            finally:
+                raw.execute("PRAGMA busy_timeout = 30000")
+            return None
+        conn.execute(text(_READY_LIMITS))
+        conn.execute(text(_TOUCH))
+        overdue = None
+        if not loop.leader and loop.deployment and inspect(conn).has_table("leader_lease"):
+            overdue = conn.execute(text(_LEASE), {"d": loop.deployment}).scalar()
+        conn.commit()
+        return None if overdue is None else float(overdue)
+
+
+def _scheduling(loop, overdue: float | None, now: float) -> dict:
+    if loop.started_at is None and loop.last_pass_at is None:
+        return {"checked": False, "why": "no scheduling loop runs in this process"}
+    if loop.leader or overdue is None:
+        warn = warning(loop, now)     # this replica leads, or it sees no lease
+        last = None if loop.last_pass_at is None else round(now - loop.last_pass_at, 3)
+        out = {"checked": True, "this_replica": bool(loop.leader),
+               "seconds_since_last_pass": last}
+        return {**out, "problem": warn} if warn else out
+    out = {"checked": True, "this_replica": False,
+           "leader_lease_expired_seconds_ago": round(overdue, 3) if overdue > 0 else None}
+    if overdue > 0:
+        out["problem"] = (f"no replica is scheduling: the leader's lease expired "
+                          f"{overdue:.1f}s ago (it renews it each round)")
+    return out
+
+
 def describe(exc: BaseException) -> str:
     """An error in one line: what the database says, or the exception's first line."""
-    why = storage_problem(exc)
+    why = storage_problem(exc) or unavailable(exc)
     if why:
         return why
     orig = getattr(exc, "orig", None) or exc

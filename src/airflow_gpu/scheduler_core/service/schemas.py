@@ -15,7 +15,8 @@ from .core import _ts, eta_seconds
 
 
 class _In(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and Infinity (and 1e400, which JSON parsers read as infinity) are no numbers here
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class SubmitRequest(_In):

@@ -1,6 +1,8 @@
 """The scheduling pass on the store: rebuild the engine's state from what is committed,
 run the one scheduling pass (`Scheduler.schedule`), and write the admissions (allocations
-and holds) and the changed pending reasons in one transaction."""
+and holds) and the changed pending reasons in one transaction. With PostgreSQL that
+transaction first locks the leader's lease row with its fencing token (loop.py `fence`):
+a leader that was taken over writes nothing."""
 
 from __future__ import annotations
 
@@ -31,7 +33,10 @@ def run_pass(svc: Service) -> list[str]:
     policy = svc._policy()
     svc.refresh_cluster()
     cluster = svc.cluster         # one cluster for the whole pass, whatever registers meanwhile
+    fence = getattr(svc, "leader_fence", None)     # set by the scheduling loop (loop.py)
     with svc.sessions.begin() as s:
+        if fence is not None:     # first: still the leader, or this pass writes nothing
+            fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
         state = ClusterState(cluster)
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):

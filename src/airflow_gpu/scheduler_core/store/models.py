@@ -148,6 +148,9 @@ class TokenRow(Base):
     team: Mapped[str] = mapped_column(String(NAME))
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # "team", "admin" or "agent" (None: made before roles; then `admin` says which)
+    role: Mapped[str | None] = mapped_column(String(16))
+    hosts: Mapped[list[Any] | None]     # an agent token's host names or glob patterns
 
 
 class TeamRow(Base):
@@ -157,3 +160,18 @@ class TeamRow(Base):
     name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
     share: Mapped[float | None] = mapped_column(Float)
     quota_gpus: Mapped[int | None] = mapped_column(Integer)
+
+
+class LeaderLeaseRow(Base):
+    """Who schedules a deployment (PostgreSQL): the leader renews `expires_at` (the
+    database's clock) each round, and every pass's transaction first locks this row with
+    the leader's `token`; a replica that takes over increments the token, so a leader that
+    was frozen past its lease can never write again (service/loop.py)."""
+
+    __tablename__ = "leader_lease"
+    deployment: Mapped[str] = mapped_column(String(300), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(NAME))        # its application_name
+    pid: Mapped[int | None] = mapped_column(Integer)          # its lease backend's pid
+    token: Mapped[int] = mapped_column(BigInteger)            # the fencing token
+    acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
