@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from airflow_gpu.scheduler_core.engine.cluster import ClusterFile, build_cluster
@@ -22,3 +23,13 @@ def make_state(*hosts: dict) -> ClusterState:
 
 def job(name: str, *roles: dict, **fields) -> JobSpec:
     return JobSpec.model_validate({"name": name, "roles": list(roles), **fields})
+
+
+def until(check, what: str, timeout: float = 20):
+    """Poll `check` until it returns something true (that is returned); fail naming
+    `what` after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while not (got := check()):
+        assert time.monotonic() < end, what
+        time.sleep(0.05)
+    return got

@@ -33,7 +33,7 @@ from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Service, Settings
 from airflow_gpu.scheduler_core.store import db
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
-from tests.helpers import make_cluster
+from tests.helpers import make_cluster, until
 from tests.service.conftest import HOSTS, PG_ADMIN
 from tests.service.servers import Server
 
@@ -42,13 +42,6 @@ def spec(name: str) -> dict:
     return {"name": name, "expected_runtime": "1h", "roles": [{"name": "w", "gpus": 0,
                                                                "cpus": 1}]}
 
-
-def until(check, what: str, timeout: float = 15):
-    end = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < end, what
-        time.sleep(0.05)
-    return got
 
 
 class Load:

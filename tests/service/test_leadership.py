@@ -41,7 +41,7 @@ from airflow_gpu.scheduler_core.store.models import (
     JobRow,
     LeaderLeaseRow,
 )
-from tests.helpers import make_cluster
+from tests.helpers import make_cluster, until
 from tests.service.conftest import HOSTS, _drop_pg_schema, _pg_schema_url
 from tests.service.servers import Server
 
@@ -51,13 +51,6 @@ LEASE = 2.0     # seconds: the servers' leader lease here
 def spec(name: str, gpus: int = 1) -> dict:
     return {"name": name, "expected_runtime": "1h", "roles": [{"name": "w", "gpus": gpus}]}
 
-
-def until(check, what: str, timeout: float = 20):
-    end = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < end, what
-        time.sleep(0.05)
-    return got
 
 
 @pytest.fixture

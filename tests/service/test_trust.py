@@ -24,7 +24,7 @@ from airflow_gpu.scheduler_core.service.core import Service, Settings
 from airflow_gpu.scheduler_core.service.loop import lock_key
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from airflow_gpu.scheduler_core.store.models import JobRow, TeamRow
-from tests.helpers import make_cluster
+from tests.helpers import make_cluster, until
 from tests.service.conftest import HOSTS, PG_ADMIN, _drop_pg_schema, _pg_schema_url
 from tests.service.servers import Server
 
@@ -59,13 +59,6 @@ def pass_errors(api, kind: str) -> float:
             return float(line.split()[-1])
     raise AssertionError(f"no airflow_gpu_pass_errors_total for {kind}")
 
-
-def until(check, what: str, timeout: float = 15):
-    end = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < end, what
-        time.sleep(0.05)
-    return got
 
 
 # -- point 8: one bad value never stops the scheduler ------------------------------------
