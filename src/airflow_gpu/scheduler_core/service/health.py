@@ -72,13 +72,20 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds")
 
 
+def _driver_error(exc: BaseException) -> tuple[BaseException, str, str, int]:
+    """The driver's error under a SQLAlchemy one, its first line, PostgreSQL's SQLSTATE
+    (psycopg) and SQLite's primary result code ("" and 0 where the other database)."""
+    orig = getattr(exc, "orig", None) or exc
+    first = (str(orig).strip().splitlines() or [""])[0]
+    state = getattr(orig, "sqlstate", None) or ""
+    code = (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF
+    return orig, first, state, code
+
+
 def storage_problem(exc: BaseException) -> str | None:
     """What is wrong when the database cannot store changes (a full disk, a read-only
     database, PostgreSQL out of resources), with the fix; None for other errors."""
-    orig = getattr(exc, "orig", None) or exc
-    first = (str(orig).strip().splitlines() or [""])[0]
-    state = getattr(orig, "sqlstate", None) or ""             # PostgreSQL (psycopg)
-    code = (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF   # SQLite primary code
+    _, first, state, code = _driver_error(exc)
     if state == "53100" or code == 13 or "database or disk is full" in first:
         return (f"the database cannot store anything: its disk is full ({first}). Free "
                 "space on the volume that holds the database (or raise its size limit); "
@@ -97,10 +104,7 @@ def unavailable(exc: BaseException) -> str | None:
     """What is wrong when the database cannot be reached or used right now (down,
     restarting, dropped, its files unreadable), so that a retry later may succeed; None
     for other errors (faults of the service: 500)."""
-    orig = getattr(exc, "orig", None) or exc
-    first = (str(orig).strip().splitlines() or [""])[0]
-    state = getattr(orig, "sqlstate", None) or ""             # PostgreSQL (psycopg)
-    code = (getattr(orig, "sqlite_errorcode", None) or 0) & 0xFF   # SQLite primary code
+    orig, first, state, code = _driver_error(exc)
     postgres = type(orig).__module__.startswith("psycopg")
     if (getattr(exc, "connection_invalidated", False) or state.startswith("08")
             or state in ("57P01", "57P02", "57P03", "3D000")
