@@ -51,6 +51,14 @@ class JobClass:
     default_time_limit: int | None = None
     max_time_limit: int | None = None
     stop_grace: int | None = None
+    # Preemption (priority rules, quota reclaim): whether its jobs may be stopped for
+    # another and requeued (a job that may not is never lent idle quota either), the
+    # signal its replicas get to checkpoint, the seconds until SIGKILL (else the stop
+    # grace), and how often it checkpoints (what a preemption loses; none: all of it)
+    preemptible: bool = True
+    preempt_signal: Literal["SIGTERM", "SIGUSR1", "SIGINT"] = "SIGTERM"
+    preempt_grace: int | None = None
+    checkpoint_interval: int | None = None
 
     def check(self, spec: JobSpec) -> list[str]:
         problems = []
@@ -164,6 +172,15 @@ def stop_grace(spec: JobSpec, classes: dict[str, JobClass], defaults: Defaults) 
     """Seconds the job's replicas get from SIGTERM to SIGKILL at its time limit."""
     jc = classes.get(spec.job_class or "")
     return jc.stop_grace if jc and jc.stop_grace is not None else defaults.stop_grace
+
+
+def preempt_options(jc: JobClass | None, stop_grace: float
+                    ) -> tuple[bool, str, float, float | None]:
+    """(preemptible, signal, grace, checkpoint interval) of a job of class `jc`."""
+    if jc is None:
+        return True, "SIGTERM", float(stop_grace), None
+    grace = jc.preempt_grace if jc.preempt_grace is not None else stop_grace
+    return jc.preemptible, jc.preempt_signal, float(grace), jc.checkpoint_interval
 
 
 def timeout_message(limit: float, cut_by: str | None, grace: float) -> str:

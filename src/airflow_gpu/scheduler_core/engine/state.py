@@ -171,6 +171,13 @@ class ClusterState:
             del self._ends[bisect.bisect_left(self._ends, (end, job))]
         return allocs
 
+    def set_end(self, job: str, end: float) -> None:
+        """A running job's new expected end (it is being stopped)."""
+        old = self.expected_end[job]
+        del self._ends[bisect.bisect_left(self._ends, (old, job))]
+        self.expected_end[job] = end
+        bisect.insort(self._ends, (end, job))
+
     def hold(self, a: ReplicaAllocation) -> None:
         """Take one allocation's resources without recording a job (reservation holds)."""
         take(self.hosts[a.host.index], a)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validator, model_validator
 
 from ..errors import load_yaml, validate
 from ..jobclasses import STOP_GRACE, Defaults
@@ -48,14 +48,93 @@ def check_quota(v: int | None) -> int | None:
     return v
 
 
+def check_count(v: int | None) -> int | None:
+    if v is not None and not 0 <= v <= 1 << 40:
+        raise ValueError("must be 0 or more, or none")
+    return v
+
+
+RESOURCES = ("gpus", "cpus", "memory")
+
+
 class TeamPolicy(_Spec):
+    """A team's fair-share weight, and its quota: per resource a guarantee (`quota_*`,
+    Kueue's nominal quota) and how much more it may hold on what others leave idle
+    (`borrow_*`, Kueue's borrowing limit; 0, the default, makes the quota a hard cap;
+    none: no limit). What a team holds beyond its guarantee is borrowed and may be
+    reclaimed by the teams whose guarantee it uses."""
+
     share: float = Field(1.0, description="relative share of the cluster for fair share "
                          f"({SHARE_RANGE[0]:g} to {SHARE_RANGE[1]:.0f})")
     quota_gpus: int | None = Field(
-        None, description="hard limit: GPUs the team may hold at once (none: no limit)")
+        None, description="GPUs guaranteed to the team (none: no guarantee and no limit)")
+    quota_cpus: int | None = Field(None, description="logical CPUs guaranteed (none: no "
+                                   "quota on CPUs)")
+    quota_memory: Size | None = Field(None, description="host memory guaranteed (none: no "
+                                      "quota on memory)")
+    borrow_gpus: int | None = Field(0, description="GPUs the team may hold beyond quota_gpus "
+                                    "while others leave them idle (0: hard quota; none: no "
+                                    "limit)")
+    borrow_cpus: int | None = Field(0, description="CPUs beyond quota_cpus (none: no limit)")
+    borrow_memory: Size | None = Field(0, description="memory beyond quota_memory (none: no "
+                                       "limit)")
 
     _share = field_validator("share")(check_share)
-    _quota = field_validator("quota_gpus")(check_quota)
+    _quota = field_validator("quota_gpus", "borrow_gpus")(check_quota)
+    _counts = field_validator("quota_cpus", "borrow_cpus", "quota_memory",
+                              "borrow_memory")(check_count)
+
+    def guarantee(self) -> tuple[float, float, float]:
+        """Guaranteed (gpus, cpus, memory); inf where the resource has no quota."""
+        return tuple(math.inf if v is None else v for v in (
+            self.quota_gpus, self.quota_cpus, self.quota_memory))
+
+    def limit(self) -> tuple[float, float, float]:
+        """The most (gpus, cpus, memory) the team may hold, borrowing included."""
+        return tuple(math.inf if q is None or b is None else q + b for q, b in (
+            (self.quota_gpus, self.borrow_gpus), (self.quota_cpus, self.borrow_cpus),
+            (self.quota_memory, self.borrow_memory)))
+
+
+class PreemptRule(_Spec):
+    """Which jobs may preempt which (Slurm's QOS Preempt=, by band): the preemptors are
+    jobs whose band is at least `min_band`, or jobs of `job_class`; the victims, jobs
+    whose band is below `preempts_below` and below the preemptor's own."""
+
+    min_band: float | None = Field(None, description="preemptors: jobs of this band "
+                                   "(priority + job-class weight) or higher")
+    job_class: str | None = Field(None, description="preemptors: jobs of this class")
+    preempts_below: float = Field(description="victims: jobs of a band below this")
+
+    @model_validator(mode="after")
+    def _who(self) -> PreemptRule:
+        if (self.min_band is None) == (self.job_class is None):
+            raise ValueError("give exactly one of min_band or job_class (who may preempt), "
+                             "e.g. {min_band: 100, preempts_below: 50}")
+        return self
+
+    def allows(self, band: float, job_class: str | None) -> bool:
+        return (band >= self.min_band if self.min_band is not None
+                else job_class == self.job_class)
+
+
+class Preemption(_Spec):
+    reclaim: bool = Field(True, description="a job its team's guarantee covers stops "
+                          "borrowed work to start (quota reclaim)")
+    rules: list[PreemptRule] = Field(default_factory=list, description="priority "
+                                     "preemption: which bands preempt which (none: no "
+                                     "priority preemption)")
+    min_run_time: Duration = Field(600, ge=0, description="no job is preempted before it "
+                                   "has run this long (Slurm's PreemptExemptTime)")
+    min_saved_wait: Duration = Field(900, ge=0, description="no preemption for a job that "
+                                     "would start within this long anyway")
+    max_victims: int = Field(64, ge=1, le=10_000, description="the most jobs one "
+                             "preemption may stop")
+
+    def victims_below(self, band: float, job_class: str | None) -> float:
+        """The band below which a job of `band` and `job_class` may preempt (-inf: none)."""
+        return min(max((r.preempts_below for r in self.rules if r.allows(band, job_class)),
+                       default=-math.inf), band)
 
 
 class PolicyConfig(_Spec):
@@ -98,6 +177,7 @@ class PolicyConfig(_Spec):
                                  "bf_max_job_test): bounds the cost of a pass")
     default_share: float = Field(1.0, description="share of a team not listed in teams")
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)
+    preemption: Preemption = Field(default_factory=Preemption)
 
     _default_share = field_validator("default_share")(check_share)
 
@@ -122,6 +202,24 @@ class PolicyConfig(_Spec):
     def quota(self, team: str) -> int | None:
         t = self.teams.get(team)
         return t.quota_gpus if t else None
+
+    def guarantee(self, team: str) -> tuple[float, float, float]:
+        """What `team` holds without borrowing: (gpus, cpus, memory), inf where no quota
+        governs. Where some team has a GPU quota, a team with none has no GPUs
+        guaranteed: all it holds is borrowed and may be reclaimed."""
+        t = self.teams.get(team)
+        g = t.guarantee() if t else (math.inf,) * 3
+        if g[0] == math.inf and self.has_gpu_quotas:
+            g = (0, *g[1:])
+        return g
+
+    @property
+    def has_gpu_quotas(self) -> bool:
+        return any(t.quota_gpus is not None for t in self.teams.values())
+
+    def limit(self, team: str) -> tuple[float, float, float]:
+        t = self.teams.get(team)
+        return t.limit() if t else (math.inf,) * 3
 
 
 def load_policy(path: str) -> PolicyConfig:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from ..engine.fit import Need
 from ..engine.placement import compile_needs
 from ..jobspec import JobSpec
+from .quota import spec_need
 
 # Job size: GPU-minutes of work from 1 (size factor 1) to 10^7 (size factor 0), log scale.
 _SIZE_DECADES = 7.0
@@ -59,6 +60,14 @@ class QueuedJob:
     size: float = 0.0        # size factor (0..1)
     limit: float = math.inf  # its time limit, seconds (inf: none)
     grace: float = 0.0       # seconds from SIGTERM to SIGKILL at the limit
+    cpus: int = 0            # logical CPUs of the whole gang (team quotas)
+    memory: int = 0          # host memory bytes of the whole gang
+    borrowed: bool = False   # started beyond its team's guarantee (quota.py)
+    preempted_by: frozenset[str] = frozenset()   # jobs that once preempted it
+    preemptible: bool = True
+    preempt_signal: str = "SIGTERM"
+    preempt_grace: float = 0.0                   # seconds from the signal to SIGKILL
+    checkpoint_interval: float | None = None     # seconds (what a preemption loses)
 
     @property
     def name(self) -> str:
@@ -98,9 +107,10 @@ class JobQueue:
         needs = self._needs.get(shape)
         if needs is None:
             needs = self._needs[shape] = compile_needs(spec)
-        gpus = spec.total_gpus
+        gpus, cpus, memory = spec_need(spec)
         return QueuedJob(spec, submit, seq, runtime, round(spec.priority + class_weight, 6),
-                         needs, shape, gpus, size_factor(gpus, runtime))
+                         needs, shape, gpus, size_factor(gpus, runtime), cpus=cpus,
+                         memory=memory)
 
     def static_key(self, job: QueuedJob) -> float:
         """The job's place within its band and team, smallest first. Keys are rounded to

@@ -17,8 +17,8 @@ from .reservations import earliest_end
 
 if TYPE_CHECKING:
     from .jobqueue import QueuedJob
+    from .onepass import Pass
     from .reservations import Reservation
-    from .scheduler import _Pass
 
 
 @dataclass
@@ -57,7 +57,7 @@ def locality_wait(job: QueuedJob, now: Reservation, better: Reservation,
 class Reasons:
     """The pass's reasons for blocked jobs; jobs of one shape share one (not its ETA)."""
 
-    def __init__(self, p: _Pass):
+    def __init__(self, p: Pass):
         self.p = p
         self._why: dict[tuple, Pending | tuple] = {}
         self._eta: dict[tuple, float | None] = {}

@@ -1,0 +1,227 @@
+"""One scheduling pass's working memory and decisions: for each job in order, start it
+now, reserve for it, preempt for it, or say why it waits (`Scheduler.schedule` drives
+it). See docs/architecture.md ("The scheduling pass")."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..engine.countfit import place_by_count
+from ..engine.placement import Placed
+from .jobqueue import QueuedJob
+from .passplan import PassPlan
+from .pending import Pending, Reasons, locality_wait
+from .preempt import Preemption, claimed, preempt
+from .reservations import Reservation, earliest_end, place_best
+
+if TYPE_CHECKING:
+    from .scheduler import Scheduler
+
+
+@dataclass
+class PassResult:
+    now: float
+    started: list[tuple[QueuedJob, Placed]] = field(default_factory=list)
+    reservations: list[Reservation] = field(default_factory=list)
+    pending: dict[str, Pending] = field(default_factory=dict)   # filled when explaining
+    tested: int = 0
+    # job -> (the time its limit was cut to, the job whose reservation starts then)
+    cut: dict[str, tuple[float, str]] = field(default_factory=dict)
+    preempted: list[Preemption] = field(default_factory=list)
+
+
+
+class Pass:
+    """The working memory of one pass."""
+
+    def __init__(self, sched: Scheduler, now: float, explain: bool):
+        self.s, self.now, self.explain = sched, now, explain
+        self.mode = sched.config.mode
+        self.result = PassResult(now)
+        self.plan = PassPlan(sched, now)
+        # backfill protects the oldest job of each band that has waited reserve_after
+        backfill = self.mode == "backfill"
+        self.protect_before = now - sched.config.reserve_after if backfill else -math.inf
+        self.protect_left = sched.queue.protected(self.protect_before) if backfill else 0
+        self.failed: set[tuple] = set()                # (shape, holds) known not to fit
+        self.hopeless: set[tuple] = set()              # shapes that fail even without holds
+        self._failures = self._failures_seen = 0       # failures counted, and when done() ran
+        self.head: QueuedJob | None = None             # fifo: the first job that waits
+        self.reasons = Reasons(self) if explain else None
+        self.claimants: set[str] = set()              # considered first (see claimant)
+
+    @property
+    def reservations(self) -> list[Reservation]:
+        return self.plan.reservations
+
+    def may_reserve(self) -> bool:
+        return (self.mode == "backfill"
+                and len(self.reservations) < self.s.config.reservation_depth)
+
+    def done(self) -> bool:
+        """Nothing more can start or be reserved: every shape queued fails, without holds or
+        with the holds its shortest job would have to go around (more holds only take)."""
+        if self.explain:
+            return False
+        if self.mode == "fifo":
+            return self.head is not None
+        if self.protect_left > 0 and self.may_reserve():
+            return False
+        if self.s.state.usable_total == 0 and not self.s.queue.cpu_only:
+            return True
+        if self._failures == self._failures_seen:
+            return False
+        self._failures_seen = self._failures
+        queue, starts = self.s.queue, self.plan.starts()
+        return all(shape in self.hopeless or (shape, bisect.bisect_left(
+            starts, self.now + queue.shortest(shape))) in self.failed for shape in queue.shapes)
+
+    def consider(self, job: QueuedJob, protected: bool) -> None:
+        s = self.s
+        if self.plan.drop_carried(job):   # it waited for locality: it decides again
+            self.failed.clear()
+        if job.shape in self.hopeless and not self.explain and not (
+                protected and self.may_reserve()):
+            return   # fails even without holds, and it gets no reservation
+        why = s.quotas.wait(job)
+        if why is not None:
+            return self.wait(job, why)
+        if self.head is not None:  # fifo: nothing starts behind the first job that waits
+            return self.wait(job, Pending(
+                "Priority", f"waits behind {self.head.name!r} (policy fifo: no job starts "
+                "ahead of a higher-priority one)", {"behind": self.head.name}))
+        if self.mode == "count":
+            got = place_by_count(job.name, job.gpus, s.state)
+            if got is not None:
+                return self.start(job, got)
+            self.hopeless.add(job.shape)
+            self._failures += 1
+            return self.wait(job, Pending("Resources", f"needs {job.gpus} GPUs; "
+                                          f"{s.state.usable_total} are free (policy count)"))
+        got = self.plan.due_now(job) or self.try_now(job)
+        if (got is not None and self.mode == "backfill" and got.tier > s.best_tier(job)
+                and self.may_reserve()):
+            right_now = Reservation(job, self.now, self.now + s.runtime(job, got.tier),
+                                    got.allocations, got.tier)
+            better = self.reserve(job, right_now)
+            # waiting for a narrower placement ends earlier; a job promised a start waits
+            # no longer than its promise and grace allow
+            if better is not right_now and better.start <= s.promised.get(
+                    job.name, math.inf) + job.grace:
+                self.add(better)
+                return self.wait(job, locality_wait(job, right_now, better, self.now))
+        if got is not None:
+            return self.start(job, got)
+        if self.mode != "count" and (s.config.preemption.rules or s.config.preemption.reclaim):
+            why = preempt(self, job)
+            if why is not None:
+                return self.wait(job, why)
+        if self.mode == "fifo":
+            self.head = job
+        reserved = None
+        if (self.explain if self.mode == "fifo" else protected and self.may_reserve()):
+            reserved = self.reserve(job)
+            if reserved is not None and self.mode == "backfill":
+                reserved = self.keep_promise(reserved)
+                self.add(reserved)
+        if self.explain:
+            self.plan.hold_first(0)
+            self.wait(job, self.reasons.blocked(job, protected, reserved))
+
+    def keep_promise(self, r: Reservation) -> Reservation:
+        """A protected reservation holds from the earliest start promised to its job: if a
+        job in its way overran (within its limit and grace), nothing more may backfill onto
+        its resources in front of it, so the slip cannot grow."""
+        r.protected = True
+        promise = min(self.s.promised.get(r.job.name, math.inf), r.planned_start)
+        self.s.promised[r.job.name] = promise
+        if r.start > promise:
+            return dataclasses.replace(r, start=promise, eta=r.planned_start)
+        return r
+
+    def add(self, r: Reservation) -> None:
+        self.plan.add(r)
+        self.failed.clear()            # the holds' positions moved
+
+    def reserve(self, job: QueuedJob, candidate: Reservation | None = None
+                ) -> Reservation | None:
+        """The job's reservation: the last pass's if it still stands (and ends before
+        `candidate`), else a new walk for the earliest expected end."""
+        r = self.plan.still_standing(job, self.result.started)
+        if r is not None and (candidate is None or r.end < candidate.end):
+            return r
+        s = self.s
+        self.plan.hold_first(0)
+        return earliest_end(job, s.state, s.reg, self.now, self.reservations,
+                            lambda tier: s.runtime(job, tier), s.best_tier(job), candidate,
+                            start_by=s.promised.get(job.name, math.inf) + job.grace)
+
+    def try_now(self, job: QueuedJob) -> Placed | None:
+        """A placement now that touches no reservation starting before the job would end
+        there (the end depends on the placement's slowdown), or None."""
+        s = self.s
+        best = s.best_tier(job)
+        starts = self.plan.starts()
+        k = bisect.bisect_left(starts, self.now + s.runtime(job, best))
+        for _ in range(3):
+            got = self.try_place(job, k, best)
+            if got is None:
+                return None
+            need = bisect.bisect_left(starts, self.now + s.runtime(job, got.tier))
+            if need <= k:
+                return got
+            k = need
+        return None
+
+    def try_place(self, job: QueuedJob, k: int, best_tier: int) -> Placed | None:
+        """Place the job around the holds of the first `k` reservations, or None."""
+        key = (job.shape, k)
+        if key in self.failed or job.shape in self.hopeless:
+            return None
+        self.plan.hold_first(k)
+        got = place_best(job, self.s.state, self.s.reg, best_tier)
+        if got is None:
+            self.failed.add(key)
+            self._failures += 1
+            if k == 0 or not self.reservations:
+                self.hopeless.add(job.shape)
+        return got
+
+    def start(self, job: QueuedJob, placed: Placed) -> None:
+        """Start the job. Backfilled onto resources a reservation holds from a later
+        time, it is planned to end before then; that is enforced: its time limit is cut
+        to the reservation's start (Slurm's --time-min), so the reserved job waits at most
+        the grace for it, whatever the job declared."""
+        cut, by = min(((r.start, r.job.name) for r in self.reservations if r.job is not job
+                       and r.start > self.now and r.overlaps(placed.allocations)),
+                      default=(math.inf, ""))
+        deadline = min(self.now + job.limit, cut)
+        job.borrowed = not self.s.quotas.covered(job)
+        self.s._start(job, placed.allocations, self.now, deadline)
+        self.result.started.append((job, placed))
+        if cut < self.now + job.limit:
+            self.result.cut[job.name] = (cut, by)
+
+    def claimant(self, name: str) -> None:
+        """A job that preempted others earlier: it starts if it can, else waits for its
+        victims (preempt.claimed); a claim that ended leaves it to the usual order."""
+        job = self.s.queue.jobs.get(name)
+        if job is None:
+            self.s.claims.pop(name, None)
+            return
+        got = None if self.s.quotas.wait(job) else self.try_now(job)
+        if got is not None:
+            self.claimants.add(name)
+            return self.start(job, got)
+        why = claimed(self, job)
+        if why is not None:
+            self.claimants.add(name)
+            self.wait(job, why)
+
+    def wait(self, job: QueuedJob, why: Pending) -> None:
+        if self.explain:
+            self.result.pending[job.name] = why

@@ -1,0 +1,246 @@
+"""Preemption: which running jobs a pending job may stop so that it starts now, and the
+cheapest set of them that frees a valid placement for it (policy `preemption`).
+
+- reclaim: a job its team's guarantee covers (and whose team has a GPU guarantee) stops
+  borrowed work: jobs started beyond their team's guarantee, of teams still over it;
+- priority: a rule lets the job's band (or class) stop jobs of lower bands, of its own
+  team or borrowed: priority never takes another team's guarantee.
+
+Either way the victims are preemptible jobs that have run `min_run_time`, none of them a
+job that once preempted the preemptor (no ping-pong), and nothing is stopped for a job
+that would start within `min_saved_wait` anyway. The cost of a victim is the GPU-seconds
+it loses (since its last checkpoint), then its band, then the latest start: candidates are
+added cheapest first until the job places, then each one not needed is dropped again;
+the same on each host alone, and the cheapest set wins.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..engine.placement import Placed
+from ..units import format_duration
+from .pending import Pending
+from .reservations import Reservation, earliest_end, place_best
+
+if TYPE_CHECKING:
+    from .jobqueue import QueuedJob
+    from .onepass import Pass
+    from .scheduler import Scheduler
+
+HOST_SCOPES = 16          # hosts tried alone for a job that fits on one
+
+
+@dataclass
+class Preemption:
+    victim: QueuedJob
+    by: QueuedJob
+    reason: str            # "priority" | "reclaim"
+    message: str
+    stop_at: float         # the victim is gone by then: the signal, then its grace
+
+
+def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
+    """Seconds of the job's work a stop now loses: since its last checkpoint."""
+    ran = max(0.0, now - started)
+    return ran % job.checkpoint_interval if job.checkpoint_interval else ran
+
+
+def candidates(s: Scheduler, job: QueuedJob, now: float) -> list[tuple[tuple, QueuedJob, str]]:
+    """(cost, victim, reason) of every job `job` may stop, cheapest first."""
+    cfg = s.config.preemption
+    below = cfg.victims_below(job.base, job.job_class)
+    reclaim = (cfg.reclaim and job.gpus > 0 and s.quotas.guaranteed(job.team)
+               and s.quotas.covered(job))
+    if below == -math.inf and not reclaim:
+        return []
+    out = []
+    for name, v in s.running.items():
+        if (name in s.stopping or not v.preemptible or name in job.preempted_by
+                or v.name == job.name):
+            continue
+        started = s.state.started[name]
+        if now - started < cfg.min_run_time:
+            continue
+        borrowed = v.borrowed and s.quotas.over(v.team)
+        if reclaim and borrowed and v.team != job.team:
+            reason = "reclaim"
+        elif v.base < below and (v.team == job.team or borrowed
+                                 or not s.quotas.guaranteed(v.team)):
+            reason = "priority"
+        else:
+            continue
+        cost = (max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started, v.seq)
+        out.append((cost, v, reason))
+    out.sort(key=lambda c: c[0])
+    return out[:cfg.max_victims * 4]
+
+
+class Trial:
+    """Places the job with some running jobs' resources given back (then taken again),
+    around the pass's reservations that start before it would end."""
+
+    def __init__(self, p: Pass, job: QueuedJob, freed: list[QueuedJob]):
+        self.p, self.job = p, job
+        self.freed = freed         # stopping already for this job: free for every trial
+
+    def place(self, victims: list[QueuedJob]) -> Placed | None:
+        p, s, job = self.p, self.p.s, self.job
+        state = s.state
+        allocs = [a for v in self.freed + victims for a in state.allocations[v.name]]
+        p.plan.hold_first(len(p.reservations))
+        for a in allocs:
+            state.unhold(a)
+        try:
+            got = place_best(job, state, s.reg, s.best_tier(job))
+        finally:
+            for a in allocs:
+                state.hold(a)
+        if got is None:
+            return None
+        end = p.now + s.runtime(job, got.tier)
+        if any(r.start < end and r.overlaps(got.allocations) for r in p.reservations):
+            return None          # it would take what a reservation needs before it ends
+        return got
+
+    def cheapest(self, cands: list[tuple[tuple, QueuedJob, str]], limit: int
+                 ) -> tuple[list[tuple[tuple, QueuedJob, str]], Placed] | None:
+        """Add candidates cheapest first until the job places, then drop each one not
+        needed (most expensive first); None if even `limit` of them do not free enough."""
+        chosen: list[tuple[tuple, QueuedJob, str]] = []
+        freed_gpus = self.p.s.state.usable_total + sum(
+            v.gpus for v in self.freed)
+        less: dict[str, list[float]] = {}
+        got = None
+        for c in cands:
+            _, v, reason = c
+            if reason == "reclaim":   # never below the victim team's guarantee
+                taken = less.setdefault(v.team, [0, 0, 0])
+                if not self.p.s.quotas.over(v.team, taken):
+                    continue
+                for i, n in enumerate((v.gpus, v.cpus, v.memory)):
+                    taken[i] += n
+            chosen.append(c)
+            freed_gpus += v.gpus
+            if freed_gpus < self.job.gpus:
+                continue                  # not enough GPUs by count yet: no placement
+            got = self.place([x[1] for x in chosen])
+            if got is not None or len(chosen) >= limit:
+                break
+        if got is None:
+            return None
+        for c in sorted(chosen, key=lambda c: c[0], reverse=True):
+            if len(chosen) == 1:
+                break
+            rest = [x for x in chosen if x is not c]
+            fewer = self.place([x[1] for x in rest])
+            if fewer is not None:
+                chosen, got = rest, fewer
+        return chosen, got
+
+
+def _total(chosen) -> tuple:
+    return (sum(c[0][0] for c in chosen), len(chosen), sum(c[0][1] for c in chosen))
+
+
+def preempt(p: Pass, job: QueuedJob) -> Pending | None:
+    """Stop the cheapest set of jobs that lets `job` start now, if the policy allows
+    it: they are marked stopping (`Scheduler.stop`), the job waits for them with a
+    reservation on the placement found. Returns its pending reason, or None."""
+    s, now = p.s, p.now
+    cands = candidates(s, job, now)
+    if not cands:
+        return None
+    limit = s.config.preemption.max_victims
+    trial = Trial(p, job, [])
+    best = trial.cheapest(cands, limit)
+    if best is not None and job.gpus <= s.state.cluster.max_host_gpus:
+        by_host: dict[int, list] = {}
+        for c in cands:
+            hosts = {a.host.index for a in s.state.allocations[c[1].name]}
+            if len(hosts) == 1:
+                by_host.setdefault(hosts.pop(), []).append(c)
+        tried = sorted(by_host.values(), key=lambda cs: sum(c[0][0] for c in cs))
+        for cs in tried[:HOST_SCOPES]:
+            if sum(c[1].gpus for c in cs) + s.state.hosts[
+                    s.state.allocations[cs[0][1].name][0].host.index
+            ].usable_gpus.bit_count() < job.gpus:
+                continue
+            got = trial.cheapest(cs, limit)
+            if got is not None and _total(got[0]) < _total(best[0]):
+                best = got
+    if best is None:
+        return None
+    chosen, placed = best
+    wait = _wait_without(p, job)
+    if wait is not None and wait < s.config.preemption.min_saved_wait:
+        return None
+    return stop_for(p, job, chosen, placed, wait)
+
+
+def _wait_without(p: Pass, job: QueuedJob) -> float | None:
+    """How long the job would wait without preempting (None: no start is planned)."""
+    s = p.s
+    p.plan.hold_first(0)
+    r = earliest_end(job, s.state, s.reg, p.now, p.reservations,
+                     lambda tier: s.runtime(job, tier), s.best_tier(job))
+    return None if r is None else r.start - p.now
+
+
+def stop_for(p: Pass, job: QueuedJob, chosen, placed: Placed,
+             wait: float | None) -> Pending:
+    s, now = p.s, p.now
+    names, reasons = [], set()
+    stop_at = now
+    for _, v, reason in chosen:
+        lost = lost_seconds(v, s.state.started[v.name], now)
+        why = ("reclaims its team's guaranteed GPUs from borrowed work" if reason == "reclaim"
+               else f"priority band {job.base:g} preempts band {v.base:g}")
+        msg = (f"preempted by job {job.name} ({reason}: {why}); {v.preempt_signal}, "
+               f"then SIGKILL after {v.preempt_grace:g}s; about "
+               f"{format_duration(lost)} of work since its last checkpoint is lost; "
+               "requeued under the same id")
+        at = s.stop(v, job, now)
+        p.result.preempted.append(Preemption(v, job, reason, msg, at))
+        stop_at = max(stop_at, at)
+        names.append(v.name)
+        reasons.add(reason)
+    s.claims[job.name] = names
+    return claim_wait(p, job, names, placed, stop_at, "/".join(sorted(reasons)), wait)
+
+
+def claim_wait(p: Pass, job: QueuedJob, victims: list[str], placed: Placed,
+               stop_at: float, reason: str = "", wait: float | None = None) -> Pending:
+    """The preemptor waits for its victims to stop, its placement reserved from then on
+    (so that nothing else takes the part of it that is free now)."""
+    s, now = p.s, p.now
+    end = stop_at + s.runtime(job, placed.tier)
+    p.add(Reservation(job, stop_at, end, placed.allocations, placed.tier, protected=True))
+    details = {"victims": victims}
+    if reason:
+        details["preempt_reason"] = reason
+    saved = "" if wait is None else f"; it would otherwise wait {format_duration(wait)}"
+    return Pending("Preempting", (
+        f"preempting {', '.join(victims)}{f' ({reason})' if reason else ''}: starts when "
+        f"they have stopped, at the latest in {format_duration(max(0, stop_at - now))}"
+        + saved), details, max(0.0, stop_at - now))
+
+
+def claimed(p: Pass, job: QueuedJob) -> Pending | None:
+    """A job that preempted others in an earlier pass and has not started: while its
+    victims are still stopping it waits for them; once they are all gone the claim ends
+    (None: the job is considered like any other, and may preempt again)."""
+    s = p.s
+    victims = [n for n in s.claims.get(job.name, ()) if n in s.stopping]
+    if not victims:
+        s.claims.pop(job.name, None)
+        return None
+    trial = Trial(p, job, [s.running[n] for n in victims])
+    placed = trial.place([])
+    if placed is None:
+        s.claims.pop(job.name, None)
+        return None
+    stop_at = max(s.state.expected_end[n] for n in victims)
+    return claim_wait(p, job, victims, placed, stop_at)

@@ -1,0 +1,131 @@
+"""Team quotas: what each team holds, its guarantee and its limit (guarantee + what it may
+borrow), per resource (GPUs, CPUs, memory).
+
+A job within its team's guarantee starts as guaranteed work; beyond it (up to the limit)
+it starts on GPUs other teams leave idle and is marked borrowed: the owners may reclaim
+them (preempt.py). A job whose class is not preemptible never borrows, since it could not
+be given back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..jobspec import JobSpec
+from ..units import format_size
+from .config import RESOURCES, PolicyConfig
+from .pending import Pending
+
+if TYPE_CHECKING:
+    from .jobqueue import QueuedJob
+
+Usage = list[float]            # [gpus, cpus, memory bytes]
+SAY = ("GPUs", "CPUs", "of memory")
+
+
+def need(job: QueuedJob) -> tuple[int, int, int]:
+    return job.gpus, job.cpus, job.memory
+
+
+def spec_need(spec: JobSpec) -> tuple[int, int, int]:
+    """(gpus, cpus, memory bytes) of a whole gang, its job class applied."""
+    return (spec.total_gpus, sum(r.replicas * r.cpus for r in spec.roles),
+            sum(r.replicas * r.booked_memory() for r in spec.roles))
+
+
+def _show(i: int, v: float) -> str:
+    return format_size(int(v)) if RESOURCES[i] == "memory" else f"{v:g}"
+
+
+def _kind(config: PolicyConfig, team: str, i: int, cap: float) -> str:
+    what, g = RESOURCES[i], config.guarantee(team)[i]
+    return f"quota_{what} {_show(i, g)}" + (
+        "" if cap == g else f" + borrow_{what} {_show(i, cap - g)}")
+
+
+def over_quota(config: PolicyConfig, team: str, needs: tuple[int, int, int],
+               preemptible: bool = True) -> str | None:
+    """Why a job needing (gpus, cpus, memory) can never start for `team`: more than the
+    team may ever hold (its limit; its guarantee for a job that may not borrow)."""
+    most = config.limit(team) if preemptible else config.guarantee(team)
+    for i, (n, cap) in enumerate(zip(needs, most, strict=True)):
+        if n > cap:
+            return (f"needs {_show(i, n)} {SAY[i]} but team {team!r} may hold at most "
+                    f"{_kind(config, team, i, cap)}"
+                    + ("" if preemptible else " (its job class is not preemptible, so it "
+                       "never borrows)") + "; raise the team's quota or shrink the job")
+    return None
+
+
+class Quotas:
+    """What each team holds now, against its guarantee and limit."""
+
+    def __init__(self, config: PolicyConfig):
+        self.config = config
+        self.held: dict[str, Usage] = {}
+
+    def gpus(self, team: str) -> int:
+        return int(self.held.get(team, (0,))[0])
+
+    def add(self, job: QueuedJob, sign: int = 1) -> None:
+        u = self.held.setdefault(job.team, [0, 0, 0])
+        for i, n in enumerate(need(job)):
+            u[i] += sign * n
+
+    def _after(self, job: QueuedJob) -> list[float]:
+        u = self.held.get(job.team, (0, 0, 0))
+        return [a + b for a, b in zip(u, need(job), strict=True)]
+
+    def covered(self, job: QueuedJob) -> bool:
+        """The team's guarantee covers the job on top of what the team holds."""
+        g = self.config.guarantee(job.team)
+        return all(a <= b for a, b in zip(self._after(job), g, strict=True))
+
+    def guaranteed(self, team: str) -> bool:
+        """The team has a GPU guarantee of its own (so it may reclaim)."""
+        t = self.config.teams.get(team)
+        return t is not None and t.quota_gpus is not None
+
+    def over(self, team: str, less: Usage = (0, 0, 0)) -> bool:
+        """The team holds (minus `less`) more than its guarantee in some resource."""
+        u = self.held.get(team, (0, 0, 0))
+        g = self.config.guarantee(team)
+        return any(a - x > b for a, x, b in zip(u, less, g, strict=True))
+
+    def wait(self, job: QueuedJob) -> Pending | None:
+        """Why the job may not start now for its team's quota, or None."""
+        most = (self.config.limit(job.team) if job.preemptible
+                else self.config.guarantee(job.team))
+        after = self._after(job)
+        for i, (a, cap) in enumerate(zip(after, most, strict=True)):
+            if a > cap:
+                what = RESOURCES[i]
+                held = self.held.get(job.team, (0, 0, 0))[i]
+                g = self.config.guarantee(job.team)[i]
+                return Pending("Quota", (
+                    f"team {job.team!r} holds {_show(i, held)} {SAY[i]} of its "
+                    f"{_kind(self.config, job.team, i, cap)}; this job needs "
+                    f"{_show(i, need(job)[i])} more"
+                    + ("" if job.preemptible or cap == math.inf else
+                       " (its job class is not preemptible: it never borrows)")),
+                    {f"quota_{what}": None if g == math.inf else g,
+                     f"held_{what}": held})
+        return None
+
+
+def lending(config: PolicyConfig, held: dict[str, int], total: int
+            ) -> dict[str, tuple[int, int]]:
+    """(borrowed, lent) GPUs per team: what it holds beyond its guarantee, and the part of
+    its idle guarantee that others' borrowed work uses. Borrowed work counts against the
+    GPUs nobody is guaranteed first; the rest is lent by the teams with idle guarantees,
+    in proportion to how much of it each leaves idle."""
+    teams = set(held) | set(config.teams)
+    g = {t: config.guarantee(t)[0] for t in teams}
+    borrowed = {t: max(0, held.get(t, 0) - g[t]) if g[t] < math.inf else 0 for t in teams}
+    idle = {t: max(0, g[t] - held.get(t, 0)) for t in teams if g[t] < math.inf}
+    free_of_guarantees = max(0, total - sum(v for v in g.values() if v < math.inf))
+    lent_total = min(sum(idle.values()), max(0, sum(borrowed.values()) - free_of_guarantees))
+    idle_total = sum(idle.values()) or 1
+    lent = {t: round(lent_total * idle.get(t, 0) / idle_total) for t in teams}
+    return {t: (int(borrowed[t]), int(lent[t])) for t in teams}
