@@ -201,11 +201,15 @@ def _host_line(h: dict) -> str:
 def _teams_table(teams: list[dict]) -> Table:
     t = Table(title="Teams", title_justify="left")
     errors = any(x.get("error") for x in teams)    # a stored setting the service refuses
-    for col in ("team", "share", "quota GPUs", "GPUs held") + (("error",) if errors else ()):
+    for col in ("team", "share", "quota GPUs", "may borrow", "GPUs held", "borrowed",
+                "lent") + (("error",) if errors else ()):
         t.add_column(col)
     for x in teams:
         quota = "-" if x["quota_gpus"] is None else str(x["quota_gpus"])
-        t.add_row(x["name"], f"{x['share']:g}", quota, str(x["held_gpus"]),
+        borrow = ("-" if x["quota_gpus"] is None else "no limit"
+                  if x.get("borrow_gpus") is None else str(x["borrow_gpus"]))
+        t.add_row(x["name"], f"{x['share']:g}", quota, borrow, str(x["held_gpus"]),
+                  str(x.get("borrowed_gpus", 0)), str(x.get("lent_gpus", 0)),
                   *((x.get("error") or "-",) if errors else ()))
     return t
 
@@ -217,13 +221,24 @@ def _eta(j: dict) -> str:
 
 def _queue_table(jobs: list[dict]) -> Table:
     t = Table(title="Jobs", title_justify="left")
-    for col in ("id", "name", "team", "state", "code", "ETA", "hosts"):
+    for col in ("id", "name", "team", "state", "code", "ETA", "hosts", "notes"):
         t.add_column(col, overflow="fold")
     for j in jobs:
         hosts = ",".join(dict.fromkeys(r["host"] for r in j.get("replicas", [])))
         t.add_row(j["id"], j["name"], j["team"], j["state"],
-                  (j.get("pending") or {}).get("code") or "-", _eta(j), hosts or "-")
+                  (j.get("pending") or {}).get("code") or "-", _eta(j), hosts or "-",
+                  _notes(j))
     return t
+
+
+def _notes(j: dict) -> str:
+    """Borrowed quota and restarts, as squeue's RESTARTS and Kueue's borrowing show."""
+    notes = []
+    if j.get("borrowed") and j["state"] in ("admitted", "running", "preempting"):
+        notes.append("borrowed")
+    if j.get("preemptions"):
+        notes.append(f"preempted {j['preemptions']}x (last by {j.get('preempted_by')})")
+    return "; ".join(notes) or "-"
 
 
 def _job_table(j: dict) -> Table:
@@ -250,17 +265,21 @@ def _explain_table(e: dict) -> Table:
     t.add_column("message", overflow="fold")
     for ev in e["events"]:
         t.add_row(str(ev["at"]), ev["kind"], ev["message"])
+    lines = []
     if e.get("eta_seconds") is not None:
-        t.caption = f"ETA {format_duration(e['eta_seconds'])}"
+        lines.append(f"ETA {format_duration(e['eta_seconds'])}")
     elif e.get("elapsed_s") is not None:
-        t.caption = elapsed_line(e)
+        lines.append(elapsed_line(e))
+    if e.get("preemptions"):
+        lines.append(f"preempted {e['preemptions']} time(s); last: {e['preempt_reason']}")
+    t.caption = "\n".join(lines) or None
     return t
 
 
 def elapsed_line(e: dict) -> str:
     """"ran 1h02m of its 2h time limit", as squeue's TIME and TIME_LIMIT columns."""
     limit = e.get("time_limit_s")
-    verb = "running for" if e["state"] in ("admitted", "running") else "ran"
+    verb = "running for" if e["state"] in ("admitted", "running", "preempting") else "ran"
     text = f"{verb} {format_duration(e['elapsed_s'])}"
     if limit is None:
         return text + " (no time limit)"

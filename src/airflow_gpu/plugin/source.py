@@ -97,7 +97,7 @@ class SchedulerSource:
                         order="newest" if newest else None)
 
     def live_jobs(self) -> list[dict]:
-        return self.jobs("admitted") + self.jobs("running")
+        return self.jobs("admitted") + self.jobs("running") + self.jobs("preempting")
 
     def job(self, job_id: str) -> dict:
         return self.get(f"/api/v1/jobs/{job_id}")

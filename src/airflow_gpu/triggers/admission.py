@@ -55,6 +55,9 @@ class AdmissionTrigger(BaseTrigger):
                     yield self._event("admitted", "admitted on " + ", ".join(
                         sorted({r["host"] for r in job["replicas"]})))
                     return
+                if state == "preempting":   # the last admission is still stopping
+                    await asyncio.sleep(self.poll_interval)
+                    continue
                 if state != "pending":
                     yield self._event(state, f"job {self.job_id} became {state} while "
                                       "waiting for admission")

@@ -238,7 +238,7 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     @app.put("/api/v1/teams/{name}", response_model=TeamOut)
     def set_team(name: Annotated[str, Path(pattern=NAME, max_length=200)],
                  body: TeamRequest, p: Who):
-        return service.set_team(name, p, body.share, body.quota_gpus)
+        return service.set_team(name, p, body.share, body.quota_gpus, body.borrow_gpus)
 
     return app
 

@@ -31,7 +31,8 @@ from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
 from ..policy.jobqueue import job_shape
-from ..policy.scheduler import Rejected, over_quota
+from ..policy.quota import lending, over_quota, spec_need
+from ..policy.scheduler import Rejected
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import (
     AllocationRow,
@@ -49,7 +50,10 @@ log = logging.getLogger(__name__)
 PENDING = "pending"
 UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "power_watts",
                "temperature_c")
-LIVE = ("admitted", "running")
+# live: holding resources; `preempting`: being stopped for another job (it keeps them
+# until its launcher says it has stopped, or its preempt deadline passes)
+LIVE = ("admitted", "running", "preempting")
+PREEMPT_SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
 ENDED = ("succeeded", "failed", "cancelled", "lost", "timeout")
 
 
@@ -126,6 +130,14 @@ def _stale(row: JobRow, attempt: int | None, rule: str) -> str:
     return f"job {row.id} is {row.state}; {rule}"
 
 
+def requeued(reason: str, **more) -> dict:
+    """The columns of a job sent back to the queue under the same id."""
+    return dict(state=PENDING, admitted_at=None, started_at=None, lease_expires_at=None,
+                reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
+                deadline_at=None, limit_cut_by=None, preempt_deadline_at=None,
+                borrowed=False, requeue_reason=reason, **more)
+
+
 def spec_gpus(spec: dict) -> int:
     """GPUs a stored spec asks; 0 for one it cannot read (an ended job's bad spec must
     not stop every pass while its usage counts in fair share)."""
@@ -160,6 +172,7 @@ class Service:
         self._leases_checked: float | None = None   # monotonic time of the last expiry
         self.policy_errors: dict[str, str] = {}   # team -> why its stored setting is refused
         self.pass_errors: list[str] = []     # kinds of errors the last pass got past
+        self.preemptions: list[str] = []     # the last pass's preemptions, by reason
         self.told: dict[tuple[str, str], str] = {}   # ("team"|"job", name) -> error told
         from .slowdown import LearnedSlowdown
 
@@ -288,19 +301,22 @@ class Service:
 
     # -- teams ------------------------------------------------------------------------------
     def set_team(self, name: str, who: Principal, share: float | None,
-                 quota_gpus: int | None) -> dict:
-        """Admins set a team's fair-share weight and GPU quota (None: no quota)."""
+                 quota_gpus: int | None, borrow_gpus: int | None = None) -> dict:
+        """Admins set a team's fair-share weight, GPU quota (None: no quota) and how many
+        GPUs beyond it the team may borrow (None: the policy file's)."""
         if not who.admin:
             raise Forbidden("only admins change team shares and quotas")
         try:     # the API checks too; this guards every other caller
-            TeamPolicy(share=1.0 if share is None else share, quota_gpus=quota_gpus)
+            TeamPolicy(share=1.0 if share is None else share, quota_gpus=quota_gpus,
+                       borrow_gpus=borrow_gpus or 0)
         except ValidationError as exc:
             raise InputError(describe_validation_error(exc, TeamPolicy)) from None
         with self.sessions.begin() as s:
             row = s.get(TeamRow, name) or TeamRow(name=name)
-            row.share, row.quota_gpus = share, quota_gpus
+            row.share, row.quota_gpus, row.borrow_gpus = share, quota_gpus, borrow_gpus
             s.add(row)
-            self._event(s, "team", f"team {name}: share {share}, quota_gpus {quota_gpus}")
+            self._event(s, "team", f"team {name}: share {share}, quota_gpus {quota_gpus}"
+                        + ("" if borrow_gpus is None else f", borrow_gpus {borrow_gpus}"))
         self._policy_cache = None
         self.wake.set()
         return self.teams()[name]
@@ -314,8 +330,11 @@ class Service:
                                   .group_by(JobRow.team)).all())
             names = set(s.scalars(select(JobRow.team).distinct()))
         names |= set(policy.teams)
+        lent = lending(policy, held, self.cluster.total_gpus)
         return {t: {"name": t, "share": policy.share(t), "quota_gpus": policy.quota(t),
-                    "held_gpus": held.get(t, 0), "error": self.policy_errors.get(t)}
+                    "borrow_gpus": policy.teams[t].borrow_gpus if t in policy.teams else None,
+                    "held_gpus": held.get(t, 0), "borrowed_gpus": lent.get(t, (0, 0))[0],
+                    "lent_gpus": lent.get(t, (0, 0))[1], "error": self.policy_errors.get(t)}
                 for t in sorted(names)}
 
     # -- jobs -----------------------------------------------------------------------------
@@ -336,6 +355,7 @@ class Service:
                      idempotency_key=key,
                      spec={**spec.model_dump(mode="json", exclude_unset=True), "team": spec.team},
                      state=PENDING, priority=spec.priority, details={}, attempt=0,
+                     borrowed=False, preemptions=0,
                      submitted_at=utcnow())
         try:   # the unique (team, key) index answers "seen before?" without a lookup
             # The hot path of the API: one INSERT that commits itself (one round trip);
@@ -356,7 +376,9 @@ class Service:
                 JobRow.team == team, JobRow.idempotency_key == key)).first()
 
     def _rejection(self, spec: JobSpec) -> str | None:
-        why = over_quota(self._policy(), spec.team, spec.total_gpus)
+        jc = self.reg.job_classes.get(spec.job_class or "")
+        why = over_quota(self._policy(), spec.team, spec_need(spec),
+                         jc is None or jc.preemptible)
         if why:
             return why
         self.refresh_cluster()
@@ -415,7 +437,39 @@ class Service:
 
     def finish(self, job_id: str, who: Principal, outcome: str,
                exit_code: int | None, attempt: int | None = None) -> JobRow:
+        if outcome == "preempted":
+            return self._stopped(job_id, who, attempt)
         return self._end(job_id, who, outcome, exit_code, from_states=LIVE, attempt=attempt)
+
+    def _stopped(self, job_id: str, who: Principal, attempt: int | None) -> JobRow:
+        """The launcher of a preempted job has stopped its replicas: back to the queue."""
+        self._owned(job_id, who)
+        with self.sessions.begin() as s:
+            if not self._requeue_preempted(s, job_id, *_same_attempt(attempt)):
+                current = s.get(JobRow, job_id)
+                if current.state == PENDING and current.requeue_reason == "preempted":
+                    return current            # said twice, or requeued by force before
+                raise Conflict(_stale(current, attempt, "only a job that is preempting "
+                                      "can be finished as preempted"))
+        self.wake.set()
+        return self.get(job_id)
+
+    def _requeue_preempted(self, s: Session, job_id: str, *where, forced: bool = False
+                           ) -> bool:
+        row = s.execute(select(JobRow.preempted_by, JobRow.attempt).where(
+            JobRow.id == job_id)).first()
+        done = s.execute(_update(JobRow).where(
+            JobRow.id == job_id, JobRow.state == "preempting", *where).values(
+            **requeued("preempted")))
+        if done.rowcount != 1:
+            return False
+        self._release(s, job_id)
+        how = (f"its launcher did not confirm the stop within its grace (+{PREEMPT_SLACK:g}s)"
+               if forced else "its launcher stopped the replicas")
+        self._event(s, "requeued", f"preempted by job {row.preempted_by}: {how}; back in "
+                    f"the queue under the same id (admission {row.attempt} ended)",
+                    job=job_id)
+        return True
 
     def _owned(self, job_id: str, who: Principal) -> JobRow:
         """The job, if `who` may act on it (its team, or an admin)."""
@@ -462,8 +516,8 @@ class Service:
                 self._event(s, "running", "the launcher confirmed the start", job=job_id)
             else:
                 kept = s.execute(_update(JobRow).where(
-                    JobRow.id == job_id, JobRow.state == "running", *same).values(
-                    lease_expires_at=lease))
+                    JobRow.id == job_id, JobRow.state.in_(("running", "preempting")),
+                    *same).values(lease_expires_at=lease))
                 if kept.rowcount != 1:
                     raise Conflict(_stale(s.get(JobRow, job_id), attempt,
                                           "admitted or running jobs take heartbeats"))
@@ -477,6 +531,12 @@ class Service:
         live lease is first extended by the stall instead of expiring."""
         now = utcnow()
         lost = self._time_out(now)
+        with self.sessions.begin() as s:   # preempted, and not confirmed stopped in time
+            for job_id in list(s.scalars(select(JobRow.id).where(
+                    JobRow.state == "preempting", JobRow.preempt_deadline_at < now))):
+                if self._requeue_preempted(s, job_id, JobRow.preempt_deadline_at < now,
+                                           forced=True):
+                    self.wake.set()
         checked, self._leases_checked = self._leases_checked, time.monotonic()
         stall = self._leases_checked - checked if checked is not None else 0.0
         if stall > self.settings.lease_ttl / 3:
@@ -565,8 +625,12 @@ class Service:
         for t in teams:
             base = merged.get(t.name, TeamPolicy())
             try:
-                merged[t.name] = TeamPolicy(share=t.share if t.share is not None else base.share,
-                                            quota_gpus=t.quota_gpus)
+                merged[t.name] = TeamPolicy.model_validate({
+                    **base.model_dump(exclude_unset=True),
+                    "share": t.share if t.share is not None else base.share,
+                    "quota_gpus": t.quota_gpus,
+                    "borrow_gpus": t.borrow_gpus if t.borrow_gpus is not None
+                    else base.borrow_gpus})
             except ValidationError as exc:   # a row from before the bounds, say: not fatal
                 file = self.settings.policy
                 quota = file.quota(t.name)

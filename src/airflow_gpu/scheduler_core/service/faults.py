@@ -18,7 +18,7 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from ..store.models import GpuHoldRow, GpuRow, JobRow
-from .core import LIVE, PENDING, Service, _update
+from .core import LIVE, Service, _update, requeued
 
 DEFAULT_POLICY = "requeue"
 
@@ -51,10 +51,8 @@ def handle_gpu_faults(svc: Service, s: Session, now: datetime,
         fault = f"GPU {', '.join(gpus)} unhealthy"
         if policy == "requeue":
             done = s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
-                             .values(state=PENDING, admitted_at=None, started_at=None,
-                                     lease_expires_at=None, reason_code=None, reason=None,
-                                     details={}, eta_at=None, gpu_fault=fault,
-                                     gpu_fault_at=now))
+                             .values(**requeued("gpu_fault", gpu_fault=fault,
+                                                gpu_fault_at=now)))
             message = (f"requeued: {fault}; the whole job goes back to the queue with the same "
                        "id (job class policy on_gpu_failure: requeue)")
         elif policy == "cancel":

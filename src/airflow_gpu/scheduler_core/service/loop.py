@@ -219,6 +219,8 @@ class SchedulerLoop:
             self.metrics.lease_expiries.inc(len(lost))
             for kind in self.service.pass_errors:    # one job or team it got past
                 self.metrics.pass_errors.labels(kind).inc()
+            for reason in self.service.preemptions:
+                self.metrics.preemptions.labels(reason).inc()
         return admitted
 
     def failed(self, exc: Exception) -> None:

@@ -40,6 +40,12 @@ class Metrics:
                                    registry=self.registry)
         for kind in ("pass", "job", "team"):
             self.pass_errors.labels(kind)
+        self.preemptions = Counter("airflow_gpu_preemptions", "jobs preempted, by reason "
+                                   "(priority: a rule let a higher band stop it; reclaim: "
+                                   "its team's borrowed quota was taken back)", ["reason"],
+                                   registry=self.registry)
+        for reason in ("priority", "reclaim"):
+            self.preemptions.labels(reason)
         self.registry.register(_StoreCollector(service))
 
 

@@ -28,8 +28,9 @@ class SubmitRequest(_In):
 
 
 class FinishRequest(_In):
-    outcome: Literal["succeeded", "failed", "timeout"] = Field(
-        description="timeout: the launcher stopped the replicas at the job's time limit")
+    outcome: Literal["succeeded", "failed", "timeout", "preempted"] = Field(
+        description="timeout: the launcher stopped the replicas at the job's time limit; "
+        "preempted: it stopped a preempting job's replicas (the job is requeued)")
     exit_code: int | None = Field(None, ge=-(2**31), le=2**31 - 1)
     attempt: int | None = Field(None, ge=1, le=2**31 - 1, description="the admission the "
                                 "launcher started; finishing a later one answers 409")
@@ -83,6 +84,18 @@ class JobOut(BaseModel):
     stop_grace: int | None = None
     limit_cut_by: str | None = Field(None, description="the job whose reservation backfill "
                                      "cut its limit for")
+    borrowed: bool = Field(False, description="admitted beyond its team's guarantee, on "
+                           "GPUs other teams leave idle: it may be reclaimed")
+    preempted_by: str | None = Field(None, description="the job that preempted it last")
+    preempt_reason: str | None = None
+    preempt_signal: str | None = Field(None, description="while preempting: the signal its "
+                                       "replicas get (SIGKILL preempt_grace seconds later)")
+    preempt_grace: int | None = None
+    preempt_deadline_at: datetime | None = Field(None, description="while preempting: it is "
+                                                 "requeued by force then")
+    preemptions: int = 0
+    requeue_reason: str | None = Field(None, description="why its last admission was "
+                                       "requeued: preempted | gpu_fault")
     replicas: list[ReplicaOut] = []
 
     @classmethod
@@ -101,6 +114,12 @@ class JobOut(BaseModel):
                    limit_cut_by=j.limit_cut_by,
                    time_limit_s=round(_ts(j.deadline_at) - _ts(j.admitted_at))
                    if j.deadline_at and j.admitted_at else None,
+                   borrowed=bool(j.borrowed), preempted_by=j.preempted_by,
+                   preempt_reason=j.preempt_reason, preemptions=j.preemptions or 0,
+                   requeue_reason=j.requeue_reason,
+                   **({"preempt_signal": j.preempt_signal, "preempt_grace": j.preempt_grace,
+                       "preempt_deadline_at": j.preempt_deadline_at}
+                      if j.state == "preempting" else {}),
                    replicas=[ReplicaOut.of(a) for a in allocations or []])
 
 
@@ -126,6 +145,9 @@ class ExplainOut(BaseModel):
                                   "to its end once ended")
     time_limit_s: int | None = Field(None, description="its limit as admitted (none: none)")
     limit_cut_by: str | None = None
+    preempted_by: str | None = Field(None, description="the job that preempted it last")
+    preempt_reason: str | None = None
+    preemptions: int = 0
 
     @classmethod
     def of(cls, j: JobRow, events: list[EventRow], now: float) -> ExplainOut:
@@ -137,7 +159,8 @@ class ExplainOut(BaseModel):
                    elapsed_s=None if start is None else round(max(0.0, end - start)),
                    time_limit_s=round(_ts(j.deadline_at) - start)
                    if j.deadline_at and start is not None else None,
-                   limit_cut_by=j.limit_cut_by)
+                   limit_cut_by=j.limit_cut_by, preempted_by=j.preempted_by,
+                   preempt_reason=j.preempt_reason, preemptions=j.preemptions or 0)
 
 
 class HostOut(BaseModel):
@@ -149,22 +172,31 @@ class TeamRequest(_In):
     share: float | None = Field(None, description="fair-share weight, "
                                 f"{SHARE_RANGE[0]:g} to {SHARE_RANGE[1]:.0f}; none: the "
                                 "policy file's")
-    quota_gpus: int | None = Field(None, description="GPUs the team may hold at once, 0 to "
+    quota_gpus: int | None = Field(None, description="GPUs guaranteed to the team, 0 to "
                                    f"{QUOTA_MAX}; none: no quota")
+    borrow_gpus: int | None = Field(None, description="GPUs it may hold beyond its quota "
+                                    "while other teams leave them idle (0: a hard quota); "
+                                    "none: the policy file's")
 
     @field_validator("share")
     @classmethod
     def _share(cls, v: float | None) -> float | None:
         return None if v is None else check_share(v)
 
-    _quota = field_validator("quota_gpus")(check_quota)
+    _quota = field_validator("quota_gpus", "borrow_gpus")(check_quota)
 
 
 class TeamOut(BaseModel):
     name: str
     share: float
-    quota_gpus: int | None
+    quota_gpus: int | None = Field(description="GPUs guaranteed (none: no quota)")
+    borrow_gpus: int | None = Field(None, description="GPUs it may hold beyond its quota "
+                                    "on others' idle guarantees (0: hard quota; none: no "
+                                    "limit, or no quota)")
     held_gpus: int
+    borrowed_gpus: int = Field(0, description="GPUs held beyond its guarantee: reclaimable")
+    lent_gpus: int = Field(0, description="GPUs of its idle guarantee that other teams' "
+                           "borrowed work uses now")
     error: str | None = Field(None, description="why the team's stored setting is refused "
                               "(the policy file's applies meanwhile)")
 

@@ -15,12 +15,23 @@ from sqlalchemy.orm import Session
 from ..engine.cluster import Cluster
 from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
+from ..policy.preempt import Preemption
 from ..policy.scheduler import Rejected, Scheduler
 from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
 from ..units import format_duration
 from . import passerrors
 from .agents import silent_hosts
-from .core import ENDED, LIVE, PENDING, Service, _ts, _update, spec_gpus, utcnow
+from .core import (
+    ENDED,
+    LIVE,
+    PENDING,
+    PREEMPT_SLACK,
+    Service,
+    _ts,
+    _update,
+    spec_gpus,
+    utcnow,
+)
 from .faults import handle_gpu_faults
 
 
@@ -29,7 +40,7 @@ def run_pass(svc: Service) -> list[str]:
     holds in one transaction. Returns the admitted job ids."""
     now = utcnow()
     t_now = _ts(now)
-    svc.pass_errors = []
+    svc.pass_errors, svc.preemptions = [], []
     policy = svc._policy()
     svc.refresh_cluster()
     cluster = svc.cluster         # one cluster for the whole pass, whatever registers meanwhile
@@ -64,9 +75,12 @@ def run_pass(svc: Service) -> list[str]:
                                  .order_by(JobRow.submitted_at, JobRow.id)))
         for row in pending:
             try:
-                sched.submit(_spec(svc, row, specs), _ts(row.submitted_at))
+                sched.submit(_spec(svc, row, specs), _ts(row.submitted_at),
+                             preempted_by=frozenset(row.preemptors or ()))
                 if row.promised_at is not None:
                     sched.promised[row.id] = row.promised_at
+                if row.reason_code == "Preempting":     # its victims stop for it
+                    sched.claims[row.id] = list(row.details.get("victims", ()))
             except Rejected as exc:   # the cluster shrank under it
                 if (row.reason_code, row.reason) != ("Rejected", exc.reason):
                     s.execute(_update(JobRow).where(JobRow.id == row.id,
@@ -89,14 +103,18 @@ def run_pass(svc: Service) -> list[str]:
                 reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
                 deadline_at=None if deadline == math.inf else
                 datetime.fromtimestamp(deadline, UTC),
-                stop_grace=round(job.grace), limit_cut_by=cut_by))
+                stop_grace=round(job.grace), limit_cut_by=cut_by, borrowed=job.borrowed))
             if done.rowcount != 1:
                 continue              # cancelled meanwhile
             _write_allocations(s, job.name, placed.allocations)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
             svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
-                       + limit_note(job.limit, deadline - t_now, cut_by), job=job.name)
+                       + limit_note(job.limit, deadline - t_now, cut_by)
+                       + ("; on borrowed quota (it may be reclaimed)" if job.borrowed
+                          else ""), job=job.name)
             admitted.append(job.name)
+        svc.preemptions = [p.reason for p in result.preempted
+                           if _preempt(svc, s, p, now)]
         rows = {r.id: r for r in pending}
         for job_id, why in result.pending.items():
             r = rows[job_id]
@@ -111,6 +129,26 @@ def run_pass(svc: Service) -> list[str]:
                 eta_at=eta_at, promised_at=promised))
     svc._silent = silent
     return admitted
+
+
+def _preempt(svc: Service, s: Session, p: Preemption, now: datetime) -> bool:
+    """The victim starts stopping: its launcher hears it on its next heartbeat, and the
+    service requeues it by force once its grace (and some slack) has passed."""
+    v = p.victim
+    deadline = datetime.fromtimestamp(p.stop_at + PREEMPT_SLACK, UTC)
+    done = s.execute(_update(JobRow).where(
+        JobRow.id == v.name, JobRow.state.in_(("admitted", "running"))).values(
+        state="preempting", preempted_by=p.by.name, preempt_reason=p.message,
+        preempt_deadline_at=deadline, preemptors=sorted(v.preempted_by | {p.by.name}),
+        preempt_signal=v.preempt_signal, preempt_grace=round(v.preempt_grace),
+        preemptions=JobRow.preemptions + 1))
+    if done.rowcount != 1:
+        return False          # it ended meanwhile: the preemptor finds its GPUs free
+    svc._event(s, "preempted", p.message, job=v.name)
+    svc._event(s, "preempting", f"preempts job {v.name} ({p.reason}, team {v.team}, "
+               f"band {v.base:g}, {v.gpus} GPUs); it starts once that job has stopped",
+               job=p.by.name)
+    return True
 
 
 def _spec(svc: Service, row: JobRow, specs: dict[str, JobSpec]) -> JobSpec:
@@ -144,7 +182,10 @@ def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now
             if any(a.host not in cluster.by_name for a in held):
                 continue      # its host left the cluster; the lease decides what happens
             sched.restore(spec, [_to_engine(cluster, a) for a in held], start,
-                          deadline=_ts(row.deadline_at) if row.deadline_at else None)
+                          deadline=_ts(row.deadline_at) if row.deadline_at else None,
+                          borrowed=row.borrowed, preempted_by=frozenset(row.preemptors or ()),
+                          stopping=(row.preempted_by, _ts(row.preempt_deadline_at))
+                          if row.state == "preempting" and row.preempt_deadline_at else None)
         except Exception as exc:  # one job's bad data must not stop the pass
             passerrors.live_job(svc, s, sched.state, cluster, row, held, exc)
 

@@ -18,6 +18,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -99,6 +100,19 @@ class JobRow(Base):
     stop_grace: Mapped[int | None] = mapped_column(Integer)
     limit_cut_by: Mapped[str | None] = mapped_column(String(36))
     promised_at: Mapped[float | None] = mapped_column(Float)
+    # preemption: the job that stopped it last and why, when it must be gone by (while
+    # `preempting`; then it is requeued by force), every job that ever preempted it (none
+    # of them is ever preempted by it), whether it runs on borrowed quota, why its last
+    # admission was requeued ("preempted", "gpu_fault") and how often it was preempted
+    preempted_by: Mapped[str | None] = mapped_column(String(36))
+    preempt_reason: Mapped[str | None] = mapped_column(Text)
+    preempt_deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    preempt_signal: Mapped[str | None] = mapped_column(String(10))   # its class's
+    preempt_grace: Mapped[int | None] = mapped_column(Integer)       # seconds to SIGKILL
+    preemptors: Mapped[list[Any] | None] = mapped_column()
+    borrowed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    requeue_reason: Mapped[str | None] = mapped_column(String(20))
+    preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class AllocationRow(Base):
@@ -160,6 +174,7 @@ class TeamRow(Base):
     name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
     share: Mapped[float | None] = mapped_column(Float)
     quota_gpus: Mapped[int | None] = mapped_column(Integer)
+    borrow_gpus: Mapped[int | None] = mapped_column(Integer)   # None: the policy file's
 
 
 class LeaderLeaseRow(Base):
