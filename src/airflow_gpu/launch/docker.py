@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 import docker
 from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest, Mount
+from requests.exceptions import RequestException
 
 from ..scheduler_core.engine.topology import format_cpulist
-from .handle import LaunchError
+from .handle import LaunchError, signal_of
 from .replica import Replica
 
 GPU_MODES = ("device-request", "cdi", "env")
@@ -165,11 +166,27 @@ class ContainerHandle:
         self._remove()
         return code
 
-    def stop(self, grace: float | None = None) -> None:
+    def stop(self, grace: float | None = None, sig: str | None = None) -> None:
+        grace = STOP_GRACE if grace is None else grace
         with contextlib.suppress(NotFound, APIError):   # SIGTERM, then SIGKILL after grace
-            self.container.stop(timeout=round(STOP_GRACE if grace is None else grace))
+            if sig is None:
+                self.container.stop(timeout=round(grace))
+            else:
+                self._signal(signal_of(sig).name, grace)
             self.code = self.container.wait()["StatusCode"]
         self._remove()
+
+    def _signal(self, sig: str, grace: float) -> None:
+        """`sig` to the container's main process, SIGKILL if it still runs after `grace`
+        (docker stop would send only its own stop signal)."""
+        with contextlib.suppress(APIError):        # it has exited already
+            self.container.kill(signal=sig)
+        if grace > 0:                               # requests refuses a 0 timeout
+            with contextlib.suppress(RequestException):
+                self.container.wait(timeout=grace)
+                return
+        with contextlib.suppress(APIError):         # it exited meanwhile
+            self.container.kill()
 
     def _remove(self) -> None:
         with contextlib.suppress(NotFound, APIError):

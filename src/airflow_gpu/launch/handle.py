@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from typing import Protocol
 
 
 class LaunchError(RuntimeError):
     """A replica could not start; the message says why and what to change."""
+
+
+def signal_of(name: str | None) -> signal.Signals:
+    """The signal a stop sends first: a name ("SIGUSR1", "USR1"); None: SIGTERM."""
+    if name is None:
+        return signal.SIGTERM
+    key = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+    try:
+        return signal.Signals[key]
+    except KeyError:
+        raise ValueError(f"stop signal {name!r} is not a signal name (e.g. SIGTERM, "
+                         "SIGUSR1, SIGINT)") from None
 
 
 class Handle(Protocol):
@@ -17,6 +30,6 @@ class Handle(Protocol):
 
     def wait(self) -> int: ...              # exit code
 
-    # stop it (idempotent) and free what it used: SIGTERM, SIGKILL after `grace` seconds
-    # (None: the runner's default)
-    def stop(self, grace: float | None = None) -> None: ...
+    # stop it (idempotent) and free what it used: `sig` (a signal name; None: SIGTERM),
+    # SIGKILL after `grace` seconds (None: the runner's default)
+    def stop(self, grace: float | None = None, sig: str | None = None) -> None: ...

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..scheduler_core.engine.topology import format_cpulist
 from . import cgroups, devices
-from .handle import LaunchError
+from .handle import LaunchError, signal_of
 from .replica import Replica
 
 STOP_GRACE = 10.0       # seconds between SIGTERM and SIGKILL
@@ -160,10 +160,10 @@ class ProcessHandle:
         self._cleanup()
         return code
 
-    def stop(self, grace: float | None = None) -> None:
+    def stop(self, grace: float | None = None, sig: str | None = None) -> None:
         if self.proc.poll() is None:
             try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
+                os.killpg(self.proc.pid, signal_of(sig))
                 self.proc.wait(STOP_GRACE if grace is None else grace)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -215,13 +215,17 @@ class CallableHandle(ProcessHandle):
             self._ended.set()
         return self.code
 
-    def stop(self, grace: float | None = None) -> None:
+    def stop(self, grace: float | None = None, sig: str | None = None) -> None:
         """SIGKILL at once; with `grace` (a time limit), SIGTERM first and SIGKILL if the
-        callable is still running `grace` seconds later (its log reader reaps it)."""
+        callable is still running `grace` seconds later (its log reader reaps it). With
+        `sig` (a preemption), that signal first and SIGKILL after `grace` (None: the
+        default grace)."""
+        if sig is not None and grace is None:
+            grace = STOP_GRACE
         if self.code is None:
             with contextlib.suppress(ProcessLookupError):
                 if grace:
-                    os.killpg(self.pid, signal.SIGTERM)
+                    os.killpg(self.pid, signal_of(sig))
                     if self._ended.wait(grace):
                         return
                 os.killpg(self.pid, signal.SIGKILL)

@@ -21,6 +21,8 @@ class Replica:
     numa_nodes: list[int]
     memory_bytes: int
     nics: list[str]
+    attempt: int = 1                   # the job's admission this replica belongs to
+    requeue_reason: str | None = None  # why the last admission ended ("preempted", ...)
 
     @property
     def name(self) -> str:
@@ -36,6 +38,11 @@ class Replica:
                "AIRFLOW_GPU_MEMORY_BYTES": str(self.memory_bytes)}
         if self.nics:
             env["NCCL_IB_HCA"] = ",".join(self.nics)
+        # a restarted job (preempted, GPU fault, lost lease) resumes from its checkpoint
+        env["AIRFLOW_GPU_ATTEMPT"] = str(self.attempt)
+        env["AIRFLOW_GPU_RESTARTED"] = "1" if self.attempt > 1 else "0"
+        if self.requeue_reason:
+            env["AIRFLOW_GPU_REQUEUE_REASON"] = self.requeue_reason
         return env
 
     def describe(self) -> str:
@@ -53,5 +60,6 @@ def replicas_of(job: dict, hosts: dict[str, dict]) -> list[Replica]:
         out.append(Replica(job["id"], r["role"], r["index"], rank, r["host"],
                            host.get("address") or r["host"], host.get("docker_url"),
                            list(r["gpus"]), list(r["cpus"]), numa,
-                           sum(r["memory_by_numa"].values()), list(r["nics"])))
+                           sum(r["memory_by_numa"].values()), list(r["nics"]),
+                           job.get("attempt") or 1, job.get("requeue_reason")))
     return out

@@ -18,10 +18,13 @@ TAIL = 20          # last lines kept per replica, for the failure message
 
 
 class Interrupted(Exception):
-    """The scheduler took the job back (requeued, cancelled, lost): stop the replicas."""
+    """The scheduler took the job back (requeued, cancelled, lost): stop the replicas. A
+    preemption ("preempting") names the signal to send first and the grace before SIGKILL,
+    so replicas can save a checkpoint."""
 
-    def __init__(self, state: str, message: str):
-        self.state = state
+    def __init__(self, state: str, message: str, signal: str | None = None,
+                 grace: float | None = None):
+        self.state, self.signal, self.grace = state, signal, grace
         super().__init__(message)
 
 
@@ -36,10 +39,13 @@ class Outcome:
     timed_out: bool = False              # stopped at the job's time limit
 
 
-def stop_all(handles: list[Handle], grace: float | None = None) -> None:
+def stop_all(handles: list[Handle], grace: float | None = None,
+             sig: str | None = None) -> None:
     if handles:
         with ThreadPoolExecutor(len(handles)) as pool:
-            list(pool.map(lambda h: h.stop(grace), handles))
+            # no signal: the old call, which handles without a `sig` parameter accept
+            list(pool.map(lambda h: h.stop(grace) if sig is None else h.stop(grace, sig),
+                          handles))
 
 
 def supervise(handles: list[Handle], log: logging.Logger,
@@ -48,7 +54,8 @@ def supervise(handles: list[Handle], log: logging.Logger,
               grace: float = 0.0) -> Outcome:
     """Run until every replica exits, one fails, the scheduler takes the job back, the
     task is killed, or `deadline` (time.monotonic()) passes: then every replica gets
-    SIGTERM, and SIGKILL `grace` seconds later."""
+    SIGTERM, and SIGKILL `grace` seconds later. A preemption sends its own signal and
+    grace; its log lines and heartbeats go on until every replica has stopped."""
     events: queue.Queue = queue.Queue()
     tails = {h.name: deque(maxlen=TAIL) for h in handles}
 
@@ -69,11 +76,13 @@ def supervise(handles: list[Handle], log: logging.Logger,
     codes: dict[str, int] = {}
     next_beat = time.monotonic() + interval
     outcome: Outcome | None = None
+    stopping: Interrupted | None = None
     while len(codes) < len(handles):
         if stop is not None and stop.is_set():
             stop_all(handles)
             return Outcome(False, interrupted=Interrupted("killed", "the task was killed"))
-        if deadline is not None and time.monotonic() >= deadline:
+        # while a preemption stops them, its grace (not the time limit) bounds the wait
+        if deadline is not None and stopping is None and time.monotonic() >= deadline:
             log.warning("the job reached its time limit: stopping all replicas (SIGTERM, "
                         "SIGKILL after %gs)", grace)
             stop_all([h for h in handles if h.name not in codes], grace)
@@ -83,9 +92,16 @@ def supervise(handles: list[Handle], log: logging.Logger,
             try:
                 heartbeat()
             except Interrupted as why:
-                log.warning("stopping all replicas: %s", why)
-                stop_all(handles)
-                return Outcome(False, interrupted=why, codes=codes)
+                if stopping is not None:     # preempted: the beats only keep the lease
+                    if why.state != "preempting":
+                        stopping = why       # taken back meanwhile (deadline, cancel)
+                elif why.state == "preempting":
+                    stopping = why
+                    _stop_in_background([h for h in handles if h.name not in codes], why, log)
+                else:
+                    log.warning("stopping all replicas: %s", why)
+                    stop_all(handles)
+                    return Outcome(False, interrupted=why, codes=codes)
         try:
             name, line, code = events.get(timeout=0.5)
         except queue.Empty:
@@ -96,13 +112,33 @@ def supervise(handles: list[Handle], log: logging.Logger,
             continue
         codes[name] = code
         log.info("[%s] exited with code %s", name, code)
-        if code != 0 and outcome is None:
+        if code != 0 and outcome is None and stopping is None:
             outcome = Outcome(False, name, code, list(tails[name]))
             rest = [h for h in handles if h.name not in codes]
             if rest:
                 log.warning("%s failed: stopping the other %d replica(s)", name, len(rest))
                 stop_all(rest)
+    if stopping is not None:
+        return Outcome(False, interrupted=stopping, codes=codes)
     if outcome is None:
         outcome = Outcome(True)
     outcome.codes = codes
     return outcome
+
+
+def _stop_in_background(handles: list[Handle], why: Interrupted,
+                        log: logging.Logger) -> None:
+    """Stop the replicas with the preemption's signal and grace, without blocking the
+    loop: it keeps logging their lines (the checkpoint being saved) and the lease."""
+    after = "the runner's default grace" if why.grace is None else f"{round(why.grace, 1):g}s"
+    log.info("sending %s to %d replica(s), SIGKILL after %s",
+             why.signal or "SIGTERM", len(handles), after)
+
+    def run() -> None:
+        try:
+            stop_all(handles, why.grace, why.signal)
+        except Exception as exc:     # never leave replicas running: the loop waits for them
+            log.warning("stopping with %s failed (%s): killing the replicas", why.signal, exc)
+            stop_all(handles, 0)
+
+    threading.Thread(target=run, name="preempt-stop", daemon=True).start()

@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
 from ..hooks.scheduler import GpuSchedulerHook
-from ..launch.handle import Handle, LaunchError
+from ..launch.handle import Handle, LaunchError, signal_of
 from ..launch.replica import Replica, replicas_of
 from ..launch.supervise import Interrupted, Outcome, stop_all, supervise
 from ..scheduler_core.client import ApiError
@@ -30,6 +30,7 @@ from ..triggers.admission import AdmissionTrigger
 from .links import GpuJobLink
 
 LIVE = ("admitted", "running")
+HOLDING = (*LIVE, "preempting")   # states whose replicas may still run (stopping)
 HISTORY = 5             # successful runs averaged (median) for the expected runtime
 LAUNCH_KEYS = ("image", "command", "environment")
 
@@ -119,6 +120,7 @@ class GpuBaseOperator(BaseOperator):
         self._job_id: str | None = None
         self._handles: list[Handle] = []
         self._stop = threading.Event()
+        self._preempt_logged: tuple | None = None
 
     # -- the job spec ---------------------------------------------------------------------
     def _spec(self, name: str, team: str | None = None,
@@ -249,6 +251,12 @@ class GpuBaseOperator(BaseOperator):
             self._finish(client, job_id, attempt, "succeeded", 0)
             return self._result(replicas)
         why = outcome.interrupted
+        if why is not None and why.state == "preempting":
+            self.log.warning("GPU job %s: the replicas stopped after the preemption (exit "
+                             "codes %s); waiting for a new placement under the same id",
+                             job_id, outcome.codes or "-")
+            self._finish(client, job_id, attempt, "preempted", None)
+            self._defer(client.job(job_id))
         if why is not None and why.state == "pending":
             self.log.warning("the scheduler requeued the job (%s): waiting for a new "
                              "placement", why)
@@ -273,7 +281,7 @@ class GpuBaseOperator(BaseOperator):
 
     def _beat(self, client, job_id: str, attempt: int) -> None:
         try:
-            client.heartbeat(job_id, attempt)
+            job = client.heartbeat(job_id, attempt)
         except ApiError as exc:
             if exc.status == 409:
                 detail = str(exc.detail)
@@ -282,6 +290,31 @@ class GpuBaseOperator(BaseOperator):
             self.log.warning("heartbeat failed: %s", exc)
         except InputError as exc:          # the service restarts: the lease still runs
             self.log.warning("heartbeat failed: %s", exc)
+        else:
+            if job.get("state") == "preempting":
+                raise self._preempted(job)
+
+    def _preempted(self, job: dict) -> Interrupted:
+        """The scheduler preempts the job: what to send its replicas, and for how long
+        they may save a checkpoint (never past the service's forced requeue)."""
+        sig = job.get("preempt_signal")
+        try:
+            sig = signal_of(sig).name
+        except ValueError as exc:
+            self.log.warning("%s: sending SIGTERM instead", exc)
+            sig = "SIGTERM"
+        limits = [t for t in (job.get("preempt_grace"),
+                              _seconds_left(job.get("preempt_deadline_at"))) if t is not None]
+        grace = max(0.0, min(limits)) if limits else None
+        why = (f"preempted by job {job.get('preempted_by') or '?'} "
+               f"({job.get('preempt_reason') or 'no reason given'})")
+        if self._preempt_logged != (job["id"], job.get("attempt")):  # each beat repeats it
+            self._preempt_logged = (job["id"], job.get("attempt"))
+            after = "the default grace" if grace is None else f"{round(grace, 1):g}s"
+            self.log.warning("%s: sending %s to all replicas, SIGKILL after %s; the job is "
+                             "requeued under the same id and its replicas restart with "
+                             "AIRFLOW_GPU_RESTARTED=1", why, sig, after)
+        return Interrupted("preempting", why, signal=sig, grace=grace)
 
     def _finish(self, client, job_id: str, attempt: int, outcome: str,
                 code: int | None) -> None:

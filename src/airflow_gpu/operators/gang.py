@@ -15,7 +15,7 @@ from ..launch.local import local_host, refuse_other_hosts, start_command
 from ..launch.replica import Replica
 from ..launch.wiring import BY_CLASS, FRAMEWORKS, wiring
 from ..scheduler_core.client import ApiError
-from .base import LIVE, GpuBaseOperator, split_role
+from .base import HOLDING, GpuBaseOperator, split_role
 
 RUNNERS = ("docker", "local")
 
@@ -118,7 +118,8 @@ class GpuGangOperator(GpuBaseOperator):
         with self.hook.get_conn() as client:
             def is_live(job_id: str) -> bool:
                 try:
-                    return client.job(job_id)["state"] in LIVE
+                    # a preempting job's containers are saving a checkpoint
+                    return client.job(job_id)["state"] in HOLDING
                 except ApiError as exc:
                     return exc.status != 404
             for r in engines.values():
