@@ -93,7 +93,8 @@ def create_token(db: str, team: str, *flags: str) -> str:
 class Scheduler:
     """A running scheduler-core with an admin token and a team token."""
 
-    def __init__(self, tmp: Path, lease_ttl: float, hosts: int = 2):
+    def __init__(self, tmp: Path, lease_ttl: float, hosts: int = 2,
+                 args: tuple[str, ...] = ()):
         cluster = tmp / "cluster.yaml"
         model = machine_model(tmp / "this-machine.yaml")
         cluster.write_text(yaml.safe_dump({"cluster": "e2e", "hosts": [
@@ -101,7 +102,7 @@ class Scheduler:
              "address": f"127.0.0.{i}"} for i in range(1, hosts + 1)]}))
         self.db = f"sqlite:///{tmp}/scheduler.db"
         self.server = Server(self.db, cluster, lease_ttl=lease_ttl, log=tmp / "server.log",
-                             interval=0.2)
+                             interval=0.2, args=args)
         self.url = self.server.url
         self.token = create_token(self.db, "ml")
         self.admin = create_token(self.db, "ops", "--admin")
