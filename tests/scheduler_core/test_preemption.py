@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -238,3 +239,18 @@ def test_no_job_is_preempted_by_a_job_it_later_preempts(events, borrow, min_run)
         assert t < 10**7, "the stream never drains"
     # every job ran to its end (none left waiting forever)
     assert not s.queue.jobs and not s.running
+
+
+def test_cpu_and_memory_quotas_join_gpu_quotas():
+    s = sched({"etl": TeamPolicy(quota_cpus=16, quota_memory=64 * 2**30),
+               "b": TeamPolicy(quota_gpus=8)})
+    cpu = {"name": "w", "cpus": 8, "memory": "16GiB"}
+    run(s, 0, job("e1", cpu, team="etl", expected_runtime=LONG))
+    res = run(s, 0, job("e2", {**cpu, "cpus": 10}, team="etl", expected_runtime=LONG))
+    why = res.pending["e2"]
+    assert why.code == "Quota" and "holds 8 CPUs of its quota_cpus 16" in why.message
+    res = run(s, 0, job("e3", {**cpu, "memory": "60GiB"}, team="etl",
+                        expected_runtime=LONG))
+    assert res.pending["e3"].code == "Quota" and "of memory" in res.pending["e3"].message
+    with pytest.raises(Rejected, match="quota_cpus 16"):
+        s.submit(job("e4", {**cpu, "cpus": 32}, team="etl"), 0)
