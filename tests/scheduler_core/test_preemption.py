@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_gpu.scheduler_core.engine.state import ClusterState
-from airflow_gpu.scheduler_core.policy.config import PolicyConfig, TeamPolicy
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig, TeamPolicy, load_policy
 from airflow_gpu.scheduler_core.policy.scheduler import Rejected, Scheduler
-from tests.helpers import job, make_cluster
+from tests.helpers import REPO, job, make_cluster
 
 TWO_HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
 EXACT = (1.0, 1.0, 1.0)
@@ -254,3 +254,34 @@ def test_cpu_and_memory_quotas_join_gpu_quotas():
     assert res.pending["e3"].code == "Quota" and "of memory" in res.pending["e3"].message
     with pytest.raises(Rejected, match="quota_cpus 16"):
         s.submit(job("e4", {**cpu, "cpus": 32}, team="etl"), 0)
+
+
+def test_memory_quotas_take_cluster_sizes():
+    team = TeamPolicy(quota_gpus=16, quota_memory="4TiB", borrow_memory="2TiB")
+    assert (team.quota_memory, team.borrow_memory) == (4 * 2**40, 2 * 2**40)
+    with pytest.raises(ValueError):
+        TeamPolicy(quota_memory=-1)
+
+
+@pytest.mark.parametrize("name", ["policy.yaml", "policy-preemption.yaml"])
+def test_example_policy_files_load(name):
+    policy = load_policy(str(REPO / "examples" / name))
+    assert policy.preemption.reclaim and policy.teams
+
+
+def test_an_urgent_job_at_its_teams_quota_preempts_the_teams_own_lower_band():
+    # a hard quota of 8: the urgent job waits for the team's quota, not for GPUs (a host
+    # is idle); priority makes room inside the quota by stopping the team's own low job
+    s = sched({"a": TeamPolicy(quota_gpus=8), "b": TeamPolicy(quota_gpus=8)}, URGENT)
+    run(s, 0, gpus("low", 8, team="a"))
+    run(s, 0, gpus("b1", 4, team="b"))
+    res = run(s, 1000, gpus("urgent", 8, team="a", priority=100))
+    assert [(p.victim.name, p.reason) for p in res.preempted] == [("low", "priority")]
+    assert res.pending["urgent"].code == "Preempting"
+    s.requeue("low", 1030)
+    assert [j.name for j, _ in run(s, 1030).started] == ["urgent"]
+    # a job of the team's own band waits for the quota: nothing is stopped for it
+    s = sched({"a": TeamPolicy(quota_gpus=8)}, URGENT)
+    run(s, 0, gpus("x", 8, team="a"))
+    res = run(s, 1000, gpus("y", 8, team="a"))
+    assert not res.preempted and res.pending["y"].code == "Quota"

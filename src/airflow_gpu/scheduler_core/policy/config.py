@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validato
 from ..errors import load_yaml, validate
 from ..jobclasses import STOP_GRACE, Defaults
 from ..jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU
-from ..units import Duration, Size
+from ..units import MAX_SIZE, Duration, Size
 
 Mode = Literal["backfill", "fifo", "count"]
 
@@ -54,6 +54,12 @@ def check_count(v: int | None) -> int | None:
     return v
 
 
+def check_bytes(v: int | None) -> int | None:
+    if v is not None and not 0 <= v <= MAX_SIZE:
+        raise ValueError("must be a size of 0 or more (e.g. 4TiB), or none")
+    return v
+
+
 RESOURCES = ("gpus", "cpus", "memory")
 
 
@@ -81,8 +87,8 @@ class TeamPolicy(_Spec):
 
     _share = field_validator("share")(check_share)
     _quota = field_validator("quota_gpus", "borrow_gpus")(check_quota)
-    _counts = field_validator("quota_cpus", "borrow_cpus", "quota_memory",
-                              "borrow_memory")(check_count)
+    _counts = field_validator("quota_cpus", "borrow_cpus")(check_count)
+    _bytes = field_validator("quota_memory", "borrow_memory")(check_bytes)
 
     def guarantee(self) -> tuple[float, float, float]:
         """Guaranteed (gpus, cpus, memory); inf where the resource has no quota."""

@@ -89,6 +89,8 @@ class Pass:
             return   # fails even without holds, and it gets no reservation
         why = s.quotas.wait(job)
         if why is not None:
+            if self.mode != "count" and s.config.preemption.rules:
+                why = preempt(self, job, own_team=True) or why
             return self.wait(job, why)
         if self.head is not None:  # fifo: nothing starts behind the first job that waits
             return self.wait(job, Pending(

@@ -48,18 +48,20 @@ def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
     return ran % job.checkpoint_interval if job.checkpoint_interval else ran
 
 
-def candidates(s: Scheduler, job: QueuedJob, now: float) -> list[tuple[tuple, QueuedJob, str]]:
-    """(cost, victim, reason) of every job `job` may stop, cheapest first."""
+def candidates(s: Scheduler, job: QueuedJob, now: float, own_team: bool = False
+               ) -> list[tuple[tuple, QueuedJob, str]]:
+    """(cost, victim, reason) of every job `job` may stop, cheapest first; `own_team`:
+    only its team's (it waits for its team's quota)."""
     cfg = s.config.preemption
     below = cfg.victims_below(job.base, job.job_class)
     reclaim = (cfg.reclaim and job.gpus > 0 and s.quotas.guaranteed(job.team)
-               and s.quotas.covered(job))
+               and s.quotas.covered(job) and not own_team)
     if below == -math.inf and not reclaim:
         return []
     out = []
     for name, v in s.running.items():
         if (name in s.stopping or not v.preemptible or name in job.preempted_by
-                or v.name == job.name):
+                or v.name == job.name or own_team and v.team != job.team):
             continue
         started = s.state.started[name]
         if now - started < cfg.min_run_time:
@@ -82,12 +84,19 @@ class Trial:
     """Places the job with some running jobs' resources given back (then taken again),
     around the pass's reservations that start before it would end."""
 
-    def __init__(self, p: Pass, job: QueuedJob, freed: list[QueuedJob]):
+    def __init__(self, p: Pass, job: QueuedJob, freed: list[QueuedJob],
+                 own_team: bool = False):
         self.p, self.job = p, job
         self.freed = freed         # stopping already for this job: free for every trial
+        self.own_team = own_team   # the victims must also free the team's quota for it
+
+    def quota_ok(self, victims: list[QueuedJob]) -> bool:
+        return not self.own_team or self.p.s.quotas.fits_without(self.job, victims)
 
     def place(self, victims: list[QueuedJob]) -> Placed | None:
         p, s, job = self.p, self.p.s, self.job
+        if not self.quota_ok(victims):
+            return None
         state = s.state
         allocs = [a for v in self.freed + victims for a in state.allocations[v.name]]
         p.plan.hold_first(len(p.reservations))
@@ -145,16 +154,18 @@ def _total(chosen) -> tuple:
     return (sum(c[0][0] for c in chosen), len(chosen), sum(c[0][1] for c in chosen))
 
 
-def preempt(p: Pass, job: QueuedJob) -> Pending | None:
+def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
     """Stop the cheapest set of jobs that lets `job` start now, if the policy allows
     it: they are marked stopping (`Scheduler.stop`), the job waits for them with a
-    reservation on the placement found. Returns its pending reason, or None."""
+    reservation on the placement found. Returns its pending reason, or None.
+    `own_team`: the job waits for its team's quota, so only lower bands of its own team
+    may make room (Slurm's QOS preemption inside a GrpTRES limit)."""
     s, now = p.s, p.now
-    cands = candidates(s, job, now)
+    cands = candidates(s, job, now, own_team)
     if not cands:
         return None
     limit = s.config.preemption.max_victims
-    trial = Trial(p, job, [])
+    trial = Trial(p, job, [], own_team)
     best = trial.cheapest(cands, limit)
     if best is not None and job.gpus <= s.state.cluster.max_host_gpus:
         by_host: dict[int, list] = {}
@@ -174,7 +185,7 @@ def preempt(p: Pass, job: QueuedJob) -> Pending | None:
     if best is None:
         return None
     chosen, placed = best
-    wait = _wait_without(p, job)
+    wait = _team_frees(p, job) if own_team else _wait_without(p, job)
     if wait is not None and wait < s.config.preemption.min_saved_wait:
         return None
     return stop_for(p, job, chosen, placed, wait)
@@ -187,6 +198,15 @@ def _wait_without(p: Pass, job: QueuedJob) -> float | None:
     r = earliest_end(job, s.state, s.reg, p.now, p.reservations,
                      lambda tier: s.runtime(job, tier), s.best_tier(job))
     return None if r is None else r.start - p.now
+
+
+def _team_frees(p: Pass, job: QueuedJob) -> float | None:
+    """How long until the first of the team's running jobs is expected to end (what a
+    job waiting for its team's quota waits for at least)."""
+    s = p.s
+    ends = [s.state.expected_end[n] for n, j in s.running.items()
+            if j.team == job.team and n not in s.stopping]
+    return min(ends) - p.now if ends else None
 
 
 def stop_for(p: Pass, job: QueuedJob, chosen, placed: Placed,

@@ -82,6 +82,16 @@ class Quotas:
         g = self.config.guarantee(job.team)
         return all(a <= b for a, b in zip(self._after(job), g, strict=True))
 
+    def fits_without(self, job: QueuedJob, victims: list[QueuedJob]) -> bool:
+        """The job is within its team's limit once `victims` (its team's) are gone."""
+        most = (self.config.limit(job.team) if job.preemptible
+                else self.config.guarantee(job.team))
+        after = self._after(job)
+        for v in victims:
+            if v.team == job.team:
+                after = [a - n for a, n in zip(after, need(v), strict=True)]
+        return all(a <= b for a, b in zip(after, most, strict=True))
+
     def guaranteed(self, team: str) -> bool:
         """The team has a GPU guarantee of its own (so it may reclaim)."""
         t = self.config.teams.get(team)
