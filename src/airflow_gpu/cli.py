@@ -106,7 +106,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from .scheduler_core.policy.config import PolicyConfig, load_policy
     from .scheduler_core.simulation.simulator import SimOptions, simulate
     from .scheduler_core.simulation.trace import load_trace
-    from .scheduler_core.units import parse_size
+    from .scheduler_core.units import parse_duration, parse_size
 
     if args.hosts is not None:
         cluster = synthetic_cluster(args.hosts, tuple(args.model.split(",")),
@@ -125,11 +125,16 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise InputError(f"--memory-per-gpu: {exc}") from None
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit: {args.limit} is not a positive number of jobs")
+    try:
+        checkpoint = parse_duration(args.checkpoint_interval)
+    except ValueError as exc:
+        raise InputError(f"--checkpoint-interval: {exc} (0: no checkpoints)") from None
     trace = load_trace(args.trace, args.limit)
     results = []
     for name in names:
         options = SimOptions(base.model_copy(update={"mode": name}), slowdown,
-                             args.cpus_per_gpu, memory)
+                             args.cpus_per_gpu, memory, checkpoint or None,
+                             args.high_priority)
         results.append(simulate(cluster, trace, options))
     if args.records:
         for r in results:
@@ -181,6 +186,15 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
         if m["rejected"] or m["unfinished"]:
             console.print(f"{m['policy']}: {m['rejected']} jobs rejected (can never fit), "
                           f"{m['unfinished']} never started")
+        if m.get("hi_jobs"):
+            console.print(f"{m['policy']}: {m['hi_jobs']:,} high-priority jobs wait "
+                          f"{format_duration(m['hi_avg_wait_s'])} on average, "
+                          f"{format_duration(m['hi_p95_wait_s'])} at p95")
+        if m["preemptions"] or m["borrowed_jobs"]:
+            console.print(f"{m['policy']}: preemptions {m['preemptions']:,}, "
+                          f"{m['lost_gpu_hours']:,.1f} GPU-hours lost "
+                          f"({m['lost_fraction']:.2%} of {m['gpu_hours']:,.0f}); "
+                          f"{m['borrowed_jobs']:,} jobs ran on borrowed quota")
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -234,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--locality-slowdown", default="1.0,1.1,1.3",
                    help="runtime factor for one host, one switch, across switches")
     s.add_argument("--limit", type=int, help="replay only the first N jobs")
+    s.add_argument("--checkpoint-interval", default="30m",
+                   help="how often jobs checkpoint, where their job class does not say: "
+                   "a preemption loses the work since the last one (0: no checkpoints)")
+    s.add_argument("--high-priority", type=int, default=100, metavar="PRIORITY",
+                   help="jobs of this priority or more are reported apart (hi_* metrics)")
     s.add_argument("--cpus-per-gpu", type=int, default=4, help="CPUs a trace job asks per GPU")
     s.add_argument("--memory-per-gpu", default="32GiB", help="memory a trace job asks per GPU")
     s.add_argument("--json", action="store_true", help="print the metrics as JSON")

@@ -132,8 +132,8 @@ class Preemption(_Spec):
                                      "priority preemption)")
     min_run_time: Duration = Field(600, ge=0, description="no job is preempted before it "
                                    "has run this long (Slurm's PreemptExemptTime)")
-    min_saved_wait: Duration = Field(900, ge=0, description="no preemption for a job that "
-                                     "would start within this long anyway")
+    min_saved_wait: Duration = Field(900, ge=0, description="no preemption for a job whose "
+                                     "wait (so far plus still expected) stays within this")
     max_victims: int = Field(64, ge=1, le=10_000, description="the most jobs one "
                              "preemption may stop")
 

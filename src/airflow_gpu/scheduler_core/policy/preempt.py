@@ -8,7 +8,7 @@ cheapest set of them that frees a valid placement for it (policy `preemption`).
 
 Either way the victims are preemptible jobs that have run `min_run_time`, none of them a
 job that once preempted the preemptor (no ping-pong), and nothing is stopped for a job
-that would start within `min_saved_wait` anyway. The cost of a victim is the GPU-seconds
+whose wait (so far, plus what it still expects) stays within `min_saved_wait`. The cost of a victim is the GPU-seconds
 it loses (since its last checkpoint), then its band, then the latest start: candidates are
 added cheapest first until the job places, then each one not needed is dropped again;
 the same on each host alone, and the cheapest set wins.
@@ -186,7 +186,9 @@ def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
         return None
     chosen, placed = best
     wait = _team_frees(p, job) if own_team else _wait_without(p, job)
-    if wait is not None and wait < s.config.preemption.min_saved_wait:
+    # the job's whole wait, had so far and still expected: the estimate only knows the
+    # reservations, not every job ahead of it, so time already waited counts too
+    if wait is not None and now - job.submit + wait < s.config.preemption.min_saved_wait:
         return None
     return stop_for(p, job, chosen, placed, wait)
 

@@ -1,12 +1,16 @@
 """`simulate`: replay a job trace through the scheduler with a virtual clock.
 
-Events are job arrivals (the trace's submit times) and job ends (start + duration *
-locality slowdown). At each distinct event time the ends are applied, the arrivals
-submitted, and one scheduling pass runs: the same `Scheduler.schedule` as everywhere.
-Each job's planned runtime is its `expected_runtime` column, else its trace duration
-(users who know their runtimes; the slowdown is not known in advance). Time limits are
-enforced: a job still running at its limit (its own, or the one backfill cut it to) ends
-then plus its grace, as a job that ignores SIGTERM would.
+Events are job arrivals (the trace's submit times), job ends (start + work left x
+locality slowdown) and the stops of preempted jobs. At each distinct event time the
+ends and stops are applied, the arrivals submitted, and one scheduling pass runs: the
+same `Scheduler.schedule` as everywhere, which also decides every preemption and quota
+reclaim. Each job's planned runtime is its `expected_runtime` column, else its trace
+duration (users who know their runtimes; the slowdown is not known in advance). Time
+limits are enforced: a job still running at its limit (its own, or the one backfill cut
+it to) ends then plus its grace, as a job that ignores SIGTERM would.
+
+Preemption: a victim keeps its resources through its preempt grace (it is stopping),
+then is requeued with the work it had not checkpointed yet (`progress.py`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from ..engine.state import ClusterState
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig
 from ..policy.scheduler import PassResult, Rejected, Scheduler
+from .metrics import replay_metrics
+from .progress import Run, stop
 from .trace import TraceJob, job_spec
 
 GiB = 2**30
@@ -34,6 +40,10 @@ class SimOptions:
     slowdown: tuple[float, float, float] = (1.0, 1.1, 1.3)   # one host / one switch / across
     cpus_per_gpu: int = 4
     memory_per_gpu: int = 32 * GiB
+    # seconds between a job's checkpoints, where its job class sets none: what a
+    # preemption loses is the work since the last one (None or 0: no checkpoints, all)
+    checkpoint_interval: float | None = 1800
+    high_priority: int = 100          # jobs of this priority or more: the `hi_*` metrics
 
 
 @dataclass
@@ -43,12 +53,17 @@ class JobRecord:
     gpus: int
     submit: float
     duration: float
-    start: float | None = None
-    end: float | None = None
-    hosts: int = 0
+    priority: int = 0
+    start: float | None = None        # its first start (the wait ends there)
+    end: float | None = None          # its final end
+    hosts: int = 0                    # of its last placement
     switches: int = 0
     rejected: str | None = None
-    timeout: bool = False    # stopped at its time limit
+    timeout: bool = False             # stopped at its time limit
+    preemptions: int = 0
+    held_gpu_s: float = 0.0           # GPU-seconds held, over every admission
+    lost_gpu_s: float = 0.0           # of which lost to preemption (rerun or stopping)
+    borrowed: bool = False            # it ran on borrowed quota at least once
 
 
 @dataclass
@@ -63,6 +78,7 @@ class SimResult:
     queued: array = field(default_factory=lambda: array("l"))     # jobs waiting
     passes: int = 0
     wall_s: float = 0.0
+    high_priority: int = 100
 
     def write_records(self, path: str) -> None:
         """One CSV row per job: when it was submitted, started and ended, and where."""
@@ -71,52 +87,51 @@ class SimResult:
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["job_id", "team", "gpus", "submit", "start", "end", "duration",
-                        "hosts", "switches", "rejected"])
+                        "hosts", "switches", "rejected", "priority", "preemptions",
+                        "held_gpu_s", "lost_gpu_s", "borrowed"])
             for r in self.records:
                 w.writerow([r.job_id, r.team, r.gpus, r.submit, r.start, r.end, r.duration,
-                            r.hosts, r.switches, r.rejected or ""])
+                            r.hosts, r.switches, r.rejected or "", r.priority, r.preemptions,
+                            round(r.held_gpu_s, 3), round(r.lost_gpu_s, 3), int(r.borrowed)])
 
     def metrics(self) -> dict:
-        done = [r for r in self.records if r.end is not None]
-        accepted = [r for r in self.records if r.rejected is None]
-        waits = sorted(r.start - r.submit for r in done)
-        out: dict = {"policy": self.policy, "cluster": self.cluster,
-                     "total_gpus": self.total_gpus, "jobs": len(done),
-                     "rejected": len(self.records) - len(accepted),
-                     "unfinished": len(accepted) - len(done),
-                     "timeouts": sum(r.timeout for r in done)}
-        if done:
-            t0 = min(r.submit for r in done)
-            makespan = max(r.end for r in done) - t0
-            multi = [r for r in done if r.gpus > 1]
-            out.update(
-                avg_jct_s=sum(r.end - r.submit for r in done) / len(done),
-                avg_wait_s=sum(waits) / len(waits),
-                p95_wait_s=waits[min(len(waits) - 1, math.ceil(0.95 * len(waits)) - 1)],
-                makespan_s=makespan,
-                gpu_utilization=(sum(r.gpus * (r.end - r.start) for r in done)
-                                 / (self.total_gpus * makespan) if makespan > 0 else 0.0),
-                multi_gpu_jobs_min_hosts_frac=(
-                    sum(r.hosts == -(-r.gpus // self.host_gpus) for r in multi) / len(multi)
-                    if multi else 1.0),
-                avg_slowdown=sum((r.end - r.start) / r.duration for r in done) / len(done),
-                # GPU-hours lost to the locality slowdown (jobs spread over hosts run longer)
-                slowdown_gpu_hours=sum(r.gpus * (r.end - r.start - r.duration)
-                                       for r in done) / 3600,
-                max_wait_s=waits[-1],
-            )
-            large = [r.start - r.submit for r in done if r.gpus > self.host_gpus]
-            out["large_jobs"] = len(large)      # jobs bigger than one host: gangs of hosts
-            out["avg_wait_large_s"] = sum(large) / len(large) if large else 0.0
-        if accepted:
-            t0 = min(r.submit for r in accepted)
-            out["makespan_lower_bound_s"] = max(
-                max(r.submit + r.duration for r in accepted) - t0,
-                sum(r.duration * r.gpus for r in accepted) / self.total_gpus)
-            out["avg_jct_lower_bound_s"] = sum(r.duration for r in accepted) / len(accepted)
-        out["passes"] = self.passes
-        out["wall_s"] = round(self.wall_s, 3)
-        return out
+        return replay_metrics(self)
+
+
+class _Events:
+    """Ends and stops by time; a job has at most one live event (a later push replaces
+    it: a preempted job no longer ends when it would have). Wake-ups are times when a
+    pass must run though nothing ends: a job becomes preemptible."""
+
+    def __init__(self):
+        self.heap: list[tuple[float, int, str]] = []
+        self.live: dict[str, int] = {}
+        self.seq = 0
+        self.wakes: list[float] = []
+
+    def push(self, t: float, name: str) -> None:
+        self.seq += 1
+        self.live[name] = self.seq
+        heapq.heappush(self.heap, (t, self.seq, name))
+
+    def wake(self, t: float) -> None:
+        heapq.heappush(self.wakes, t)
+
+    def next_time(self) -> float:
+        while self.heap and self.live.get(self.heap[0][2]) != self.heap[0][1]:
+            heapq.heappop(self.heap)      # replaced
+        return min(self.heap[0][0] if self.heap else math.inf,
+                   self.wakes[0] if self.wakes else math.inf)
+
+    def pop_due(self, now: float) -> list[str]:
+        while self.wakes and self.wakes[0] <= now:
+            heapq.heappop(self.wakes)
+        due = []
+        while self.next_time() == now:
+            _, _, name = heapq.heappop(self.heap)
+            del self.live[name]
+            due.append(name)
+        return due
 
 
 def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None = None,
@@ -129,44 +144,86 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     host_gpus = cluster.max_host_gpus
     total = cluster.total_gpus
     trace = sorted(trace, key=lambda t: t.submit)            # stable: file order on ties
-    records = {t.job_id: JobRecord(t.job_id, t.team, t.gpus, t.submit, t.duration)
+    records = {t.job_id: JobRecord(t.job_id, t.team, t.gpus, t.submit, t.duration, t.priority)
                for t in trace}
     result = SimResult(options.policy.mode, cluster.name, total, host_gpus,
-                       list(records.values()))
-    ends: list[tuple[float, int, str]] = []                  # (end, tiebreak, job name)
-    ids: dict[str, str] = {}                                 # job name -> trace id
+                       list(records.values()), high_priority=options.high_priority)
+    events = _Events()
+    ids: dict[str, str] = {}                      # job name -> trace id
+    planned: dict[str, float] = {}                # job name -> its planned runtime
+    work: dict[str, float] = {}                   # job name -> work left (s at factor 1)
+    runs: dict[str, Run] = {}                     # job name -> its current admission
+    preempt = options.policy.preemption
+    # a pass when a job has run min_run_time: a job waiting may preempt it from then on
+    # (only where something can preempt: extra passes would change other replays)
+    can = preempt.rules or (preempt.reclaim and options.policy.has_gpu_quotas)
+    min_run = preempt.min_run_time if can else None
+
+    def checkpoints(job) -> None:
+        # the replay's interval where the job class says none: the scheduler picks its
+        # victims by the work they would lose, so it must know it too
+        if job.checkpoint_interval is None:
+            job.checkpoint_interval = options.checkpoint_interval or None
+
     i, n = 0, len(trace)
-    while i < n or ends:
-        now = min(trace[i].submit if i < n else math.inf, ends[0][0] if ends else math.inf)
-        while ends and ends[0][0] == now:
-            _, _, name = heapq.heappop(ends)
-            rec = records[ids[name]]
-            sched.finish(name, now, completed=not rec.timeout)
-            rec.end = now
+    while True:
+        now = min(trace[i].submit if i < n else math.inf, events.next_time())
+        if now == math.inf:
+            break
+        for name in events.pop_due(now):
+            run, rec = runs.pop(name), records[ids[name]]
+            rec.held_gpu_s += run.gpus * (now - run.start)
+            if run.signal is None:
+                sched.finish(name, now, completed=not rec.timeout)
+                rec.end = now
+                continue
+            # a preempted job stopped: it is queued again with the work it had not saved
+            left, lost = stop(run, now, run.checkpoint_interval)
+            work[name] = left
+            rec.lost_gpu_s += run.gpus * lost
+            rec.preemptions += 1
+            again = sched.requeue(name, now, runtime=planned[name] * left / rec.duration)
+            checkpoints(again)
         while i < n and trace[i].submit == now:
             t = trace[i]
             i += 1
             spec = job_spec(t, host_gpus, options.cpus_per_gpu, options.memory_per_gpu)
             try:
-                sched.submit(spec, now, t.expected_runtime or t.duration)
+                checkpoints(sched.submit(spec, now, t.expected_runtime or t.duration))
                 ids[spec.name] = t.job_id
+                planned[spec.name] = t.expected_runtime or t.duration
+                work[spec.name] = t.duration
             except Rejected as exc:
                 records[t.job_id].rejected = exc.reason
         done = sched.schedule(now)
         result.passes += 1
         if observe is not None:
             observe(sched, done)
+        for p in done.preempted:
+            run = runs[p.victim.name]
+            # signalled, it runs on through its grace; one that would end (or reach its
+            # time limit) by then just ends, and is neither requeued nor charged
+            if run.signal is None and run.end > p.stop_at:
+                run.signal = now
+                events.push(p.stop_at, p.victim.name)
         for job, placed in done.started:
             rec = records[ids[job.name]]
             hosts = {a.host.index for a in placed.allocations}
             switches = {a.host.switch_key for a in placed.allocations}
             factor = options.slowdown[0 if len(hosts) <= 1 else 1 if len(switches) == 1 else 2]
-            rec.start, rec.hosts, rec.switches = now, len(hosts), len(switches)
-            end = now + rec.duration * factor
+            if rec.start is None:
+                rec.start = now
+            rec.hosts, rec.switches = len(hosts), len(switches)
+            rec.borrowed = rec.borrowed or job.borrowed
+            end = now + work[job.name] * factor
             # past its time limit it is stopped, and gone after the grace at the latest
             hard_end = sched.state.hard_end.get(job.name, math.inf)
             rec.timeout = hard_end < end
-            heapq.heappush(ends, (min(end, hard_end), result.passes, job.name))
+            runs[job.name] = Run(now, factor, work[job.name], job.gpus, min(end, hard_end),
+                                 job.checkpoint_interval)
+            events.push(min(end, hard_end), job.name)
+            if min_run and now + min_run < min(end, hard_end):
+                events.wake(now + min_run)
         result.times.append(now)
         result.busy.append(total - sched.state.usable_total)   # nothing is drained here
         result.queued.append(len(sched.queue))

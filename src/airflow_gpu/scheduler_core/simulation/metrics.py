@@ -1,0 +1,72 @@
+"""The metrics of a replay (docs/queue-policy.md, "Replaying traces")."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .simulator import SimResult
+
+
+def p95(sorted_values: list[float]) -> float:
+    return sorted_values[min(len(sorted_values) - 1, math.ceil(0.95 * len(sorted_values)) - 1)]
+
+
+def replay_metrics(res: SimResult) -> dict:
+    done = [r for r in res.records if r.end is not None]
+    accepted = [r for r in res.records if r.rejected is None]
+    waits = sorted(r.start - r.submit for r in done)
+    out: dict = {"policy": res.policy, "cluster": res.cluster,
+                 "total_gpus": res.total_gpus, "jobs": len(done),
+                 "rejected": len(res.records) - len(accepted),
+                 "unfinished": len(accepted) - len(done),
+                 "timeouts": sum(r.timeout for r in done)}
+    held = sum(r.held_gpu_s for r in res.records)     # jobs stopped and never back too
+    lost = sum(r.lost_gpu_s for r in res.records)
+    if done:
+        t0 = min(r.submit for r in done)
+        makespan = max(r.end for r in done) - t0
+        multi = [r for r in done if r.gpus > 1]
+
+        def useful(r) -> float:   # seconds it ran, less what preemption made it rerun
+            return (r.held_gpu_s - r.lost_gpu_s) / r.gpus
+
+        out.update(
+            avg_jct_s=sum(r.end - r.submit for r in done) / len(done),
+            avg_wait_s=sum(waits) / len(waits),
+            p95_wait_s=p95(waits),
+            makespan_s=makespan,
+            # every GPU-second held, the work preemption threw away included
+            gpu_utilization=held / (res.total_gpus * makespan) if makespan > 0 else 0.0,
+            multi_gpu_jobs_min_hosts_frac=(
+                sum(r.hosts == -(-r.gpus // res.host_gpus) for r in multi) / len(multi)
+                if multi else 1.0),
+            avg_slowdown=sum(useful(r) / r.duration for r in done) / len(done),
+            # GPU-hours lost to the locality slowdown (jobs spread over hosts run longer)
+            slowdown_gpu_hours=sum(r.gpus * (useful(r) - r.duration) for r in done) / 3600,
+            max_wait_s=waits[-1],
+        )
+        large = [r.start - r.submit for r in done if r.gpus > res.host_gpus]
+        out["large_jobs"] = len(large)      # jobs bigger than one host: gangs of hosts
+        out["avg_wait_large_s"] = sum(large) / len(large) if large else 0.0
+        hi = sorted(r.start - r.submit for r in done if r.priority >= res.high_priority)
+        out["hi_jobs"] = len(hi)
+        out["hi_avg_wait_s"] = sum(hi) / len(hi) if hi else 0.0
+        out["hi_p95_wait_s"] = p95(hi) if hi else 0.0
+        out["hi_max_wait_s"] = hi[-1] if hi else 0.0
+    out["preemptions"] = sum(r.preemptions for r in res.records)
+    out["preempted_jobs"] = sum(r.preemptions > 0 for r in res.records)
+    out["borrowed_jobs"] = sum(r.borrowed for r in res.records)
+    out["gpu_hours"] = held / 3600
+    out["lost_gpu_hours"] = lost / 3600
+    out["lost_fraction"] = lost / held if held else 0.0
+    if accepted:
+        t0 = min(r.submit for r in accepted)
+        out["makespan_lower_bound_s"] = max(
+            max(r.submit + r.duration for r in accepted) - t0,
+            sum(r.duration * r.gpus for r in accepted) / res.total_gpus)
+        out["avg_jct_lower_bound_s"] = sum(r.duration for r in accepted) / len(accepted)
+    out["passes"] = res.passes
+    out["wall_s"] = round(res.wall_s, 3)
+    return out
