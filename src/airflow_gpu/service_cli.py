@@ -417,9 +417,9 @@ def add_commands(sub) -> None:
              "the locality slowdown per job class, as learned from ended jobs", ()),
             ("teams", _show(lambda c, a: c.teams(), _teams_table),
              "teams: share, GPU quota, GPUs held", ()),
-            ("team-set", _show(lambda c, a: [c.set_team(a.name, a.share, a.quota_gpus)],
-                               _teams_table),
-             "set a team's share and GPU quota (admin)", ("name",))):
+            ("team-set", _show(lambda c, a: [c.set_team(a.name, a.share, a.quota_gpus,
+                                                        a.borrow_gpus)], _teams_table),
+             "set a team's share, GPU quota and borrowing limit (admin)", ("name",))):
         p = sub.add_parser(name, help=helptext, parents=[client])
         for arg in extra:
             p.add_argument(arg)
@@ -429,8 +429,11 @@ def add_commands(sub) -> None:
             p.add_argument("--share", type=float, help="fair-share weight, 0.001 to "
                            "1000000 (omit: the policy file's)")
             p.add_argument("--quota-gpus", type=int,
-                           help="GPUs the team may hold at once, 0 to 1000000 (omit: no "
+                           help="GPUs guaranteed to the team, 0 to 1000000 (omit: no "
                            "quota)")
+            p.add_argument("--borrow-gpus", type=int,
+                           help="GPUs it may hold beyond its quota while other teams leave "
+                           "them idle, 0 (a hard quota) to 1000000 (omit: the policy file's)")
         if name == "queue":
             p.add_argument("--state", help="only jobs in this state")
             p.add_argument("--team", help="only this team's jobs")

@@ -1,5 +1,6 @@
 """The real stack the UI tests and `scripts/screenshots.py` run against: a scheduler-core
-holding running, admitted, pending, unhealthy and drained parts, and an Airflow API
+holding running, admitted, pending, preempting, borrowed, unhealthy and drained parts
+(teams with guarantees and a borrowing limit), and an Airflow API
 server (SimpleAuthManager, no examples, a temporary AIRFLOW_HOME) with the plugin, both
 on free loopback ports."""
 
@@ -65,8 +66,18 @@ JOBS = [
              "placement": {"locality": "switch"}}, None, "pending"),
     ("vision", {"name": "sweep-small", "expected_runtime": "1h",
                 "roles": [role(gpus=4, gpu={"model": ["H100", "A100"]})]}, None, "pending"),
+    # nlp's guarantee covers it and only the H100s vision borrowed could hold it: it
+    # reclaims them, and vit-large stays `preempting` for the session (its grace is an hour)
+    ("nlp", {"name": "urgent-eval", "priority": 100, "expected_runtime": "30m",
+             "roles": [role("worker", gpus=8, gpu={"model": ["H100"]})]}, None, "pending"),
 ]
-TEAMS = {"vision": {"share": 2.0, "quota_gpus": 16}, "nlp": {"share": 1.0, "quota_gpus": 24}}
+# Guarantees that sum to the cluster's 48 GPUs: vision may borrow 8 beyond its 8, so its
+# second job (vit-large) runs on GPUs of nlp's idle guarantee (vision borrows 8, nlp lends
+# 8) until nlp reclaims them
+TEAMS = {"vision": {"share": 2.0, "quota_gpus": 8, "borrow_gpus": 8},
+         "nlp": {"share": 1.0, "quota_gpus": 40}}
+POLICY = {"stop_grace": 3600,           # a victim's grace (its class sets none): an hour
+          "preemption": {"min_run_time": 0}}
 
 
 class DemoScheduler:
@@ -76,9 +87,12 @@ class DemoScheduler:
     def __init__(self, tmp: Path):
         cluster = tmp / "cluster.yaml"
         cluster.write_text(yaml.safe_dump(CLUSTER))
+        policy = tmp / "policy.yaml"
+        policy.write_text(yaml.safe_dump(POLICY))
         self.db = f"sqlite:///{tmp}/scheduler.db"
         self.server = Server(self.db, cluster, lease_ttl=3600, log=tmp / "scheduler.log",
-                             interval=0.1, args=("--host-timeout", str(HOST_TIMEOUT)))
+                             interval=0.1, args=("--host-timeout", str(HOST_TIMEOUT),
+                                                 "--policy-file", str(policy)))
         self.url = self.server.url
         engine = make_engine(self.db)
         made = sessions(engine)

@@ -5,11 +5,14 @@ scheduler's API says."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 
 from airflow_gpu.scheduler_core.engine.topology import format_cpulist
 from tests.plugin.stack import DRAINED, TRAIN_KEY, UNHEALTHY, UNREACHABLE, UTILIZATION
+
+LIVE = ("admitted", "running", "preempting")     # the states that hold resources
 
 
 def js(value) -> str:
@@ -45,7 +48,7 @@ def test_cluster_page_shows_racks_hosts_gpus_jobs_and_bad_parts(stack, browser):
     browser.open(f"{stack.url}/gpu/cluster")
     browser.wait("document.querySelector('[data-host]')")
     cluster = stack.scheduler.call("GET", "/api/v1/cluster")
-    live = {j["id"]: j for s in ("admitted", "running")
+    live = {j["id"]: j for s in LIVE
             for j in stack.scheduler.call("GET", "/api/v1/jobs", params={"state": s})}
 
     assert cells(browser, "[data-rack]", "data-rack") == ["rack-1", "rack-2"]
@@ -100,7 +103,7 @@ def test_queue_page_orders_pending_jobs_and_says_why_they_wait(stack, browser):
     pending = stack.scheduler.call("GET", "/api/v1/jobs", params={"state": "pending"})
     by_name = {j["name"]: j for j in pending}
     names = cells(browser, "#pending tbody tr", "data-name")
-    assert names == ["llm-pretrain", "sweep-small"]      # priority 50 before priority 0
+    assert names == ["urgent-eval", "llm-pretrain", "sweep-small"]   # by priority
     llm = browser.text("#pending tbody tr[data-name=llm-pretrain]")
     assert "Resources" in llm and "under one switch" in llm
     assert "waits for vision_pipeline.train (8 GPUs)" in llm   # a name, not a job id
@@ -109,16 +112,38 @@ def test_queue_page_orders_pending_jobs_and_says_why_they_wait(stack, browser):
     sweep = browser.text("#pending tbody tr[data-name=sweep-small]")
     assert "Quota" in sweep and by_name["sweep-small"]["pending"]["reason"] in sweep
 
-    live = {j["name"]: j for s in ("admitted", "running")
+    live = {j["name"]: j for s in LIVE
             for j in stack.scheduler.call("GET", "/api/v1/jobs", params={"state": s})}
     assert sorted(cells(browser, "#live tbody tr", "data-name")) == sorted(live)
     for name, job in live.items():
-        row = browser.text(f"#live tbody tr[data-name={js(name)}]")
-        assert job["team"] in row and job["state"] in row
+        row = f"#live tbody tr[data-name={js(name)}]"
+        text = browser.text(row)
+        assert job["team"] in text and job["state"] in text
         for r in job["replicas"]:
-            assert r["host"] in row
+            assert r["host"] in text
+        # work admitted beyond its team's guarantee is marked, and only that
+        assert browser.eval(f"!!document.querySelector({js(row + ' .tag.borrowed')})") == \
+            job["borrowed"], name
     assert "dgx-v-01: GPU 0-7" in browser.text("#live tbody tr[data-name=bert-finetune]")
     assert "/ 2h" in browser.text("#live tbody tr[data-name='vision_pipeline.train']")
+
+    # nlp reclaims the H100s vision borrowed: vit-large stops for urgent-eval, which waits
+    urgent, vit = by_name["urgent-eval"], live["vit-large"]
+    assert (vit["state"], vit["borrowed"], vit["preempted_by"]) == (
+        "preempting", True, urgent["id"])
+    assert urgent["pending"]["code"] == "Preempting"
+    assert urgent["pending"]["details"]["victims"] == [vit["id"]]
+    row = "#live tbody tr[data-name=vit-large]"
+    assert browser.text(f"{row} .state") == "preempting"
+    assert browser.text(f"{row} .preempted-by").startswith("for urgent-eval, stopped within ")
+    assert browser.eval(f"document.querySelector({js(row + ' .preempted-by a')})"
+                        ".getAttribute('href')").endswith(f"/jobs/{urgent['id']}")
+    row = "#pending tbody tr[data-name=urgent-eval]"
+    assert "Preempting" in browser.text(f"{row} .reason")
+    assert "preempting vit-large" in browser.text(f"{row} .reason")     # a name, not an id
+    assert browser.text(f"{row} .victims") == "preempts vit-large"
+    assert browser.eval(f"document.querySelector({js(row + ' .victims a')})"
+                        ".getAttribute('href')").endswith(f"/jobs/{vit['id']}")
 
 
 def test_job_page_shows_placement_events_and_the_task_instance(stack, browser):
@@ -141,6 +166,32 @@ def test_job_page_shows_placement_events_and_the_task_instance(stack, browser):
     assert "Not submitted by an Airflow task" in browser.text(".ti")
     assert job["time_limit_s"] == 6 * 3600
     assert browser.text("#job-limit") == "time limit 6h"        # elapsed against it
+
+
+def test_preempted_job_page_says_by_whom_why_and_how_it_stops(stack, browser):
+    vit_id, urgent_id = (stack.scheduler.ids[n] for n in ("vit-large", "urgent-eval"))
+    job = stack.scheduler.call("GET", f"/api/v1/jobs/{vit_id}")
+    browser.open(f"{stack.url}/gpu/jobs/{vit_id}")
+    browser.wait("document.querySelector('#preemption')")
+    assert browser.text("#job-state") == "preempting"
+    assert browser.text("#job-borrowed") == "borrowed"
+    assert browser.text("#preempted-by") == "Preempted by urgent-eval (1 preemption so far)"
+    assert browser.eval("document.querySelector('#preempted-by a').getAttribute('href')") \
+        .endswith(f"/jobs/{urgent_id}")
+    assert browser.text("#preempt-reason") == job["preempt_reason"]
+    assert "reclaim" in job["preempt_reason"]
+    assert (job["preempt_signal"], job["preempt_grace"]) == ("SIGTERM", 3600)
+    stop = browser.text("#preempt-stop")
+    assert stop.startswith("Its replicas get SIGTERM, then SIGKILL after 1h; it keeps its "
+                           "GPUs until its launcher confirms the stop"), stop
+    # the grace and 10 s of slack from the preemption, some of it gone by now
+    assert re.search(r"requeued by force in (1h|59m\d+s|58m\d+s) at the latest\.$", stop), stop
+
+    browser.open(f"{stack.url}/gpu/jobs/{urgent_id}")
+    browser.wait("document.querySelector('#why')")
+    assert browser.text("#why .code") == "Preempting"
+    assert browser.text("#victims") == "Preempts vit-large: starts once they have stopped"
+    assert not browser.eval("!!document.querySelector('#preemption')")
 
 
 def test_pending_job_page_names_its_reason_eta_and_blocker(stack, browser):
@@ -179,11 +230,21 @@ def test_teams_page_shows_quota_fair_share_and_history(stack, browser):
         row = f"#teams tbody tr[data-team={js(name)}]"
         assert browser.text(f"{row} .held") == str(t["held_gpus"])
         assert browser.text(f"{row} .quota") == str(t["quota_gpus"])
+        assert browser.text(f"{row} .borrowed") == str(t["borrowed_gpus"])
+        assert browser.text(f"{row} .lent") == str(t["lent_gpus"])
         assert browser.eval(f"document.querySelector({js(row + ' polyline.held')})"
                             ".getAttribute('points').split(' ').length") >= 2
         assert browser.eval(f"!!document.querySelector({js(row + ' line.quota')})")
+    # vision holds 16 GPUs on its guarantee of 8: 8 borrowed, from nlp's idle guarantee
+    # (40, of which nlp's live jobs hold 8; the guarantees sum to the cluster's 48)
+    assert [(t["quota_gpus"], t["borrow_gpus"], t["held_gpus"], t["borrowed_gpus"],
+             t["lent_gpus"]) for t in (teams["vision"], teams["nlp"])] == [
+        (8, 8, 16, 8, 0), (40, 0, 8, 0, 8)]
+    assert browser.text("#teams tbody tr[data-team=vision] .borrow") == "+8"
+    assert browser.text("#teams tbody tr[data-team=nlp] .borrow") == "none (hard quota)"
     # 31 usable GPUs (48, less the drained and the unreachable host's and one unhealthy)
-    # split 2:1, but vision's quota caps it at 16 and nlp gets the other 15 (it asks for 20)
+    # split 2:1, but vision may hold at most 16 (8 + 8 borrowed) and nlp gets the other
+    # 15 (it asks for 28)
     assert browser.text("#teams tbody tr[data-team=vision] .fair") == "16"
     assert browser.text("#teams tbody tr[data-team=nlp] .fair") == "15"
 

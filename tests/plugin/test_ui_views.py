@@ -12,9 +12,9 @@ from airflow_gpu.plugin.app import create_app
 from airflow_gpu.plugin.auth import require_login
 from airflow_gpu.plugin.source import SourceError
 from airflow_gpu.plugin.views.cluster import cluster_page, nvlink_label
-from airflow_gpu.plugin.views.job import task_instance, task_instance_url
+from airflow_gpu.plugin.views.job import job_page, task_instance, task_instance_url
 from airflow_gpu.plugin.views.queue import queue_page
-from airflow_gpu.plugin.views.teams import polyline, teams_page
+from airflow_gpu.plugin.views.teams import borrow_label, limit_gpus, polyline, teams_page
 from airflow_gpu.plugin.views.usage_history import fair_shares, gpu_hours, usage_history
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -170,11 +170,81 @@ def test_teams_page_charts_and_step_polyline():
         "0.0,90.0 180.0,90.0 180.0,47.0 360.0,47.0"
 
 
+def test_teams_page_shows_guarantee_borrowing_limit_borrowed_and_lent():
+    teams = [{"name": "vision", "share": 2.0, "quota_gpus": 1, "borrow_gpus": 2,
+              "held_gpus": 2, "borrowed_gpus": 1, "lent_gpus": 0},
+             {"name": "nlp", "share": 1.0, "quota_gpus": 2, "borrow_gpus": 0,
+              "held_gpus": 0, "borrowed_gpus": 0, "lent_gpus": 1},
+             {"name": "research", "share": 1.0, "quota_gpus": None, "borrow_gpus": None,
+              "held_gpus": 0, "borrowed_gpus": 0, "lent_gpus": 0}]
+    page = teams_page(teams, LIVE, CLUSTER, NOW, 3600)
+    rows = {r["name"]: r for r in page["teams"]}
+    assert [(rows[t]["quota_gpus"], rows[t]["borrow"], rows[t]["limit_gpus"],
+             rows[t]["borrowed_gpus"], rows[t]["lent_gpus"])
+            for t in ("vision", "nlp", "research")] == [
+        (1, "+2", 3, 1, 0), (2, "none (hard quota)", 2, 0, 1), (None, "—", None, 0, 0)]
+    # vision's 2 running GPUs are within what it may hold (1 + 2): its fair share is 2
+    assert rows["vision"]["fair_gpus"] == 2 and rows["vision"]["quota_pct"] == 100
+    assert borrow_label(4, None) == "no limit"
+    assert limit_gpus({"quota_gpus": 4, "borrow_gpus": None}) is None
+    assert limit_gpus({"quota_gpus": 4}) == 4           # an older service: a hard quota
+
+
+VICTIM = {**LIVE[0], "state": "preempting", "borrowed": True, "preempted_by": "id-urgent",
+          "preempt_reason": "preempted by job id-urgent (reclaim: ...)",
+          "preempt_signal": "SIGUSR1", "preempt_grace": 60, "preemptions": 1,
+          "preempt_deadline_at": (NOW + timedelta(seconds=70)).isoformat(), "attempt": 1}
+URGENT = pending("urgent", 100, 1, code="Preempting",
+                 reason="preempting j1 (reclaim): starts when they have stopped",
+                 details={"victims": ["j1"], "preempt_reason": "reclaim"}, eta_seconds=70)
+
+
+def test_queue_marks_borrowed_work_and_names_what_a_preemption_stops():
+    requeued = {**pending("again", 0, 9), "requeue_reason": "preempted", "preemptions": 2}
+    page = queue_page([URGENT, requeued], [VICTIM], NOW)
+    first, second = page["pending"]
+    assert first["code"] == "Preempting" and first["blockers"] == []
+    assert first["victims"] == [{"id": "j1", "name": "train"}]
+    assert first["reason"] == "preempting train (reclaim): starts when they have stopped"
+    assert second["victims"] == [] and second["requeued"] == "preempted 2x, requeued"
+    (live,) = page["live"]
+    assert (live["state"], live["borrowed"], live["stops_in"]) == ("preempting", True, "1m10s")
+    assert live["preempted_by"] == {"id": "id-urgent", "name": "urgent"}
+    assert queue_page([], LIVE, NOW)["live"][0]["borrowed"] is False
+    html = client(FakeSource(pending=[URGENT, requeued], live=[VICTIM])).get("/queue").text
+    assert '<span class="tag borrowed"' in html and "for <a href=" in html
+    assert 'preempts <a href="/jobs/j1">train</a>' in html
+    assert "preempted 2x, requeued" in html
+
+
+def test_job_page_shows_who_preempted_it_and_how_it_stops():
+    explain = {"code": None, "reason": None, "eta_seconds": None, "details": {},
+               "events": []}
+    m = job_page(VICTIM, explain, CLUSTER, [VICTIM], NOW, pending=[URGENT])
+    p = m["preemption"]
+    assert p["borrowed"] and p["preempted_by"] == {"id": "id-urgent", "name": "urgent"}
+    assert (p["signal"], p["grace"], p["deadline_in"], p["preemptions"]) == (
+        "SIGUSR1", "1m", "1m10s", 1)
+    assert job_page(LIVE[0], explain, CLUSTER, LIVE, NOW)["preemption"] is None
+    back = {**URGENT, "requeue_reason": "preempted", "preemptions": 1, "attempt": 1,
+            "preempted_by": "id-other"}
+    m = job_page(back, {**explain, "code": "Preempting",
+                        "details": {"victims": ["j1"]}}, CLUSTER, [VICTIM], NOW)
+    assert m["victims"] == [{"id": "j1", "name": "train"}]
+    assert m["preemption"]["requeue_reason"] == "preempted"
+    assert m["preemption"]["preempted_by"] == {"id": "id-other", "name": "id-other"}
+    html = client(FakeSource(live=[VICTIM], job=VICTIM, pending=[URGENT])).get(
+        "/jobs/j1").text
+    assert 'id="preempted-by">Preempted by <a href="/jobs/id-urgent">urgent</a>' in html
+    assert "get SIGUSR1, then SIGKILL after 1m" in html
+
+
 class FakeSource:
     """What the scheduler would answer, for rendering without one."""
 
-    def __init__(self, fail: SourceError | None = None):
-        self.fail = fail
+    def __init__(self, fail: SourceError | None = None, live: list[dict] = LIVE,
+                 pending: list[dict] = (), job: dict = LIVE[0]):
+        self.fail, self.live, self.pending, self.one = fail, live, list(pending), job
 
     def _answer(self, value):
         if self.fail:
@@ -185,13 +255,15 @@ class FakeSource:
         return self._answer(CLUSTER)
 
     def live_jobs(self):
-        return self._answer(LIVE)
+        return self._answer(self.live)
 
     def jobs(self, state=None, newest=False, limit=1000):
-        return self._answer(LIVE if state in (None, "running") else [])
+        if state == "pending":
+            return self._answer(self.pending)
+        return self._answer(self.live if state in (None, "running") else [])
 
     def job(self, job_id):
-        return self._answer(LIVE[0])
+        return self._answer(self.one)
 
     def explain(self, job_id):
         return self._answer({"code": None, "reason": None, "eta_seconds": None,

@@ -84,10 +84,12 @@ def test_cli_against_a_running_server(server, tmp_path):
     assert cli("cancel", first, "--json", env=env).returncode == 0
     job = wait_state(env, second, "admitted")
     assert job["replicas"][0]["host"] == "dgx-2"       # dgx-1 is drained
-    out = cli("team-set", "vision", "--quota-gpus", "4", env={**env, "AIRFLOW_GPU_TOKEN": admin})
+    out = cli("team-set", "vision", "--quota-gpus", "4", "--borrow-gpus", "2",
+              env={**env, "AIRFLOW_GPU_TOKEN": admin})
     assert out.returncode == 0 and "vision" in out.stdout, out.stderr
     teams = {t["name"]: t for t in json.loads(cli("teams", "--json", env=env).stdout)}
     assert teams["vision"]["quota_gpus"] == 4 and teams["vision"]["held_gpus"] == 1
+    assert teams["vision"]["borrow_gpus"] == 2
     cluster = json.loads(cli("cluster", "--json", env=env).stdout)
     assert cluster["gpus_allocated"] == 1
     assert [h["drained"] for h in cluster["hosts"]] == [True, False]

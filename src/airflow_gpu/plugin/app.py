@@ -60,8 +60,10 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
                               args["window"])
             return {**page, "history_jobs": HISTORY_JOBS}
         job_id = args["job_id"]
-        return job_page(source.job(job_id), source.explain(job_id), source.cluster(),
-                        source.live_jobs(), now, airflow_root(request))
+        job = source.job(job_id)
+        return job_page(job, source.explain(job_id), source.cluster(), source.live_jobs(),
+                        now, airflow_root(request),
+                        source.jobs("pending") if job.get("preempted_by") else [])
 
     def render(page: str, request: Request, fragment: bool, **args: Any) -> HTMLResponse:
         context = {"page": page, "root": request.scope.get("root_path", ""),

@@ -142,9 +142,11 @@ class Client:
     def teams(self) -> list[dict]:
         return self.request("GET", "/api/v1/teams")
 
-    def set_team(self, name: str, share: float | None, quota_gpus: int | None) -> dict:
+    def set_team(self, name: str, share: float | None, quota_gpus: int | None,
+                 borrow_gpus: int | None = None) -> dict:
         return self.request("PUT", f"/api/v1/teams/{name}",
-                            json={"share": share, "quota_gpus": quota_gpus})
+                            json={"share": share, "quota_gpus": quota_gpus,
+                                  "borrow_gpus": borrow_gpus})
 
 
 class AsyncClient:

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import quote
 
 from ..format import age, duration, format_cpulist, format_size, seconds_of, team_color
-from .queue import blockers, expected_runtime, job_gpus, with_names
+from .queue import blockers, expected_runtime, job_gpus, victims, with_names
 
 
 def task_instance(key: str | None) -> dict[str, Any] | None:
@@ -51,9 +51,31 @@ def replica_row(r: dict, hosts: dict[str, dict]) -> dict[str, Any]:
     }
 
 
+def preemption(job: dict, names: dict[str, str], now: datetime) -> dict[str, Any] | None:
+    """Borrowing, preemption and requeues of the job, or None when it has none."""
+    by = job.get("preempted_by")
+    out = {
+        "borrowed": bool(job.get("borrowed")) and job["state"] in (
+            "admitted", "running", "preempting"),
+        "preempted_by": None if not by else {"id": by, "name": names.get(by, by)},
+        "preempt_reason": job.get("preempt_reason"),
+        "preemptions": job.get("preemptions") or 0,
+        "requeue_reason": job.get("requeue_reason"),
+        "attempt": job.get("attempt"),
+        # while preempting: the signal, the grace until SIGKILL, the forced requeue
+        "signal": job.get("preempt_signal"),
+        "grace": None if job.get("preempt_grace") is None else duration(job["preempt_grace"]),
+        "deadline_in": None if not job.get("preempt_deadline_at")
+        else duration(-(age(job["preempt_deadline_at"], now) or 0)),
+    }
+    shown = ("borrowed", "preempted_by", "preempt_reason", "preemptions", "requeue_reason")
+    return out if any(out[k] for k in shown) else None
+
+
 def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: datetime,
-             airflow_root: str = "") -> dict[str, Any]:
-    """`live`: the admitted and running jobs, to name the ones this job waits for."""
+             airflow_root: str = "", pending: list[dict] = ()) -> dict[str, Any]:
+    """`live`: the admitted, running and preempting jobs, to name the ones this job waits
+    for; `pending`: the pending jobs, to name the one that preempted it."""
     hosts = {h["name"]: h for h in cluster.get("hosts", [])}
     names = {j["id"]: j["name"] for j in live}
     ti = task_instance(job.get("idempotency_key"))
@@ -86,6 +108,10 @@ def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: dat
         "eta": None if explain.get("eta_seconds") is None
         else duration(explain["eta_seconds"]),
         "details": explain.get("details") or {},
+        "victims": victims(explain.get("code") or why.get("code"),
+                           explain.get("details") or why.get("details") or {}, names),
+        "preemption": preemption(job, {**{j["id"]: j["name"] for j in pending}, **names},
+                                 now),
         "replicas": [replica_row(r, hosts) for r in job.get("replicas", [])],
         "events": [{"at": e["at"], "kind": e["kind"], "message": e["message"]}
                    for e in explain.get("events", [])],

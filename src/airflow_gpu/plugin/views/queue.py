@@ -44,9 +44,26 @@ def blockers(details: dict, names: dict[str, str]) -> list[dict[str, Any]]:
     return [{"id": j, "name": names.get(j, j), "gpus": n} for j, n in held.items()]
 
 
+def victims(code: str | None, details: dict, names: dict[str, str]) -> list[dict[str, Any]]:
+    """The jobs a pending job preempts and waits for (code `Preempting`)."""
+    if code != "Preempting":
+        return []
+    return [{"id": j, "name": names.get(j, j)} for j in details.get("victims") or []]
+
+
+def requeued(job: dict) -> str | None:
+    """Why a pending job is back in the queue: "preempted 2x" or "requeued: gpu_fault"."""
+    if job.get("requeue_reason") == "preempted":
+        return f"preempted {job.get('preemptions') or 1}x, requeued"
+    if job.get("requeue_reason"):
+        return f"requeued: {job['requeue_reason']}"
+    return None
+
+
 def pending_row(job: dict, position: int, now: datetime,
                 names: dict[str, str]) -> dict[str, Any]:
     why = job.get("pending") or {}
+    details = why.get("details") or {}
     eta = why.get("eta_seconds")
     return {
         "position": position, "id": job["id"], "name": job["name"], "team": job["team"],
@@ -54,14 +71,18 @@ def pending_row(job: dict, position: int, now: datetime,
         "job_class": job["spec"].get("job_class"), "gpus": job_gpus(job["spec"]),
         "code": why.get("code"),
         "reason": with_names(why.get("reason"), names) or "waiting for the next pass",
-        "blockers": blockers(why.get("details") or {}, names),
+        "blockers": blockers(details, names),
+        "victims": victims(why.get("code"), details, names),
+        "requeued": requeued(job),
         "eta_seconds": eta, "eta": "unknown" if eta is None else
         ("now" if eta == 0 else f"in {duration(eta)}"),
         "waiting": duration(age(job["submitted_at"], now)),
     }
 
 
-def live_row(job: dict, now: datetime) -> dict[str, Any]:
+def live_row(job: dict, now: datetime, names: dict[str, str] | None = None
+             ) -> dict[str, Any]:
+    names = names or {}
     started = job.get("started_at") or job.get("admitted_at")
     elapsed = age(started, now)
     expected = expected_runtime(job["spec"])
@@ -72,6 +93,13 @@ def live_row(job: dict, now: datetime) -> dict[str, Any]:
         "id": job["id"], "name": job["name"], "team": job["team"],
         "color": team_color(job["team"]), "state": job["state"],
         "gpus": job_gpus(job["spec"]),
+        # admitted beyond its team's guarantee, on GPUs other teams leave idle
+        "borrowed": bool(job.get("borrowed")),
+        "preempted_by": None if job["state"] != "preempting" else {
+            "id": job.get("preempted_by"),
+            "name": names.get(job.get("preempted_by"), job.get("preempted_by"))},
+        "stops_in": None if job["state"] != "preempting"
+        else duration(-(age(job.get("preempt_deadline_at"), now) or 0)),
         "placement": [{"host": h, "gpus": f"GPU {format_cpulist(g)}" if g else "CPUs only"}
                       for h, g in by_host.items()],
         "elapsed": duration(elapsed), "expected": duration(expected),
@@ -89,9 +117,12 @@ def queue_page(pending: list[dict], live: list[dict], now: datetime) -> dict[str
     running = sorted(live, key=lambda j: parse_time(j.get("admitted_at")
                                                     or j["submitted_at"]))
     names = {j["id"]: j["name"] for j in live}
+    # a preempting job's preemptor waits in the queue
+    preemptors = {j["id"]: j["name"] for j in pending
+                  if (j.get("pending") or {}).get("code") == "Preempting"}
     return {
         "pending": [pending_row(j, i + 1, now, names) for i, j in enumerate(ordered)],
-        "live": [live_row(j, now) for j in running],
+        "live": [live_row(j, now, {**names, **preemptors}) for j in running],
         "pending_gpus": sum(job_gpus(j["spec"]) for j in pending),
         "live_gpus": sum(job_gpus(j["spec"]) for j in live),
     }

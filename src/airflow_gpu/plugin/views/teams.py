@@ -1,5 +1,6 @@
-"""Teams page: GPUs held now against quota and fair share, and both over a past window
-as small SVG charts (drawn on the server: no chart library, no CDN)."""
+"""Teams page: GPUs held now against the team's guarantee (quota), what it may borrow
+beyond it, what it borrows and lends now, fair share, and usage over a past window as
+small SVG charts (drawn on the server: no chart library, no CDN)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ def teams_page(teams: list[dict], jobs: list[dict], cluster: dict, now: datetime
                window: float) -> dict[str, Any]:
     total = usable_gpus(cluster)
     shares = {t["name"]: t["share"] for t in teams}
-    quotas = {t["name"]: t.get("quota_gpus") for t in teams}
-    history = usage_history(jobs, shares, total, now, window, quotas)
+    history = usage_history(jobs, shares, total, now, window,
+                            {t["name"]: limit_gpus(t) for t in teams})
     by_name = {t["name"]: t for t in teams}
     rows = []
     for name in sorted(set(by_name) | set(history)):
@@ -25,11 +26,16 @@ def teams_page(teams: list[dict], jobs: list[dict], cluster: dict, now: datetime
                                "held_gpus": 0})
         s = history[name]
         quota = t.get("quota_gpus")
+        borrow = t.get("borrow_gpus")
         top = max([1, total if quota is None else quota,
                    *(v for _, v in s.held), *(v for _, v in s.fair)])
         rows.append({
             "name": name, "color": team_color(name), "share": t["share"],
             "quota_gpus": quota, "held_gpus": t["held_gpus"],
+            "borrow_gpus": borrow if quota is not None else None,
+            "borrow": borrow_label(quota, borrow),
+            "limit_gpus": limit_gpus(t),
+            "borrowed_gpus": t.get("borrowed_gpus", 0), "lent_gpus": t.get("lent_gpus", 0),
             "fair_gpus": number(s.fair[-1][1]),
             "quota_pct": None if not quota else min(100, round(100 * t["held_gpus"] / quota)),
             "gpu_hours": round(gpu_hours(s.held), 2),
@@ -43,6 +49,22 @@ def teams_page(teams: list[dict], jobs: list[dict], cluster: dict, now: datetime
         })
     return {"teams": rows, "usable_gpus": total, "window": duration(window),
             "window_seconds": window, "width": WIDTH, "height": HEIGHT}
+
+
+def limit_gpus(team: dict) -> int | None:
+    """The most GPUs a team may hold: its guarantee plus what it may borrow (none: no
+    limit, for a team without a quota or with no borrowing limit)."""
+    quota, borrow = team.get("quota_gpus"), team.get("borrow_gpus", 0)
+    return None if quota is None or borrow is None else quota + borrow
+
+
+def borrow_label(quota: int | None, borrow: int | None) -> str:
+    """What a team may hold beyond its guarantee, in words."""
+    if quota is None:
+        return "—"            # no guarantee and no limit: all it holds is borrowed
+    if borrow is None:
+        return "no limit"
+    return "none (hard quota)" if borrow == 0 else f"+{borrow}"
 
 
 def number(x: float) -> float | int:

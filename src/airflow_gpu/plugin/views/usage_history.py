@@ -3,8 +3,9 @@ records (submitted, admitted and finished times, GPUs from the spec) rather than
 so it survives restarts and is the same in every API server worker.
 
 What it cannot know: quotas and share weights as they were (today's are used for the
-whole window), and jobs older than the records fetched (the newest N plus every pending
-and live job)."""
+whole window), jobs older than the records fetched (the newest N plus every pending
+and live job), and admissions that ended in a requeue (a preempted job's record keeps
+only its current admission)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ class Series:
 def fair_shares(demand: dict[str, float], weights: dict[str, float],
                 caps: dict[str, float | None], total: float) -> dict[str, float]:
     """Max-min fair shares by weight (water-filling): the GPUs are split by weight among
-    the teams that want some; no team gets more than it asks for or its quota, and what
-    one leaves over goes to the others."""
+    the teams that want some; no team gets more than it asks for or may hold (its quota
+    plus what it may borrow), and what one leaves over goes to the others."""
     want = {t: min(d, caps[t]) if caps.get(t) is not None else d
             for t, d in demand.items() if d > 0}
     out = dict.fromkeys(demand, 0.0)
@@ -49,7 +50,8 @@ def usage_history(jobs: list[dict], shares: dict[str, float], total_gpus: int,
                   now: datetime, window: float,
                   quotas: dict[str, int | None] | None = None) -> dict[str, Series]:
     """GPUs each team held, and its fair share (`fair_shares` of the GPUs its pending and
-    live jobs asked for), at every change in the window."""
+    live jobs asked for, each team capped at `quotas`: the most it may hold), at every
+    change in the window."""
     quotas = quotas or {}
     t_now, start = now.timestamp(), now.timestamp() - window
     events: list[tuple[float, str, int, int]] = []   # (time, team, d_held, d_demand)

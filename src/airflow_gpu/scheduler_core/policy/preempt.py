@@ -8,9 +8,10 @@ cheapest set of them that frees a valid placement for it (policy `preemption`).
 
 Either way the victims are preemptible jobs that have run `min_run_time`, none of them a
 job that once preempted the preemptor (no ping-pong), and nothing is stopped for a job
-whose wait (so far, plus what it still expects) stays within `min_saved_wait`. The cost of a victim is the GPU-seconds
-it loses (since its last checkpoint), then its band, then the latest start: candidates are
-added cheapest first until the job places, then each one not needed is dropped again;
+whose wait (so far, plus what it still expects) stays within `min_saved_wait`. The cost
+of a victim is the GPU-seconds it loses (since its last checkpoint), then its band, then
+the latest start: candidates are added cheapest first until the job places, then each one
+not needed is dropped again;
 the same on each host alone, and the cheapest set wins.
 """
 

@@ -36,8 +36,8 @@ from .schemas import (
 )
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"       # team names, as in the job spec
-States = Literal["pending", "admitted", "running", "succeeded", "failed", "cancelled", "lost",
-                 "timeout"]
+States = Literal["pending", "admitted", "running", "preempting", "succeeded", "failed",
+                 "cancelled", "lost", "timeout"]
 
 
 def app_from_env() -> FastAPI:

@@ -1,5 +1,6 @@
 """preemption: who stopped a job and why, until when it may take to stop, the jobs that
-ever preempted it (never preempted back by them), borrowed quota, why it was requeued; a team's borrowing limit set by an admin
+ever preempted it (never preempted back by them), borrowed quota, why it was requeued; a
+team's borrowing limit set by an admin
 
 Revision ID: 0007
 Revises: 0006
