@@ -118,7 +118,7 @@ class Pass:
                 return self.wait(job, locality_wait(job, right_now, better, self.now))
         if got is not None:
             return self.start(job, got)
-        if self.mode != "count" and (s.config.preemption.rules or s.config.preemption.reclaim):
+        if s.config.preemption.rules or s.config.preemption.reclaim:
             why = preempt(self, job)
             if why is not None:
                 return self.wait(job, why)

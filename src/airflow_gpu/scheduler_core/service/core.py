@@ -53,7 +53,6 @@ UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "po
 # live: holding resources; `preempting`: being stopped for another job (it keeps them
 # until its launcher says it has stopped, or its preempt deadline passes)
 LIVE = ("admitted", "running", "preempting")
-PREEMPT_SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
 ENDED = ("succeeded", "failed", "cancelled", "lost", "timeout")
 
 
@@ -438,38 +437,11 @@ class Service:
     def finish(self, job_id: str, who: Principal, outcome: str,
                exit_code: int | None, attempt: int | None = None) -> JobRow:
         if outcome == "preempted":
-            return self._stopped(job_id, who, attempt)
+            from .preemption import stopped
+
+            self._owned(job_id, who)
+            return stopped(self, job_id, attempt)
         return self._end(job_id, who, outcome, exit_code, from_states=LIVE, attempt=attempt)
-
-    def _stopped(self, job_id: str, who: Principal, attempt: int | None) -> JobRow:
-        """The launcher of a preempted job has stopped its replicas: back to the queue."""
-        self._owned(job_id, who)
-        with self.sessions.begin() as s:
-            if not self._requeue_preempted(s, job_id, *_same_attempt(attempt)):
-                current = s.get(JobRow, job_id)
-                if current.state == PENDING and current.requeue_reason == "preempted":
-                    return current            # said twice, or requeued by force before
-                raise Conflict(_stale(current, attempt, "only a job that is preempting "
-                                      "can be finished as preempted"))
-        self.wake.set()
-        return self.get(job_id)
-
-    def _requeue_preempted(self, s: Session, job_id: str, *where, forced: bool = False
-                           ) -> bool:
-        row = s.execute(select(JobRow.preempted_by, JobRow.attempt).where(
-            JobRow.id == job_id)).first()
-        done = s.execute(_update(JobRow).where(
-            JobRow.id == job_id, JobRow.state == "preempting", *where).values(
-            **requeued("preempted")))
-        if done.rowcount != 1:
-            return False
-        self._release(s, job_id)
-        how = (f"its launcher did not confirm the stop within its grace (+{PREEMPT_SLACK:g}s)"
-               if forced else "its launcher stopped the replicas")
-        self._event(s, "requeued", f"preempted by job {row.preempted_by}: {how}; back in "
-                    f"the queue under the same id (admission {row.attempt} ended)",
-                    job=job_id)
-        return True
 
     def _owned(self, job_id: str, who: Principal) -> JobRow:
         """The job, if `who` may act on it (its team, or an admin)."""
@@ -531,12 +503,9 @@ class Service:
         live lease is first extended by the stall instead of expiring."""
         now = utcnow()
         lost = self._time_out(now)
-        with self.sessions.begin() as s:   # preempted, and not confirmed stopped in time
-            for job_id in list(s.scalars(select(JobRow.id).where(
-                    JobRow.state == "preempting", JobRow.preempt_deadline_at < now))):
-                if self._requeue_preempted(s, job_id, JobRow.preempt_deadline_at < now,
-                                           forced=True):
-                    self.wake.set()
+        from .preemption import requeue_overdue
+
+        requeue_overdue(self, now)      # preempted, and not confirmed stopped in time
         checked, self._leases_checked = self._leases_checked, time.monotonic()
         stall = self._leases_checked - checked if checked is not None else 0.0
         if stall > self.settings.lease_ttl / 3:

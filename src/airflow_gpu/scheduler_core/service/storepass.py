@@ -15,7 +15,6 @@ from sqlalchemy.orm import Session
 from ..engine.cluster import Cluster
 from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
-from ..policy.preempt import Preemption
 from ..policy.scheduler import Rejected, Scheduler
 from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
 from ..units import format_duration
@@ -25,7 +24,6 @@ from .core import (
     ENDED,
     LIVE,
     PENDING,
-    PREEMPT_SLACK,
     Service,
     _ts,
     _update,
@@ -33,6 +31,7 @@ from .core import (
     utcnow,
 )
 from .faults import handle_gpu_faults
+from .preemption import mark_preempting
 
 
 def run_pass(svc: Service) -> list[str]:
@@ -114,7 +113,7 @@ def run_pass(svc: Service) -> list[str]:
                           else ""), job=job.name)
             admitted.append(job.name)
         svc.preemptions = [p.reason for p in result.preempted
-                           if _preempt(svc, s, p, now)]
+                           if mark_preempting(svc, s, p)]
         rows = {r.id: r for r in pending}
         for job_id, why in result.pending.items():
             r = rows[job_id]
@@ -129,26 +128,6 @@ def run_pass(svc: Service) -> list[str]:
                 eta_at=eta_at, promised_at=promised))
     svc._silent = silent
     return admitted
-
-
-def _preempt(svc: Service, s: Session, p: Preemption, now: datetime) -> bool:
-    """The victim starts stopping: its launcher hears it on its next heartbeat, and the
-    service requeues it by force once its grace (and some slack) has passed."""
-    v = p.victim
-    deadline = datetime.fromtimestamp(p.stop_at + PREEMPT_SLACK, UTC)
-    done = s.execute(_update(JobRow).where(
-        JobRow.id == v.name, JobRow.state.in_(("admitted", "running"))).values(
-        state="preempting", preempted_by=p.by.name, preempt_reason=p.message,
-        preempt_deadline_at=deadline, preemptors=sorted(v.preempted_by | {p.by.name}),
-        preempt_signal=v.preempt_signal, preempt_grace=round(v.preempt_grace),
-        preemptions=JobRow.preemptions + 1))
-    if done.rowcount != 1:
-        return False          # it ended meanwhile: the preemptor finds its GPUs free
-    svc._event(s, "preempted", p.message, job=v.name)
-    svc._event(s, "preempting", f"preempts job {v.name} ({p.reason}, team {v.team}, "
-               f"band {v.base:g}, {v.gpus} GPUs); it starts once that job has stopped",
-               job=p.by.name)
-    return True
 
 
 def _spec(svc: Service, row: JobRow, specs: dict[str, JobSpec]) -> JobSpec:

@@ -1,0 +1,76 @@
+"""Preempted jobs in the store. The pass marks a victim `preempting` (it keeps its GPUs
+and its lease); its launcher hears it on the next heartbeat, sends the job class's
+signal, waits the grace, and finishes it as `preempted`: the job goes back to `pending`
+under the same id and the preemptor starts on what it freed. A launcher that never
+confirms is overruled once the grace and some slack have passed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ..policy.preempt import Preemption
+from ..store.models import JobRow
+from .core import PENDING, Conflict, Service, _same_attempt, _stale, _update, requeued
+
+SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
+
+
+def mark_preempting(svc: Service, s: Session, p: Preemption) -> bool:
+    """The victim starts stopping; False if it ended meanwhile (its GPUs are free)."""
+    v = p.victim
+    done = s.execute(_update(JobRow).where(
+        JobRow.id == v.name, JobRow.state.in_(("admitted", "running"))).values(
+        state="preempting", preempted_by=p.by.name, preempt_reason=p.message,
+        preempt_deadline_at=datetime.fromtimestamp(p.stop_at + SLACK, UTC),
+        preemptors=sorted(v.preempted_by | {p.by.name}),
+        preempt_signal=v.preempt_signal, preempt_grace=round(v.preempt_grace),
+        preemptions=JobRow.preemptions + 1))
+    if done.rowcount != 1:
+        return False
+    svc._event(s, "preempted", p.message, job=v.name)
+    svc._event(s, "preempting", f"preempts job {v.name} ({p.reason}, team {v.team}, "
+               f"band {v.base:g}, {v.gpus} GPUs); it starts once that job has stopped",
+               job=p.by.name)
+    return True
+
+
+def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False) -> bool:
+    """A preempting job back to the queue under the same id, its resources released."""
+    row = s.execute(select(JobRow.preempted_by, JobRow.attempt).where(
+        JobRow.id == job_id)).first()
+    done = s.execute(_update(JobRow).where(
+        JobRow.id == job_id, JobRow.state == "preempting", *where).values(
+        **requeued("preempted")))
+    if done.rowcount != 1:
+        return False
+    svc._release(s, job_id)
+    how = (f"its launcher did not confirm the stop within its grace (+{SLACK:g}s)"
+           if forced else "its launcher stopped the replicas")
+    svc._event(s, "requeued", f"preempted by job {row.preempted_by}: {how}; back in the "
+               f"queue under the same id (admission {row.attempt} ended)", job=job_id)
+    return True
+
+
+def stopped(svc: Service, job_id: str, attempt: int | None) -> JobRow:
+    """The launcher of a preempted job has stopped its replicas (finish: preempted)."""
+    with svc.sessions.begin() as s:
+        if not requeue(svc, s, job_id, *_same_attempt(attempt)):
+            current = s.get(JobRow, job_id)
+            if current.state == PENDING and current.requeue_reason == "preempted":
+                return current          # said twice, or requeued by force before
+            raise Conflict(_stale(current, attempt, "only a job that is preempting can be "
+                                  "finished as preempted"))
+    svc.wake.set()
+    return svc.get(job_id)
+
+
+def requeue_overdue(svc: Service, now: datetime) -> None:
+    """Requeue the preempting jobs whose launcher did not confirm the stop in time."""
+    with svc.sessions.begin() as s:
+        for job_id in list(s.scalars(select(JobRow.id).where(
+                JobRow.state == "preempting", JobRow.preempt_deadline_at < now))):
+            if requeue(svc, s, job_id, JobRow.preempt_deadline_at < now, forced=True):
+                svc.wake.set()
