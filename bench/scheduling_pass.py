@@ -15,7 +15,10 @@ hosts; the oldest is a gang of 64 whole hosts. Timed on one core:
 - the first pass (cold: every reservation is walked, as the service's passes are: it
   rebuilds the engine from its store each time), with and without pending reasons;
 - `--passes` passes of the same scheduler as jobs end one at a time (warm: the
-  simulator's case, where reservations that still stand are reused).
+  simulator's case, where reservations that still stand are reused);
+- the explained cold pass again with four teams, each guaranteed a quarter of the GPUs
+  and free to borrow, one of them holding most of the cluster, 5 % of the pending jobs
+  in an urgent band that may preempt: the pass that reclaims and preempts.
 
 Results go to `bench/results/pass.json` (git-ignored) and a short table is printed.
 """
@@ -59,29 +62,52 @@ def spec(name: str, gpus: int, host_gpus: int):
     return job_spec(TraceJob(name, 0, 1, gpus), host_gpus, 4, 32 * GiB)
 
 
-def build(hosts: int, pending: int, seed: int, now: float) -> Scheduler:
-    """A scheduler at `now`: the cluster as full as the size mix lets it be, `pending` waiting."""
+TEAMS = "abcd"
+
+
+def preempting_policy(hosts: int) -> PolicyConfig:
+    quarter = hosts * 8 // len(TEAMS)
+    return PolicyConfig.model_validate({
+        "teams": {t: {"quota_gpus": quarter, "borrow_gpus": None} for t in TEAMS},
+        "preemption": {"rules": [{"min_band": 100, "preempts_below": 100}]}})
+
+
+def build(hosts: int, pending: int, seed: int, now: float, teams: bool = False
+          ) -> Scheduler:
+    """A scheduler at `now`: the cluster as full as the size mix lets it be, `pending`
+    waiting; `teams`: with preempting_policy, most running work team a's (borrowed)."""
     cluster = synthetic_cluster(hosts, "dgx-a100")
-    sched = Scheduler(ClusterState(cluster), PolicyConfig(), now=now - 5 * 86400)
+    policy = preempting_policy(hosts) if teams else PolicyConfig()
+    sched = Scheduler(ClusterState(cluster), policy, now=now - 5 * 86400)
     rng = random.Random(seed)
     host_gpus = cluster.max_host_gpus
+
+    def make(name: str, gpus: int, running: bool):
+        s = spec(name, gpus, host_gpus)
+        if not teams:
+            return s
+        team = "a" if running and rng.random() < 0.6 else rng.choice(TEAMS)
+        urgent = not running and rng.random() < 0.05
+        return s.model_copy(update={"team": team, "priority": 100 if urgent else 0})
+
     misses, i = 0, 0
+    started_at = now - (3600 if teams else 1)    # with teams: past the minimum run time
     while misses < 200:        # fill: start jobs until 200 in a row no longer fit
         gpus = draw_size(rng)
-        sched.submit(spec(f"run-{i}", gpus, host_gpus), now - 1, rng.uniform(60, 3 * 86400))
-        started = sched.schedule(now - 1).started
+        sched.submit(make(f"run-{i}", gpus, True), started_at, rng.uniform(60, 3 * 86400))
+        started = sched.schedule(started_at).started
         if not started:
-            sched.finish(f"run-{i}", now - 1)
+            sched.finish(f"run-{i}", started_at)
             misses += 1
         i += 1
     # a busy cluster is fragmented: some jobs ended since the last pass
     for name in rng.sample(sorted(sched.running), len(sched.running) // 30):
-        sched.finish(name, now - 1)
+        sched.finish(name, started_at)
     # the oldest waits for 64 whole hosts: the pass protects it with a reservation
-    sched.submit(spec("wait-oldest", 512, host_gpus), now - 5 * 86400, 86400)
+    sched.submit(make("wait-oldest", 512, False), now - 5 * 86400, 86400)
     for k in range(pending - 1):
         submit = now - rng.uniform(0, 5 * 86400)
-        sched.submit(spec(f"wait-{k}", draw_size(rng), host_gpus), submit,
+        sched.submit(make(f"wait-{k}", draw_size(rng), False), submit,
                      rng.uniform(600, 2 * 86400))
     return sched
 
@@ -108,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     # the same cold pass again, explained (what the service runs): a fresh scheduler
     explained = build(args.hosts, args.pending, args.seed, now)
     _, explain_s = timed(lambda: explained.schedule(now, explain=True))
+    teams = build(args.hosts, args.pending, args.seed, now, teams=True)
+    preempting, preempt_s = timed(lambda: teams.schedule(now, explain=True))
     warm = []
     t = now
     for _ in range(args.passes):
@@ -125,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         "cold_pass_ms": round(cold_s * 1e3, 1), "cold_pass_explained_ms": round(explain_s * 1e3, 1),
         "cold_started": len(cold.started), "cold_reservations": len(cold.reservations),
         "cold_tested": cold.tested,
+        "preempting_pass_explained_ms": round(preempt_s * 1e3, 1),
+        "preempting_pass_victims": len(preempting.preempted),
         "warm_passes": len(warm), "warm_pass_median_ms": round(statistics.median(warm) * 1e3, 1),
         "warm_pass_p95_ms": round(warm[int(0.95 * (len(warm) - 1))] * 1e3, 1),
         "warm_pass_max_ms": round(warm[-1] * 1e3, 1),
@@ -135,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
           f"cold pass {result['cold_pass_ms']} ms ({result['cold_reservations']} reservations,"
           f" {result['cold_tested']} jobs tested), explained {result['cold_pass_explained_ms']}"
           f" ms; warm pass median {result['warm_pass_median_ms']} ms, p95 "
-          f"{result['warm_pass_p95_ms']} ms")
+          f"{result['warm_pass_p95_ms']} ms; with teams and preemption, explained "
+          f"{result['preempting_pass_explained_ms']} ms ({len(preempting.preempted)} "
+          "preempted)")
     print(f"written to {args.out}")
     return 0
 

@@ -53,6 +53,8 @@ class Pass:
         self.head: QueuedJob | None = None             # fifo: the first job that waits
         self.reasons = Reasons(self) if explain else None
         self.claimants: set[str] = set()              # considered first (see claimant)
+        self.cannot_preempt: set[tuple] = set()       # kinds of jobs no preemption helps
+        self.victim_pool: list | None = None          # preempt.pool, made when first needed
 
     @property
     def reservations(self) -> list[Reservation]:

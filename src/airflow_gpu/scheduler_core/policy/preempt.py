@@ -49,36 +49,54 @@ def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
     return ran % job.checkpoint_interval if job.checkpoint_interval else ran
 
 
-def candidates(s: Scheduler, job: QueuedJob, now: float, own_team: bool = False
+def pool(s: Scheduler, now: float) -> list[tuple[tuple, QueuedJob]]:
+    """(cost, job) of every running job that may be preempted at all, cheapest first."""
+    cfg = s.config.preemption
+    out = []
+    for name, v in s.running.items():
+        started = s.state.started[name]
+        if name in s.stopping or not v.preemptible or now - started < cfg.min_run_time:
+            continue
+        out.append(((max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started,
+                     v.seq), v))
+    out.sort(key=lambda c: c[0])
+    return out
+
+
+def candidates(p: Pass, job: QueuedJob, own_team: bool = False
                ) -> list[tuple[tuple, QueuedJob, str]]:
     """(cost, victim, reason) of every job `job` may stop, cheapest first; `own_team`:
     only its team's (it waits for its team's quota)."""
+    s = p.s
     cfg = s.config.preemption
     below = cfg.victims_below(job.base, job.job_class)
     reclaim = (cfg.reclaim and job.gpus > 0 and s.quotas.guaranteed(job.team)
                and s.quotas.covered(job) and not own_team)
     if below == -math.inf and not reclaim:
         return []
+    if p.victim_pool is None:
+        p.victim_pool = pool(s, p.now)
     out = []
-    for name, v in s.running.items():
-        if (name in s.stopping or not v.preemptible or name in job.preempted_by
-                or v.name == job.name or own_team and v.team != job.team):
+    quotas, over = s.quotas, {}
+    for cost, v in p.victim_pool:
+        name = v.name
+        if (name in s.stopping or name in job.preempted_by
+                or own_team and v.team != job.team):
             continue
-        started = s.state.started[name]
-        if now - started < cfg.min_run_time:
-            continue
-        borrowed = v.borrowed and s.quotas.over(v.team)
+        if v.team not in over:
+            over[v.team] = quotas.over(v.team)
+        borrowed = v.borrowed and over[v.team]
         if reclaim and borrowed and v.team != job.team:
             reason = "reclaim"
         elif v.base < below and (v.team == job.team or borrowed
-                                 or not s.quotas.guaranteed(v.team)):
+                                 or not quotas.guaranteed(v.team)):
             reason = "priority"
         else:
             continue
-        cost = (max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started, v.seq)
         out.append((cost, v, reason))
-    out.sort(key=lambda c: c[0])
-    return out[:cfg.max_victims * 4]
+        if len(out) >= cfg.max_victims * 4:
+            break
+    return out
 
 
 class Trial:
@@ -162,20 +180,29 @@ def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
     `own_team`: the job waits for its team's quota, so only lower bands of its own team
     may make room (Slurm's QOS preemption inside a GrpTRES limit)."""
     s, now = p.s, p.now
-    cands = candidates(s, job, now, own_team)
-    if not cands:
+    # what failed once fails again this pass for a job of the same kind: preemptions only
+    # take candidates away (victims stopping) and add holds
+    key = (job.shape, job.team, job.base, job.job_class, job.preempted_by, own_team)
+    if key in p.cannot_preempt:
         return None
+    cands = candidates(p, job, own_team)
     limit = s.config.preemption.max_victims
     trial = Trial(p, job, [], own_team)
-    best = trial.cheapest(cands, limit)
-    if best is not None and job.gpus <= s.state.cluster.max_host_gpus:
+    best = trial.cheapest(cands, limit) if cands else None
+    if best is None:
+        p.cannot_preempt.add(key)
+        return None
+    if job.gpus <= s.state.cluster.max_host_gpus:
         by_host: dict[int, list] = {}
         for c in cands:
             hosts = {a.host.index for a in s.state.allocations[c[1].name]}
             if len(hosts) == 1:
                 by_host.setdefault(hosts.pop(), []).append(c)
-        tried = sorted(by_host.values(), key=lambda cs: sum(c[0][0] for c in cs))
+        # a host's cheapest candidate bounds what any set there costs
+        tried = sorted(by_host.values(), key=lambda cs: cs[0][0])
         for cs in tried[:HOST_SCOPES]:
+            if cs[0][0][0] >= _total(best[0])[0]:
+                break
             if sum(c[1].gpus for c in cs) + s.state.hosts[
                     s.state.allocations[cs[0][1].name][0].host.index
             ].usable_gpus.bit_count() < job.gpus:
@@ -183,14 +210,15 @@ def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
             got = trial.cheapest(cs, limit)
             if got is not None and _total(got[0]) < _total(best[0]):
                 best = got
-    if best is None:
-        return None
     chosen, placed = best
-    wait = _team_frees(p, job) if own_team else _wait_without(p, job)
     # the job's whole wait, had so far and still expected: the estimate only knows the
-    # reservations, not every job ahead of it, so time already waited counts too
-    if wait is not None and now - job.submit + wait < s.config.preemption.min_saved_wait:
-        return None
+    # reservations, not every job ahead of it, so time already waited counts too (and
+    # the estimate, a walk, is only needed for a job that has not waited long)
+    waited, wait = now - job.submit, None
+    if waited < s.config.preemption.min_saved_wait:
+        wait = _team_frees(p, job) if own_team else _wait_without(p, job)
+        if wait is not None and waited + wait < s.config.preemption.min_saved_wait:
+            return None
     return stop_for(p, job, chosen, placed, wait)
 
 
