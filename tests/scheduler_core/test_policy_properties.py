@@ -302,3 +302,21 @@ def test_a_job_backfilled_in_front_of_a_reservation_is_stopped_at_its_start():
     assert res.metrics()["timeouts"] == 1
     runs, promised, cut = replay_with_liars(cluster, trace, 30)
     assert promised == {"big": 1000} and cut == {"liar"} and runs["big"][0] == 1030
+
+
+def test_a_promised_job_waiting_for_locality_keeps_its_promise():
+    """Found by the property above: `j1` (24 GPUs) is promised t=2; at 2 it could start
+    across switches but waits for h2 + h0 (free at 3). Its reservation for locality must
+    still hold from the promise, or `j0` backfills on h2 with its limit cut only to 3 and,
+    overrunning, pushes `j1` past its promise plus the grace."""
+    cluster = make_cluster(
+        {"name": "h0", "model": "dgx-1v", "switch": "s1"},
+        {"name": "h1", "model": "dgx-1v", "switch": "s1"},
+        {"name": "h2", "model": "dgx-2", "switch": "s1"},
+        {"name": "h3", "model": "dgx-1v", "switch": "s2"})
+    trace = [TraceJob("j3", 0, 2, 16), TraceJob("j4", 0, 3, 8)] + [
+        TraceJob(f"j{k}", 0, 1, 1) for k in (5, 6, 7, 8)] + [
+        TraceJob("j1", 1, 6, 24), TraceJob("j2", 1, 1, 1), TraceJob("j0", 2, 1, 16)]
+    runs, promised, cut = replay_with_liars(cluster, trace, 30, (1.0, 1.1, 1.3))
+    assert promised == {"j1": 2.0} and "j2" in cut
+    assert runs["j1"][0] <= 2.0 + 30

@@ -53,7 +53,7 @@ class Pass:
         self.head: QueuedJob | None = None             # fifo: the first job that waits
         self.reasons = Reasons(self) if explain else None
         self.claimants: set[str] = set()              # considered first (see claimant)
-        self.cannot_preempt: set[tuple] = set()       # kinds of jobs no preemption helps
+        self.cannot_preempt: dict[tuple, float] = {}  # kinds of jobs no preemption helps
         self.victim_pool: list | None = None          # preempt.pool, made when first needed
 
     @property
@@ -116,6 +116,10 @@ class Pass:
             # no longer than its promise and grace allow
             if better is not right_now and better.start <= s.promised.get(
                     job.name, math.inf) + job.grace:
+                if job.name in s.promised:
+                    # still a promise: what backfills in front of it is cut to the
+                    # promised start, not to the later one locality waits for
+                    better = self.keep_promise(better)
                 self.add(better)
                 return self.wait(job, locality_wait(job, right_now, better, self.now))
         if got is not None:

@@ -180,17 +180,18 @@ def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
     `own_team`: the job waits for its team's quota, so only lower bands of its own team
     may make room (Slurm's QOS preemption inside a GrpTRES limit)."""
     s, now = p.s, p.now
-    # what failed once fails again this pass for a job of the same kind: preemptions only
-    # take candidates away (victims stopping) and add holds
+    # what failed once fails again this pass for a job of the same kind that runs as
+    # long or longer: preemptions only take candidates away (victims stopping) and add
+    # holds, and a longer job overlaps more reservations
     key = (job.shape, job.team, job.base, job.job_class, job.preempted_by, own_team)
-    if key in p.cannot_preempt:
+    if job.runtime >= p.cannot_preempt.get(key, math.inf):
         return None
     cands = candidates(p, job, own_team)
     limit = s.config.preemption.max_victims
     trial = Trial(p, job, [], own_team)
     best = trial.cheapest(cands, limit) if cands else None
     if best is None:
-        p.cannot_preempt.add(key)
+        p.cannot_preempt[key] = min(job.runtime, p.cannot_preempt.get(key, math.inf))
         return None
     if job.gpus <= s.state.cluster.max_host_gpus:
         by_host: dict[int, list] = {}
