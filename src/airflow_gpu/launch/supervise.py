@@ -97,7 +97,8 @@ def supervise(handles: list[Handle], log: logging.Logger,
                         stopping = why       # taken back meanwhile (deadline, cancel)
                 elif why.state == "preempting":
                     stopping = why
-                    _stop_in_background([h for h in handles if h.name not in codes], why, log)
+                    stopper = _stop_in_background(
+                        [h for h in handles if h.name not in codes], why, log)
                 else:
                     log.warning("stopping all replicas: %s", why)
                     stop_all(handles)
@@ -119,6 +120,9 @@ def supervise(handles: list[Handle], log: logging.Logger,
                 log.warning("%s failed: stopping the other %d replica(s)", name, len(rest))
                 stop_all(rest)
     if stopping is not None:
+        # the replicas have exited; their stops still free what they used (cgroups),
+        # which must be gone before a new attempt of the job reuses the names
+        stopper.join()
         return Outcome(False, interrupted=stopping, codes=codes)
     if outcome is None:
         outcome = Outcome(True)
@@ -127,7 +131,7 @@ def supervise(handles: list[Handle], log: logging.Logger,
 
 
 def _stop_in_background(handles: list[Handle], why: Interrupted,
-                        log: logging.Logger) -> None:
+                        log: logging.Logger) -> threading.Thread:
     """Stop the replicas with the preemption's signal and grace, without blocking the
     loop: it keeps logging their lines (the checkpoint being saved) and the lease."""
     after = "the runner's default grace" if why.grace is None else f"{round(why.grace, 1):g}s"
@@ -141,4 +145,6 @@ def _stop_in_background(handles: list[Handle], why: Interrupted,
             log.warning("stopping with %s failed (%s): killing the replicas", why.signal, exc)
             stop_all(handles, 0)
 
-    threading.Thread(target=run, name="preempt-stop", daemon=True).start()
+    thread = threading.Thread(target=run, name="preempt-stop", daemon=True)
+    thread.start()
+    return thread
