@@ -44,7 +44,7 @@ from airflow_gpu.scheduler_core.simulation.trace import TraceJob
 from airflow_gpu.scheduler_core.units import parse_duration
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from replay import HOST_GPUS, SETUPS, TRACES, load, offered_load  # noqa: E402
+from replay import HOST_GPUS, SETUPS, TRACES, arrival_window, load, offered_load  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "preemption"
 TEAMS = (("a", 0.50), ("b", 0.25), ("c", 0.15), ("d", 0.10))   # share of the jobs
@@ -116,19 +116,6 @@ def run(task: tuple) -> dict:
     lo, hi = arrival_window(trace)
     return {**res.metrics(), "policy": label, "checkpoint_interval_s": checkpoint,
             "window_utilization": window_utilization(res, lo, hi), "_result": res}
-
-
-def arrival_window(trace: list[TraceJob]) -> tuple[float, float]:
-    """The span holding the middle 90 % of the submitted work (as replay.py's load)."""
-    jobs = sorted((t.submit, t.duration * t.gpus) for t in trace)
-    work, done, lo, hi = sum(w for _, w in jobs), 0.0, None, None
-    for t, w in jobs:
-        done += w
-        if lo is None and done >= 0.05 * work:
-            lo = t
-        if hi is None and done >= 0.95 * work:
-            hi = t
-    return lo, hi
 
 
 def main() -> int:

@@ -62,18 +62,25 @@ def load(name: str, traces: Path, limit: int | None) -> list[TraceJob]:
     return trace
 
 
-def offered_load(trace: list[TraceJob], gpus: int) -> dict:
-    """GPU-hours submitted over GPU-hours available: in the span holding the middle 90 %
-    of the work, and over the whole trace."""
+def arrival_window(trace: list[TraceJob]) -> tuple[float, float]:
+    """The span of submit times holding the middle 90 % of the submitted work."""
     jobs = sorted((t.submit, t.duration * t.gpus) for t in trace)
-    work = sum(w for _, w in jobs)
-    done, lo, hi = 0.0, None, None
+    work, done, lo, hi = sum(w for _, w in jobs), 0.0, None, None
     for t, w in jobs:
         done += w
         if lo is None and done >= 0.05 * work:
             lo = t
         if hi is None and done >= 0.95 * work:
             hi = t
+    return lo, hi
+
+
+def offered_load(trace: list[TraceJob], gpus: int) -> dict:
+    """GPU-hours submitted over GPU-hours available: in the span holding the middle 90 %
+    of the work, and over the whole trace."""
+    jobs = sorted((t.submit, t.duration * t.gpus) for t in trace)
+    work = sum(w for _, w in jobs)
+    lo, hi = arrival_window(trace)
     span = jobs[-1][0] - jobs[0][0]
     return {"middle_90": round(0.9 * work / (gpus * max(hi - lo, 1.0)), 3),
             "whole_trace": round(work / (gpus * max(span, 1.0)), 3)}

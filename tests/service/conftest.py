@@ -10,6 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.service.app import create_app
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Service, Settings
@@ -48,11 +49,11 @@ def db_url(request, tmp_path):
 HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
 
 
-@pytest.fixture
-def api(db_url):
-    """The real app on its real store, with tokens for teams vision and nlp and an admin;
-    `api.tick()` runs one scheduling pass."""
-    service = Service(Settings(db_url, make_cluster(*HOSTS), lease_ttl=30))
+def serve(db_url: str, policy=None):
+    """The real app on its real store (with `policy`), with tokens for teams vision and
+    nlp and an admin; `client.tick()` runs one scheduling pass."""
+    service = Service(Settings(db_url, make_cluster(*HOSTS), policy or PolicyConfig(),
+                               lease_ttl=30))
     app = create_app(service, run_loop=False)
     tokens = {t: create_token(service.sessions, t) for t in ("vision", "nlp")}
     tokens["admin"] = create_token(service.sessions, "ops", admin=True)
@@ -62,3 +63,8 @@ def api(db_url):
         client.service = service
         yield client
     service.engine.dispose()
+
+
+@pytest.fixture
+def api(db_url):
+    yield from serve(db_url)

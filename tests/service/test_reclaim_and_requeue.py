@@ -8,16 +8,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from fastapi.testclient import TestClient
 from sqlalchemy import update
 
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
-from airflow_gpu.scheduler_core.service.app import create_app
-from airflow_gpu.scheduler_core.service.auth import create_token
-from airflow_gpu.scheduler_core.service.core import Service, Settings
 from airflow_gpu.scheduler_core.store.models import JobRow
-from tests.helpers import make_cluster
-from tests.service.conftest import HOSTS
+from tests.service.conftest import serve
 from tests.service.test_api import auth, spec, submit
 
 POLICY = {"teams": {"vision": {"quota_gpus": 8, "borrow_gpus": None},
@@ -28,16 +23,7 @@ POLICY = {"teams": {"vision": {"quota_gpus": 8, "borrow_gpus": None},
 
 @pytest.fixture
 def api(db_url):
-    service = Service(Settings(db_url, make_cluster(*HOSTS), PolicyConfig.model_validate(POLICY),
-                               lease_ttl=30))
-    app = create_app(service, run_loop=False)
-    tokens = {t: create_token(service.sessions, t) for t in ("vision", "nlp")}
-    with TestClient(app) as client:
-        client.tokens = tokens
-        client.tick = app.state.loop.tick
-        client.service = service
-        yield client
-    service.engine.dispose()
+    yield from serve(db_url, PolicyConfig.model_validate(POLICY))
 
 
 def job(api, job_id: str, team: str = "vision") -> dict:
