@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ..engine.placement import Placed
 from ..units import format_duration
 from .pending import Pending
+from .quota import need
 from .reservations import Reservation, earliest_end, place_best
 
 if TYPE_CHECKING:
@@ -43,10 +44,15 @@ class Preemption:
     stop_at: float         # the victim is gone by then: the signal, then its grace
 
 
+def unsaved(ran: float, interval: float | None) -> float:
+    """Seconds of a run of `ran` seconds done since its last checkpoint (every `interval`
+    seconds from its start; none: all of it)."""
+    return ran % interval if interval else ran
+
+
 def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
     """Seconds of the job's work a stop now loses: since its last checkpoint."""
-    ran = max(0.0, now - started)
-    return ran % job.checkpoint_interval if job.checkpoint_interval else ran
+    return unsaved(max(0.0, now - started), job.checkpoint_interval)
 
 
 def pool(s: Scheduler, now: float) -> list[tuple[tuple, QueuedJob]]:
@@ -148,7 +154,7 @@ class Trial:
                 taken = less.setdefault(v.team, [0, 0, 0])
                 if not self.p.s.quotas.over(v.team, taken):
                     continue
-                for i, n in enumerate((v.gpus, v.cpus, v.memory)):
+                for i, n in enumerate(need(v)):
                     taken[i] += n
             chosen.append(c)
             freed_gpus += v.gpus
@@ -200,13 +206,12 @@ def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
             if len(hosts) == 1:
                 by_host.setdefault(hosts.pop(), []).append(c)
         # a host's cheapest candidate bounds what any set there costs
-        tried = sorted(by_host.values(), key=lambda cs: cs[0][0])
-        for cs in tried[:HOST_SCOPES]:
+        tried = sorted(by_host.items(), key=lambda hc: hc[1][0][0])
+        for host, cs in tried[:HOST_SCOPES]:
             if cs[0][0][0] >= _total(best[0])[0]:
                 break
-            if sum(c[1].gpus for c in cs) + s.state.hosts[
-                    s.state.allocations[cs[0][1].name][0].host.index
-            ].usable_gpus.bit_count() < job.gpus:
+            free = s.state.hosts[host].usable_gpus.bit_count()
+            if free + sum(c[1].gpus for c in cs) < job.gpus:
                 continue
             got = trial.cheapest(cs, limit)
             if got is not None and _total(got[0]) < _total(best[0]):

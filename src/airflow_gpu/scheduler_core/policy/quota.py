@@ -38,6 +38,12 @@ def _show(i: int, v: float) -> str:
     return format_size(int(v)) if RESOURCES[i] == "memory" else f"{v:g}"
 
 
+def most(config: PolicyConfig, team: str, preemptible: bool) -> tuple[float, float, float]:
+    """The most a team may hold for a job: its limit, or only its guarantee for a job
+    that may not borrow (it could not be given back)."""
+    return config.limit(team) if preemptible else config.guarantee(team)
+
+
 def _kind(config: PolicyConfig, team: str, i: int, cap: float) -> str:
     what, g = RESOURCES[i], config.guarantee(team)[i]
     return f"quota_{what} {_show(i, g)}" + (
@@ -48,8 +54,7 @@ def over_quota(config: PolicyConfig, team: str, needs: tuple[int, int, int],
                preemptible: bool = True) -> str | None:
     """Why a job needing (gpus, cpus, memory) can never start for `team`: more than the
     team may ever hold (its limit; its guarantee for a job that may not borrow)."""
-    most = config.limit(team) if preemptible else config.guarantee(team)
-    for i, (n, cap) in enumerate(zip(needs, most, strict=True)):
+    for i, (n, cap) in enumerate(zip(needs, most(config, team, preemptible), strict=True)):
         if n > cap:
             return (f"needs {_show(i, n)} {SAY[i]} but team {team!r} may hold at most "
                     f"{_kind(config, team, i, cap)}"
@@ -64,9 +69,6 @@ class Quotas:
     def __init__(self, config: PolicyConfig):
         self.config = config
         self.held: dict[str, Usage] = {}
-
-    def gpus(self, team: str) -> int:
-        return int(self.held.get(team, (0,))[0])
 
     def add(self, job: QueuedJob, sign: int = 1) -> None:
         u = self.held.setdefault(job.team, [0, 0, 0])
@@ -84,13 +86,12 @@ class Quotas:
 
     def fits_without(self, job: QueuedJob, victims: list[QueuedJob]) -> bool:
         """The job is within its team's limit once `victims` (its team's) are gone."""
-        most = (self.config.limit(job.team) if job.preemptible
-                else self.config.guarantee(job.team))
         after = self._after(job)
         for v in victims:
             if v.team == job.team:
                 after = [a - n for a, n in zip(after, need(v), strict=True)]
-        return all(a <= b for a, b in zip(after, most, strict=True))
+        cap = most(self.config, job.team, job.preemptible)
+        return all(a <= b for a, b in zip(after, cap, strict=True))
 
     def guaranteed(self, team: str) -> bool:
         """The team has a GPU guarantee of its own (so it may reclaim)."""
@@ -105,10 +106,8 @@ class Quotas:
 
     def wait(self, job: QueuedJob) -> Pending | None:
         """Why the job may not start now for its team's quota, or None."""
-        most = (self.config.limit(job.team) if job.preemptible
-                else self.config.guarantee(job.team))
-        after = self._after(job)
-        for i, (a, cap) in enumerate(zip(after, most, strict=True)):
+        caps = most(self.config, job.team, job.preemptible)
+        for i, (a, cap) in enumerate(zip(self._after(job), caps, strict=True)):
             if a > cap:
                 what = RESOURCES[i]
                 held = self.held.get(job.team, (0, 0, 0))[i]

@@ -9,8 +9,9 @@ saves on SIGTERM loses less), and it holds its GPUs through its preempt grace.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+
+from ..policy.preempt import unsaved
 
 
 @dataclass
@@ -26,11 +27,11 @@ class Run:
     signal: float | None = None       # when it was told to stop (preempted)
 
 
-def stop(run: Run, now: float, interval: float | None) -> tuple[float, float]:
+def stop(run: Run, now: float) -> tuple[float, float]:
     """(work left, seconds lost) of a run signalled at `run.signal` and gone at `now`:
     the time since its last checkpoint is run again, and the grace was spent stopping."""
     ran = run.signal - run.start
-    saved = math.floor(ran / interval) * interval if interval else 0.0
+    saved = ran - unsaved(ran, run.checkpoint_interval)
     # saved < ran < work x factor: some work is always left
     left = max(run.work - saved / run.factor, 1e-3)
     return left, (ran - saved) + (now - run.signal)

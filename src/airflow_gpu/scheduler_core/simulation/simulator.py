@@ -178,7 +178,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
                 rec.end = now
                 continue
             # a preempted job stopped: it is queued again with the work it had not saved
-            left, lost = stop(run, now, run.checkpoint_interval)
+            left, lost = stop(run, now)
             work[name] = left
             rec.lost_gpu_s += run.gpus * lost
             rec.preemptions += 1
