@@ -397,6 +397,9 @@ def add_commands(sub) -> None:
                         help="inside Airflow, without --url/--token or the variables: the "
                         "gpu_scheduler connection to read them from")
     client.add_argument("--json", action="store_true", help="print JSON")
+    from .acct_cli import add_acct
+
+    add_acct(sub, client)
     for name, func, helptext, extra in (
             ("submit", cmd_submit, "submit a job file; prints the job id", ("file",)),
             ("status", _show(lambda c, a: c.job(a.id), _job_table),

@@ -121,6 +121,7 @@ class GpuBaseOperator(BaseOperator):
         self._handles: list[Handle] = []
         self._stop = threading.Event()
         self._preempt_logged: tuple | None = None
+        self._idle_logged: str | None = None     # the idle flag last warned of
 
     # -- the job spec ---------------------------------------------------------------------
     def _spec(self, name: str, team: str | None = None,
@@ -291,8 +292,18 @@ class GpuBaseOperator(BaseOperator):
         except InputError as exc:          # the service restarts: the lease still runs
             self.log.warning("heartbeat failed: %s", exc)
         else:
+            self._idle_warning(job)
             if job.get("state") == "preempting":
                 raise self._preempted(job)
+
+    def _idle_warning(self, job: dict) -> None:
+        """The idle-GPU policy flagged the job: say so once per flag in the task log."""
+        flagged = job.get("idle_flagged_at")
+        if flagged and self._idle_logged != flagged:
+            self._idle_logged = flagged
+            self.log.warning("GPU job %s: its GPUs have stayed idle since %s and the "
+                             "scheduler flagged it (idle-GPU policy; see airflow-gpu "
+                             "explain %s)", job["id"], job.get("idle_since"), job["id"])
 
     def _preempted(self, job: dict) -> Interrupted:
         """The scheduler preempts the job: what to send its replicas, and for how long
@@ -306,8 +317,10 @@ class GpuBaseOperator(BaseOperator):
         limits = [t for t in (job.get("preempt_grace"),
                               _seconds_left(job.get("preempt_deadline_at"))) if t is not None]
         grace = max(0.0, min(limits)) if limits else None
-        why = (f"preempted by job {job.get('preempted_by') or '?'} "
-               f"({job.get('preempt_reason') or 'no reason given'})")
+        why = (f"preempted by job {job['preempted_by']} "
+               f"({job.get('preempt_reason') or 'no reason given'})"
+               if job.get("preempted_by") else
+               f"stopped: {job.get('preempt_reason') or 'no reason given'}")
         if self._preempt_logged != (job["id"], job.get("attempt")):  # each beat repeats it
             self._preempt_logged = (job["id"], job.get("attempt"))
             after = "the default grace" if grace is None else f"{round(grace, 1):g}s"

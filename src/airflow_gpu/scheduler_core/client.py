@@ -148,6 +148,15 @@ class Client:
                             json={"share": share, "quota_gpus": quota_gpus,
                                   "borrow_gpus": borrow_gpus})
 
+    def usage(self, job_id: str) -> dict:
+        return self.request("GET", f"/api/v1/jobs/{job_id}/usage")
+
+    def accounting(self, by: str = "job", since: str | None = None, until: str | None = None,
+                   team: str | None = None, job: str | None = None) -> dict:
+        params = {k: v for k, v in (("by", by), ("since", since), ("until", until),
+                                    ("team", team), ("job", job)) if v is not None}
+        return self.request("GET", "/api/v1/accounting", params=params)
+
 
 class AsyncClient:
     """What the deferrable trigger needs, without blocking the triggerer's event loop."""

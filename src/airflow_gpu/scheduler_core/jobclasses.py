@@ -59,6 +59,11 @@ class JobClass:
     preempt_signal: Literal["SIGTERM", "SIGUSR1", "SIGINT"] = "SIGTERM"
     preempt_grace: int | None = None
     checkpoint_interval: int | None = None
+    # Idle GPUs (the policy's `idle:` otherwise): seconds under the threshold before its
+    # jobs are flagged (0: never flag them), the threshold (percent) and the action
+    idle_after: int | None = None
+    idle_threshold: float | None = None
+    idle_action: Literal["notify", "requeue"] | None = None
 
     def check(self, spec: JobSpec) -> list[str]:
         problems = []

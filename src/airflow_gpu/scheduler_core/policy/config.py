@@ -143,6 +143,22 @@ class Preemption(_Spec):
                        default=-math.inf), band)
 
 
+class IdlePolicy(_Spec):
+    """Jobs whose GPUs stay below `threshold` percent utilization for `after`: flagged
+    (a warning in the task log and the UI, an event, a metric) and, with action
+    `requeue`, stopped and requeued once they stay idle `grace` longer. A job class's
+    `idle_*` fields override these for its jobs."""
+
+    after: Duration | None = Field(None, ge=1, description="flag a job whose GPUs all "
+                                   "stay under the threshold this long (none: never)")
+    threshold: float = Field(5.0, ge=0, le=100, description="GPU utilization (percent) "
+                             "under which a GPU counts as idle")
+    action: Literal["notify", "requeue"] = Field("notify", description="notify: flag only; "
+                                                 "requeue: then stop and requeue the job")
+    grace: Duration = Field(600, ge=0, description="seconds a flagged job may stay idle "
+                            "before the action")
+
+
 class PolicyConfig(_Spec):
     mode: Mode = Field("backfill", description="backfill | fifo | count")
     age_weight: float = Field(0.0, ge=0, description="priority points per hour waited "
@@ -184,6 +200,7 @@ class PolicyConfig(_Spec):
     default_share: float = Field(1.0, description="share of a team not listed in teams")
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)
     preemption: Preemption = Field(default_factory=Preemption)
+    idle: IdlePolicy = Field(default_factory=IdlePolicy)
 
     _default_share = field_validator("default_share")(check_share)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import Depends, FastAPI, Header, Path, Query, Request, Response
@@ -16,10 +17,10 @@ from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ..errors import InputError
-from . import health
+from . import acct, health
 from .auth import AgentPrincipal, principal_for
 from .bodies import MAX_BODY, BodyLimit, DecodedOffLoop, invalid, safe
-from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service
+from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service, utcnow
 from .loop import SchedulerLoop
 from .metrics import Metrics
 from .schemas import (
@@ -38,6 +39,11 @@ from .schemas import (
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"       # team names, as in the job spec
 States = Literal["pending", "admitted", "running", "preempting", "succeeded", "failed",
                  "cancelled", "lost", "timeout"]
+
+
+def _aware(at: datetime | None) -> datetime | None:
+    """A time without a zone is UTC (what the API writes)."""
+    return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
 
 
 def app_from_env() -> FastAPI:
@@ -187,6 +193,24 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     def finish(job_id: str, body: FinishRequest, p: Who):
         return JobOut.of(service.finish(job_id, p, body.outcome, body.exit_code, body.attempt),
                          service.allocations(job_id))
+
+    @app.get("/api/v1/jobs/{job_id}/usage")
+    def job_usage(job_id: str, _: Who) -> dict:
+        """The job's GPU accounting: totals, each replica's, utilization over time."""
+        return acct.job_usage(service, job_id, utcnow())
+
+    @app.get("/api/v1/accounting")
+    def accounting(_: Who, by: Literal["job", "team", "day"] = "job",
+                   since: datetime | None = None, until: datetime | None = None,
+                   team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
+                   job: Annotated[str | None, Query(max_length=36)] = None) -> dict:
+        """GPU accounting over a window (default: the last 7 days), per job, per team or
+        per day and team (Slurm's sacct, Grid Engine's qacct)."""
+        try:
+            return acct.report(service, by, _aware(since), _aware(until), team, job,
+                               utcnow())
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
 
     @app.get("/api/v1/cluster")
     def cluster(_: Who) -> dict:

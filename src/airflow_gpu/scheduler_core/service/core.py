@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 PENDING = "pending"
 UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "power_watts",
-               "temperature_c")
+               "temperature_c", "uuid", "energy_joules", "sm_active", "thermal_throttle")
 # live: holding resources; `preempting`: being stopped for another job (it keeps them
 # until its launcher says it has stopped, or its preempt deadline passes)
 LIVE = ("admitted", "running", "preempting")
@@ -134,7 +134,8 @@ def requeued(reason: str, **more) -> dict:
     return dict(state=PENDING, admitted_at=None, started_at=None, lease_expires_at=None,
                 reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
                 deadline_at=None, limit_cut_by=None, preempt_deadline_at=None,
-                borrowed=False, requeue_reason=reason, **more)
+                borrowed=False, requeue_reason=reason, idle_since=None, idle_flagged_at=None,
+                **more)
 
 
 def spec_gpus(spec: dict) -> int:
@@ -237,8 +238,11 @@ class Service:
         """Health and utilization of a host's GPUs, as its node agent (or an admin) reports
         it (a heartbeat of the host). An unhealthy GPU gets no new work; jobs on it are
         handled by their class's on_gpu_failure policy (faults.py)."""
+        from .accounting import record
         from .agents import reachable
         from .faults import handle_gpu_faults
+        from .idle import evaluate
+        from .wear import wear
 
         if not who.admin:
             raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
@@ -271,9 +275,11 @@ class Service:
                 for key in UTILIZATION:
                     if key in g:
                         setattr(row, key, g[key])
+                wear(row, g, now)
             hrow.reported_at = now
             s.flush()
             handle_gpu_faults(self, s, now, host=name)
+            evaluate(self, s, record(self, s, name, gpus, now), now)
         self.wake.set()
         with self.reads() as s:
             return list(s.scalars(select(GpuRow).where(GpuRow.host == name)
@@ -565,7 +571,9 @@ class Service:
     def _release(s: Session, job_id: str) -> None:
         s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == job_id))
         s.execute(delete(CpuHoldRow).where(CpuHoldRow.job_id == job_id))
-        s.execute(_update(AllocationRow).where(AllocationRow.job_id == job_id).values(live=False))
+        s.execute(_update(AllocationRow).where(AllocationRow.job_id == job_id,
+                                               AllocationRow.live.is_(True))
+                  .values(live=False, released_at=utcnow()))
 
     @staticmethod
     def _event(s: Session, kind: str, message: str, job: str | None = None,

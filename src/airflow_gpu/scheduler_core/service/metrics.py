@@ -10,6 +10,7 @@ from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
 from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow
+from .core import LIVE
 
 # per-GPU gauges from the node agents' latest samples: (column, metric, help)
 _GPU_GAUGES = (
@@ -95,3 +96,42 @@ class _StoreCollector:
                 if value is not None:
                     family.add_metric([g.host, str(g.index)], value)
         yield from (total, healthy, allocated, jobs, reach, *per_gpu)
+        yield from _job_gauges(svc)
+
+
+# per-job gauges of the GPUs live jobs hold, labelled as dcgm-exporter labels its series
+# (gpu, UUID, device, modelName, Hostname; hpc_job as its HPC job mapping names the job:
+# a `job` label would clash with Prometheus's own) plus job_name and team
+_JOB_GAUGES = (
+    ("utilization_gpu", "airflow_gpu_job_gpu_utilization_percent",
+     "GPU utilization of a GPU a job holds"),
+    ("memory_used_bytes", "airflow_gpu_job_gpu_memory_used_bytes",
+     "GPU memory in use on a GPU a job holds"),
+    ("power_watts", "airflow_gpu_job_gpu_power_watts", "power draw of a GPU a job holds"),
+)
+_JOB_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "hpc_job", "job_name", "team"]
+
+
+def _job_gauges(svc):
+    families = [GaugeMetricFamily(name, text, labels=_JOB_LABELS) for _, name, text in
+                _JOB_GAUGES]
+    idle = GaugeMetricFamily("airflow_gpu_idle_jobs", "live jobs the idle-GPU policy has "
+                             "flagged (their GPUs stay under the threshold)", labels=["team"])
+    with svc.sessions() as s:
+        rows = s.execute(select(GpuRow, JobRow.id, JobRow.name, JobRow.team).join(
+            GpuHoldRow, (GpuHoldRow.host == GpuRow.host) & (GpuHoldRow.gpu == GpuRow.index))
+            .join(JobRow, JobRow.id == GpuHoldRow.job_id)
+            .where(JobRow.state.in_(LIVE))).all()
+        flagged = s.execute(select(JobRow.team, func.count()).where(
+            JobRow.state.in_(LIVE), JobRow.idle_flagged_at.is_not(None))
+            .group_by(JobRow.team)).all()
+    for g, job_id, job_name, team in rows:
+        labels = [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, g.host, job_id,
+                  job_name, team]
+        for family, (column, _, _) in zip(families, _JOB_GAUGES, strict=True):
+            value = getattr(g, column)
+            if value is not None:
+                family.add_metric(labels, value)
+    for team, n in flagged:
+        idle.add_metric([team], n)
+    yield from (*families, idle)

@@ -41,16 +41,19 @@ def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False)
     """A preempting job back to the queue under the same id, its resources released."""
     row = s.execute(select(JobRow.preempted_by, JobRow.attempt).where(
         JobRow.id == job_id)).first()
+    # no preemptor: the idle-GPU policy stopped it (idle.py)
+    reason = "preempted" if row.preempted_by else "idle"
     done = s.execute(_update(JobRow).where(
         JobRow.id == job_id, JobRow.state == "preempting", *where).values(
-        **requeued("preempted")))
+        **requeued(reason)))
     if done.rowcount != 1:
         return False
     svc._release(s, job_id)
     how = (f"its launcher did not confirm the stop within its grace (+{SLACK:g}s)"
            if forced else "its launcher stopped the replicas")
-    svc._event(s, "requeued", f"preempted by job {row.preempted_by}: {how}; back in the "
-               f"queue under the same id (admission {row.attempt} ended)", job=job_id)
+    who = f"preempted by job {row.preempted_by}" if row.preempted_by else "idle GPUs"
+    svc._event(s, "requeued", f"{who}: {how}; back in the queue under the same id "
+               f"(admission {row.attempt} ended)", job=job_id)
     return True
 
 
@@ -59,7 +62,7 @@ def stopped(svc: Service, job_id: str, attempt: int | None) -> JobRow:
     with svc.sessions.begin() as s:
         if not requeue(svc, s, job_id, *_same_attempt(attempt)):
             current = s.get(JobRow, job_id)
-            if current.state == PENDING and current.requeue_reason == "preempted":
+            if current.state == PENDING and current.requeue_reason in ("preempted", "idle"):
                 return current          # said twice, or requeued by force before
             raise Conflict(_stale(current, attempt, "only a job that is preempting can be "
                                   "finished as preempted"))

@@ -95,7 +95,11 @@ class JobOut(BaseModel):
                                                  "requeued by force then")
     preemptions: int = 0
     requeue_reason: str | None = Field(None, description="why its last admission was "
-                                       "requeued: preempted | gpu_fault")
+                                       "requeued: preempted | gpu_fault | idle")
+    idle_since: datetime | None = Field(None, description="every GPU it holds has stayed "
+                                        "under the idle threshold since then")
+    idle_flagged_at: datetime | None = Field(None, description="the idle-GPU policy flagged "
+                                             "it then (see idle_since)")
     replicas: list[ReplicaOut] = []
 
     @classmethod
@@ -116,7 +120,8 @@ class JobOut(BaseModel):
                    if j.deadline_at and j.admitted_at else None,
                    borrowed=bool(j.borrowed), preempted_by=j.preempted_by,
                    preempt_reason=j.preempt_reason, preemptions=j.preemptions or 0,
-                   requeue_reason=j.requeue_reason,
+                   requeue_reason=j.requeue_reason, idle_since=j.idle_since,
+                   idle_flagged_at=j.idle_flagged_at,
                    **({"preempt_signal": j.preempt_signal, "preempt_grace": j.preempt_grace,
                        "preempt_deadline_at": j.preempt_deadline_at}
                       if j.state == "preempting" else {}),
@@ -213,6 +218,14 @@ class GpuHealth(_In):
     memory_used_bytes: int | None = Field(None, ge=0, le=2**53)
     power_watts: float | None = Field(None, ge=0, le=1e6)
     temperature_c: float | None = Field(None, ge=-273, le=1000)
+    # from DCGM or NVML beyond hard faults (see docs/agent.md); omitted: unknown
+    uuid: str | None = Field(None, max_length=100, pattern=r"^[A-Za-z0-9_.:/-]+$")
+    energy_joules: float | None = Field(None, ge=0, le=1e18, description="energy counter "
+                                        "since the driver loaded")
+    sm_active: float | None = Field(None, ge=0, le=100, description="percent")
+    ecc_corrected_total: int | None = Field(None, ge=0, le=2**62)
+    nvlink_errors_total: int | None = Field(None, ge=0, le=2**62)
+    thermal_throttle: bool | None = None
 
 
 class HostReport(_In):

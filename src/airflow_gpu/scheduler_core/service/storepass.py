@@ -32,6 +32,7 @@ from .core import (
 )
 from .faults import handle_gpu_faults
 from .preemption import mark_preempting
+from .wear import worn_gpus
 
 
 def run_pass(svc: Service) -> list[str]:
@@ -66,6 +67,9 @@ def run_pass(svc: Service) -> list[str]:
         for name, indexes in bad.items():
             if name in cluster.by_name:
                 state.set_unhealthy_gpus(name, indexes)
+        for name, worn in worn_gpus(s, now).items():     # scored down, not excluded
+            if name in cluster.by_name:
+                state.set_degraded_gpus(name, worn)
         sched = Scheduler(state, policy, svc.reg, now=t_now,
                           timemodel=svc.slowdown.update(s, policy, cluster))
         specs: dict[str, JobSpec] = {}    # the live and pending jobs' parsed specs
@@ -105,7 +109,7 @@ def run_pass(svc: Service) -> list[str]:
                 stop_grace=round(job.grace), limit_cut_by=cut_by, borrowed=job.borrowed))
             if done.rowcount != 1:
                 continue              # cancelled meanwhile
-            _write_allocations(s, job.name, placed.allocations)
+            _write_allocations(s, job.name, placed.allocations, now)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
             svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
                        + limit_note(job.limit, deadline - t_now, cut_by)
@@ -182,13 +186,14 @@ def _to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:
                              sorted(mem), list(a.nics))
 
 
-def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation]) -> None:
+def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation],
+                       now: datetime) -> None:
     for a in allocs:
         d = a.to_dict()
         s.add(AllocationRow(job_id=job_id, role=a.role, replica=a.index, host=a.host.name,
                             gpus=d["gpus"], cpus=d["cpus"],
                             memory_by_numa=d["memory_by_numa"], nics=d["nics"],
-                            live=True))
+                            live=True, granted_at=now))
         s.add_all(GpuHoldRow(host=a.host.name, gpu=g, job_id=job_id) for g in a.gpus)
         s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
     s.flush()   # the hold keys are checked here, inside the pass's transaction

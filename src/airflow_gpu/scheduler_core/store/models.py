@@ -64,6 +64,16 @@ class GpuRow(Base):
     memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)
     power_watts: Mapped[float | None] = mapped_column(Float)
     temperature_c: Mapped[float | None] = mapped_column(Float)
+    # what DCGM or NVML say beyond hard faults: counters whose rise, and thermal
+    # throttling, make the GPU "worn" (scored down for long jobs, never excluded)
+    uuid: Mapped[str | None] = mapped_column(String(100))
+    energy_joules: Mapped[float | None] = mapped_column(Float)      # counter since boot
+    sm_active: Mapped[float | None] = mapped_column(Float)          # percent
+    ecc_corrected_total: Mapped[int | None] = mapped_column(BigInteger)
+    nvlink_errors_total: Mapped[int | None] = mapped_column(BigInteger)
+    thermal_throttle: Mapped[bool | None] = mapped_column(Boolean)
+    ecc_rose_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    nvlink_rose_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class JobRow(Base):
@@ -113,6 +123,10 @@ class JobRow(Base):
     borrowed: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     requeue_reason: Mapped[str | None] = mapped_column(String(20))
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # idle-GPU policy: since when every GPU of the job stays under the threshold, when it
+    # was flagged for it (a warning, an event), and when the action was taken
+    idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idle_flagged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class AllocationRow(Base):
@@ -129,6 +143,9 @@ class AllocationRow(Base):
     memory_by_numa: Mapped[dict[str, Any]] = mapped_column()
     nics: Mapped[list[Any]] = mapped_column()
     live: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
+    # when the grant began and ended: GPU-seconds granted, for accounting
+    granted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class GpuHoldRow(Base):
@@ -143,6 +160,51 @@ class CpuHoldRow(Base):
     host: Mapped[str] = mapped_column(ForeignKey("hosts.name"), primary_key=True)
     cpu: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+
+
+class UsageRow(Base):
+    """What one GPU did for one job's admission on one UTC day, integrated from the node
+    agent's samples (trapezoids between consecutive samples). The `last_*` columns carry
+    the previous sample to the next report; a new day starts a new row."""
+
+    __tablename__ = "job_usage"
+    __table_args__ = (UniqueConstraint("job_id", "attempt", "host", "gpu", "day",
+                                       name="uq_job_usage"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    team: Mapped[str] = mapped_column(String(NAME), index=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(NAME))
+    replica: Mapped[int] = mapped_column(Integer)
+    host: Mapped[str] = mapped_column(String(NAME))
+    gpu: Mapped[int] = mapped_column(Integer)
+    day: Mapped[str] = mapped_column(String(10), index=True)        # YYYY-MM-DD, UTC
+    sampled_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    util_seconds: Mapped[float] = mapped_column(Float, default=0.0)   # percent x seconds
+    util_peak: Mapped[float | None] = mapped_column(Float)
+    memory_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    energy_joules: Mapped[float] = mapped_column(Float, default=0.0)
+    zero_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # at 0 % utilization
+    below_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_util: Mapped[float | None] = mapped_column(Float)
+    last_power: Mapped[float | None] = mapped_column(Float)
+    last_energy: Mapped[float | None] = mapped_column(Float)
+
+
+class SampleRow(Base):
+    """A job's utilization on one host over time, at most one point per SERIES_STEP:
+    what the UI plots. The job's totals come from job_usage, not from these."""
+
+    __tablename__ = "job_samples"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    host: Mapped[str] = mapped_column(String(NAME))
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    gpus: Mapped[int] = mapped_column(Integer)
+    utilization_gpu: Mapped[float | None] = mapped_column(Float)     # mean, percent
+    memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)  # sum
+    power_watts: Mapped[float | None] = mapped_column(Float)          # sum
 
 
 class EventRow(Base):

@@ -1,0 +1,120 @@
+"""The idle-GPU policy: a live job whose GPUs all stay below the threshold for `after`
+seconds is flagged (the job's `idle_flagged_at`, an `idle` event, the task log, the UI,
+the `airflow_gpu_idle_jobs` gauge); with action `requeue`, a job still idle `grace`
+seconds after the flag is stopped like a preempted one (its class's signal and grace)
+and requeued under the same id. A job that uses its GPUs again loses the flag.
+
+Evaluated on every node agent report, from the per-GPU `below_since` marks accounting
+keeps: a job is idle since the latest of its GPUs' marks, and only once every GPU it
+holds has reported."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from ..store.models import GpuHoldRow, JobRow, UsageRow
+from ..units import format_duration
+from .core import _ts, _update
+
+
+@dataclass(frozen=True)
+class IdleRule:
+    after: float | None       # seconds; None: never flagged
+    threshold: float          # percent
+    action: str               # notify | requeue
+    grace: float              # seconds from the flag to the action
+
+
+def rule_of(svc, spec: dict) -> IdleRule:
+    """The job's class's idle settings over the policy's."""
+    p = svc._policy().idle
+    jc = svc.reg.job_classes.get((spec or {}).get("job_class") or "")
+    after = p.after
+    if jc is not None and jc.idle_after is not None:
+        after = jc.idle_after or None            # 0: the class's jobs are never flagged
+    threshold = jc.idle_threshold if jc is not None and jc.idle_threshold is not None \
+        else p.threshold
+    action = jc.idle_action if jc is not None and jc.idle_action else p.action
+    return IdleRule(after, threshold, action, p.grace)
+
+
+def threshold_of(svc, spec: dict) -> float:
+    return rule_of(svc, spec).threshold
+
+
+def idle_since(s: Session, job_id: str, attempt: int) -> datetime | None:
+    """Since when every GPU the job holds is under the threshold (None: one is not, or
+    has not reported)."""
+    latest: dict[tuple, datetime | None] = {}
+    for host, gpu, below in s.execute(
+            select(UsageRow.host, UsageRow.gpu, UsageRow.below_since).where(
+                UsageRow.job_id == job_id, UsageRow.attempt == attempt)
+            .order_by(UsageRow.day.desc())):
+        latest.setdefault((host, gpu), below)
+    held = s.scalar(select(func.count()).select_from(GpuHoldRow).where(
+        GpuHoldRow.job_id == job_id))
+    if not held or len(latest) < held or any(b is None for b in latest.values()):
+        return None
+    return max(latest.values())
+
+
+def message(rule: IdleRule, since: datetime, gpus: int) -> str:
+    what = (f"its {gpus} GPU{'s' if gpus != 1 else ''} have stayed under "
+            f"{rule.threshold:g} % utilization since {since:%Y-%m-%d %H:%M:%S} UTC "
+            f"(idle policy: flag after {format_duration(rule.after)})")
+    if rule.action == "requeue":
+        return (what + f"; unless it uses them within {format_duration(rule.grace)} it is "
+                "stopped and requeued under the same id")
+    return what + "; release them if the work is done (action: notify)"
+
+
+def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
+    from .preemption import SLACK
+
+    for job in s.scalars(select(JobRow).where(JobRow.id.in_(job_ids),
+                                              JobRow.state.in_(("admitted", "running")))):
+        since = idle_since(s, job.id, job.attempt)
+        if since is None:
+            if job.idle_since is not None:
+                if job.idle_flagged_at is not None:
+                    svc._event(s, "idle", "uses its GPUs again: the idle flag is cleared",
+                               job=job.id)
+                job.idle_since = job.idle_flagged_at = None
+            continue
+        job.idle_since = since
+        rule = rule_of(svc, job.spec)
+        if rule.after is None:
+            continue
+        gpus = s.scalar(select(func.count()).select_from(GpuHoldRow).where(
+            GpuHoldRow.job_id == job.id))
+        if job.idle_flagged_at is None:
+            if _ts(now) - _ts(since) >= rule.after:
+                job.idle_flagged_at = now
+                svc._event(s, "idle", "idle: " + message(rule, since, gpus), job=job.id)
+            continue
+        if rule.action != "requeue" or _ts(now) - _ts(job.idle_flagged_at) < rule.grace:
+            continue
+        from ..jobclasses import preempt_options, stop_grace
+        from ..jobspec import JobSpec
+
+        try:
+            spec = JobSpec.model_validate(job.spec)
+            grace = stop_grace(spec, svc.reg.job_classes, svc._policy().defaults)
+            _, sig, grace, _ = preempt_options(svc.reg.job_classes.get(spec.job_class or ""),
+                                               grace)
+        except ValueError:
+            sig, grace = "SIGTERM", float(svc._policy().stop_grace)
+        why = (f"idle: its GPUs stayed under {rule.threshold:g} % utilization for "
+               f"{format_duration(_ts(now) - _ts(since))} (idle policy action: requeue)")
+        done = s.execute(_update(JobRow).where(
+            JobRow.id == job.id, JobRow.state.in_(("admitted", "running"))).values(
+            state="preempting", preempted_by=None, preempt_reason=why,
+            preempt_deadline_at=datetime.fromtimestamp(_ts(now) + grace + SLACK, UTC),
+            preempt_signal=sig, preempt_grace=round(grace)))
+        if done.rowcount == 1:
+            svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
+                       "under the same id once its replicas have stopped", job=job.id)
