@@ -168,6 +168,37 @@ def test_job_page_shows_placement_events_and_the_task_instance(stack, browser):
     assert browser.text("#job-limit") == "time limit 6h"        # elapsed against it
 
 
+def test_job_page_shows_its_accounting_and_utilization_chart(stack, browser):
+    """The service's usage of the job (the demo's one node agent report) as totals, a row
+    per replica and an inline SVG chart; a job on hosts without telemetry has no samples."""
+    job_id = stack.scheduler.ids["vision_pipeline.train"]
+    usage = stack.scheduler.call("GET", f"/api/v1/jobs/{job_id}/usage")
+    assert usage["series"] and usage["utilization_peak"] == max(UTILIZATION["dgx-a-01"])
+    browser.open(f"{stack.url}/gpu/jobs/{job_id}")
+    browser.wait("document.querySelector('#accounting')")
+    # one point per sample: on the lines, or a dot where a sample stands alone
+    points = browser.eval(
+        "[...document.querySelectorAll('#usage-chart polyline.util')]"
+        ".reduce((n, l) => n + l.getAttribute('points').split(' ').length, 0)"
+        " + document.querySelectorAll('#usage-chart circle.util').length")
+    assert points == len(usage["series"])
+    assert browser.eval("[...document.querySelectorAll('#usage-chart .util-tick')]"
+                        ".map(t => t.textContent)") == ["0 %", "50 %", "100 %"]
+    start, end = browser.eval("['.time-start', '.time-end'].map(c => document"
+                              ".querySelector('#usage-chart ' + c).textContent)")
+    assert start.startswith(usage["series"][0]["at"][:10]) and end     # the date, a time
+    assert browser.text("#usage-util").endswith(f"peak {usage['utilization_peak']:g} %")
+    assert cells(browser, "#usage-replicas tbody tr", "data-host") == \
+        [r["host"] for r in usage["replicas"]]
+
+    bert = stack.scheduler.ids["bert-finetune"]          # V100 hosts: no node agent
+    assert stack.scheduler.call("GET", f"/api/v1/jobs/{bert}/usage")["series"] == []
+    browser.open(f"{stack.url}/gpu/jobs/{bert}")
+    browser.wait("document.querySelector('#accounting')")
+    assert "no samples yet" in browser.text("#usage-chart-empty")
+    assert not browser.eval("!!document.querySelector('#usage-chart')")
+
+
 def test_preempted_job_page_says_by_whom_why_and_how_it_stops(stack, browser):
     vit_id, urgent_id = (stack.scheduler.ids[n] for n in ("vit-large", "urgent-eval"))
     job = stack.scheduler.call("GET", f"/api/v1/jobs/{vit_id}")

@@ -15,6 +15,7 @@ from airflow_gpu.plugin.views.cluster import cluster_page, nvlink_label
 from airflow_gpu.plugin.views.job import job_page, task_instance, task_instance_url
 from airflow_gpu.plugin.views.queue import queue_page
 from airflow_gpu.plugin.views.teams import borrow_label, limit_gpus, polyline, teams_page
+from airflow_gpu.plugin.views.usage_chart import nice_ceiling, usage_chart
 from airflow_gpu.plugin.views.usage_history import fair_shares, gpu_hours, usage_history
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -240,11 +241,13 @@ def test_job_page_shows_who_preempted_it_and_how_it_stops():
 
 
 class FakeSource:
-    """What the scheduler would answer, for rendering without one."""
+    """What the scheduler would answer, for rendering without one (`usage` None: a
+    service older than accounting, which has no usage endpoint)."""
 
     def __init__(self, fail: SourceError | None = None, live: list[dict] = LIVE,
-                 pending: list[dict] = (), job: dict = LIVE[0]):
+                 pending: list[dict] = (), job: dict = LIVE[0], usage: dict | None = None):
         self.fail, self.live, self.pending, self.one = fail, live, list(pending), job
+        self.used = usage
 
     def _answer(self, value):
         if self.fail:
@@ -265,6 +268,11 @@ class FakeSource:
     def job(self, job_id):
         return self._answer(self.one)
 
+    def usage(self, job_id):
+        if self.used is None:
+            raise SourceError(404, "Not Found")
+        return self._answer(self.used)
+
     def explain(self, job_id):
         return self._answer({"code": None, "reason": None, "eta_seconds": None,
                              "details": {}, "events": []})
@@ -278,6 +286,142 @@ def client(source) -> TestClient:
     app = create_app(source)
     app.dependency_overrides[require_login] = lambda: None
     return TestClient(app)
+
+
+SERIES = [{"at": at(2), "utilization_gpu": 0.0, "memory_used_bytes": 2**30,
+           "power_watts": 100.0},
+          {"at": at(1), "utilization_gpu": 50.0, "memory_used_bytes": 2**31,
+           "power_watts": 200.0},
+          {"at": at(0), "utilization_gpu": 100.0, "memory_used_bytes": 2**31,
+           "power_watts": 300.0}]
+TOTALS = {"gpu_seconds": 5400.0, "gpu_hours": 1.5, "sampled_gpu_seconds": 3600.0,
+          "utilization_mean": 73.4321, "utilization_peak": 97.0,
+          "memory_peak_bytes": 40 * 2**30, "energy_joules": 4.5e6,
+          "zero_utilization_seconds": 600.0}
+USAGE = {"job": "j1", "name": "train", "team": "vision", "state": "running",
+         "idle_since": None, "idle_flagged_at": None, **TOTALS,
+         "replicas": [{"role": "w", "index": 0, "host": "a", "gpus": [0, 1], **TOTALS,
+                       "energy_joules": 1234.4}],
+         "series": SERIES}
+
+
+def test_usage_chart_draws_one_point_per_sample_on_a_0_to_100_axis():
+    c = usage_chart(SERIES)
+    assert not c["empty"] and c["samples"] == 3
+    # 0, 50 and 100 %: bottom, middle and top of the plot; first to last sample across it
+    assert c["util"] == ["36.0,142.0 315.0,75.0 594.0,8.0"] and c["util_dots"] == []
+    assert [g["label"] for g in c["grid"]] == ["0 %", "50 %", "100 %"]
+    assert [g["y"] for g in c["grid"]] == [142.0, 75.0, 8.0]
+    assert (c["start"], c["end"], c["span"]) == ("2025-06-01 11:58:00", "12:00:00", "2m")
+    # power on its own axis, up to a round number: 300 W of 500
+    assert c["power_top"] == "500 W" and len(c["power"][0].split(" ")) == 3
+    assert usage_chart(SERIES, power=False)["power"] is None
+    assert nice_ceiling(300) == 500 and nice_ceiling(1800) == 2000 and nice_ceiling(0) == 1
+
+
+def test_usage_chart_breaks_the_line_where_samples_are_missing():
+    series = [{"at": at(m), "utilization_gpu": u, "power_watts": None}
+              for m, u in ((60, 10.0), (59, 20.0), (58, None), (57, 30.0), (56, 40.0),
+                           (55, 50.0), (5, 60.0))]        # 50 minutes without a report
+    c = usage_chart(series)
+    assert [len(line.split(" ")) for line in c["util"]] == [2, 3]
+    assert len(c["util_dots"]) == 1 and c["util_dots"][0]["x"] == 594.0   # the lone last
+    assert c["power"] is None and c["power_top"] is None
+    assert (c["start"], c["end"]) == ("2025-06-01 11:00", "11:55")
+    days = usage_chart([{"at": at(60 * 24 + 1), "utilization_gpu": 1.0},
+                        {"at": at(0), "utilization_gpu": 2.0}])
+    assert (days["start"], days["end"]) == ("2025-05-31 11:59", "2025-06-01 12:00")
+    assert usage_chart([]) == {**usage_chart([]), "empty": True, "samples": 0}
+
+
+def test_job_page_accounting_rows_and_an_unavailable_usage():
+    explain = {"code": None, "reason": None, "eta_seconds": None, "details": {},
+               "events": []}
+    a = job_page(LIVE[0], explain, CLUSTER, LIVE, NOW, usage=USAGE)["accounting"]
+    assert a["available"]
+    assert {k: a[k] for k in ("gpu_hours", "utilization_mean", "utilization_peak",
+                              "memory_peak", "energy", "zero_time", "zero_pct",
+                              "sampled")} == {
+        "gpu_hours": "1.50", "utilization_mean": "73.4 %", "utilization_peak": "97 %",
+        "memory_peak": "40GiB", "energy": "1.25 kWh", "zero_time": "10m",
+        "zero_pct": 16.7, "sampled": "1h"}
+    (r,) = a["replicas"]
+    assert (r["role"], r["index"], r["host"], r["gpus"], r["energy"]) == (
+        "w", 0, "a", "0-1", "1,234 J")
+    assert a["chart"]["util"] == usage_chart(SERIES)["util"]
+    # declared hosts without a node agent: GPU-hours granted, nothing sampled
+    bare = {**USAGE, "sampled_gpu_seconds": 0.0, "utilization_mean": None,
+            "utilization_peak": None, "memory_peak_bytes": None, "energy_joules": 0.0,
+            "zero_utilization_seconds": 0.0, "gpu_hours": 0.004, "replicas": [],
+            "series": []}
+    a = job_page(LIVE[0], explain, CLUSTER, LIVE, NOW, usage=bare)["accounting"]
+    assert (a["gpu_hours"], a["utilization_mean"], a["memory_peak"], a["energy"],
+            a["zero_time"], a["chart"]["empty"]) == ("< 0.01", "—", "—", "—", "—", True)
+    a = job_page(LIVE[0], explain, CLUSTER, LIVE, NOW, usage_error="no usage endpoint")
+    assert a["accounting"] == {"available": False, "error": "no usage endpoint"}
+
+
+def test_job_page_renders_the_accounting_and_the_utilization_chart():
+    html = client(FakeSource(usage=USAGE)).get("/jobs/j1").text
+    assert 'id="usage-chart"' in html and "<script" not in html.split("<main")[1]
+    assert '<polyline class="util" points="36.0,142.0 315.0,75.0 594.0,8.0"/>' in html
+    assert 'class="axis time-start">2025-06-01 11:58:00<' in html
+    assert 'class="axis time-end" text-anchor="end">12:00:00<' in html
+    assert ">100 %</text>" in html and ">0 %</text>" in html
+    assert "<b>1.50</b> GPU-hours granted" in html and "<b>1.25 kWh</b> energy" in html
+    assert 'id="usage-replicas"' in html
+    html = client(FakeSource(usage={**USAGE, "series": []})).get("/jobs/j1").text
+    assert 'id="usage-chart-empty"' in html and "no samples yet" in html
+    r = client(FakeSource()).get("/jobs/j1")          # an older service: 404 on /usage
+    assert r.status_code == 200 and 'id="replicas"' in r.text
+    assert "Accounting unavailable: this scheduler has no usage endpoint" in r.text
+    assert client(FakeSource()).get("/api/jobs/j1").json()["accounting"]["available"] is False
+
+
+IDLE = {**LIVE[0], "idle_since": at(45), "idle_flagged_at": at(15)}
+IDLE_STOP = {**IDLE, "state": "preempting", "preempted_by": None,
+             "preempt_reason": "idle: its GPUs stayed under 5 % utilization for 45m "
+                               "(idle policy action: requeue)",
+             "preempt_signal": "SIGTERM", "preempt_grace": 30,
+             "preempt_deadline_at": (NOW + timedelta(seconds=40)).isoformat()}
+
+
+def test_idle_flag_on_the_job_and_queue_pages():
+    explain = {"code": None, "reason": None, "eta_seconds": None, "details": {},
+               "events": []}
+    m = job_page(IDLE, explain, CLUSTER, [IDLE], NOW)
+    assert m["idle"] == {"since": "2025-06-01 11:15:00 UTC",
+                         "flagged_at": "2025-06-01 11:45:00 UTC", "for": "45m",
+                         "live": True}
+    assert job_page(LIVE[0], explain, CLUSTER, LIVE, NOW)["idle"] is None
+    html = client(FakeSource(live=[IDLE], job=IDLE)).get("/jobs/j1").text
+    assert "GPUs idle since 2025-06-01 11:15:00 UTC" in html
+    assert "flagged by the idle-GPU policy" in html
+    back = {**pending("again", 0, 3), "requeue_reason": "idle", "attempt": 2}
+    page = queue_page([back], [IDLE], NOW)
+    assert page["pending"][0]["requeued"] == "requeued: idle GPUs"
+    (live,) = page["live"]
+    assert (live["idle"], live["idle_for"], live["idle_stop"]) == (True, "45m", False)
+    assert queue_page([], LIVE, NOW)["live"][0]["idle"] is False
+    html = client(FakeSource(pending=[back], live=[IDLE])).get("/queue").text
+    assert '<span class="tag idle"' in html and "requeued: idle GPUs" in html
+    m = job_page(back, explain, CLUSTER, [], NOW)
+    assert m["preemption"]["requeue_label"] == "idle GPUs"
+
+
+def test_a_job_the_idle_policy_stops_names_no_preemptor():
+    explain = {"code": None, "reason": None, "eta_seconds": None, "details": {},
+               "events": []}
+    p = job_page(IDLE_STOP, explain, CLUSTER, [IDLE_STOP], NOW)["preemption"]
+    assert p["preempted_by"] is None and p["idle_stop"]
+    (live,) = queue_page([], [IDLE_STOP], NOW)["live"]
+    assert live["preempted_by"] is None and live["idle_stop"]
+    html = client(FakeSource(live=[IDLE_STOP], job=IDLE_STOP)).get("/jobs/j1").text
+    assert "Being stopped by the idle-GPU policy" in html and 'id="preempted-by"' not in html
+    assert "None" not in html.split('id="preemption"')[1].split("</section>")[0]
+    assert "get SIGTERM, then SIGKILL after 30s" in html
+    html = client(FakeSource(live=[IDLE_STOP])).get("/queue").text
+    assert "stopped by the idle-GPU policy within " in html and "None" not in html
 
 
 def test_cluster_page_renders_utilization_and_unreachable_hosts():

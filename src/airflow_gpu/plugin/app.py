@@ -61,9 +61,16 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
             return {**page, "history_jobs": HISTORY_JOBS}
         job_id = args["job_id"]
         job = source.job(job_id)
+        usage, usage_error = None, None
+        try:        # a page without its accounting rather than no page
+            usage = source.usage(job_id)
+        except SourceError as exc:
+            usage_error = ("this scheduler has no usage endpoint (a version before GPU "
+                           "accounting)" if exc.status == 404 else exc.message)
         return job_page(job, source.explain(job_id), source.cluster(), source.live_jobs(),
                         now, airflow_root(request),
-                        source.jobs("pending") if job.get("preempted_by") else [])
+                        source.jobs("pending") if job.get("preempted_by") else [],
+                        usage=usage, usage_error=usage_error)
 
     def render(page: str, request: Request, fragment: bool, **args: Any) -> HTMLResponse:
         context = {"page": page, "root": request.scope.get("root_path", ""),

@@ -102,6 +102,11 @@ class SchedulerSource:
     def job(self, job_id: str) -> dict:
         return self.get(f"/api/v1/jobs/{job_id}")
 
+    def usage(self, job_id: str) -> dict:
+        """GPU-hours, utilization, energy and the utilization series of one job (404 from
+        a service older than accounting)."""
+        return self.get(f"/api/v1/jobs/{job_id}/usage")
+
     def explain(self, job_id: str) -> dict:
         return self.get(f"/api/v1/jobs/{job_id}/explain")
 

@@ -1,5 +1,6 @@
 """Job page: where each replica runs (host, GPUs, cores, NUMA node, NIC), the job's
-events, why it waits, and the way back to the Airflow task instance."""
+events, why it waits, its GPU accounting and utilization over time, the idle-GPU flag,
+and the way back to the Airflow task instance."""
 
 from __future__ import annotations
 
@@ -7,8 +8,19 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
-from ..format import age, duration, format_cpulist, format_size, seconds_of, team_color
-from .queue import blockers, expected_runtime, job_gpus, victims, with_names
+from ..format import age, duration, format_cpulist, format_size, parse_time, seconds_of, team_color
+from .queue import (
+    LIVE_STATES,
+    blockers,
+    expected_runtime,
+    idle_stop,
+    job_gpus,
+    requeue_label,
+    victims,
+    with_names,
+)
+from .teams import number
+from .usage_chart import usage_chart
 
 
 def task_instance(key: str | None) -> dict[str, Any] | None:
@@ -55,12 +67,14 @@ def preemption(job: dict, names: dict[str, str], now: datetime) -> dict[str, Any
     """Borrowing, preemption and requeues of the job, or None when it has none."""
     by = job.get("preempted_by")
     out = {
-        "borrowed": bool(job.get("borrowed")) and job["state"] in (
-            "admitted", "running", "preempting"),
+        # stopped by the idle-GPU policy (no preemptor), not by another job
+        "idle_stop": idle_stop(job),
+        "borrowed": bool(job.get("borrowed")) and job["state"] in LIVE_STATES,
         "preempted_by": None if not by else {"id": by, "name": names.get(by, by)},
         "preempt_reason": job.get("preempt_reason"),
         "preemptions": job.get("preemptions") or 0,
         "requeue_reason": job.get("requeue_reason"),
+        "requeue_label": requeue_label(job.get("requeue_reason")),
         "attempt": job.get("attempt"),
         # while preempting: the signal, the grace until SIGKILL, the forced requeue
         "signal": job.get("preempt_signal"),
@@ -72,10 +86,76 @@ def preemption(job: dict, names: dict[str, str], now: datetime) -> dict[str, Any
     return out if any(out[k] for k in shown) else None
 
 
+def idle_flag(job: dict, now: datetime) -> dict[str, Any] | None:
+    """The idle-GPU policy's flag on the job (None: not flagged)."""
+    if not job.get("idle_flagged_at"):
+        return None
+    since = job.get("idle_since") or job["idle_flagged_at"]
+    return {"since": _utc(since), "flagged_at": _utc(job["idle_flagged_at"]),
+            "for": duration(age(since, now)), "live": job["state"] in LIVE_STATES}
+
+
+def _utc(value: str) -> str:
+    t = parse_time(value)
+    return t.strftime("%Y-%m-%d %H:%M:%S UTC") if t else "—"
+
+
+def percent(value: float | None) -> str:
+    return "—" if value is None else f"{number(float(value))} %"
+
+
+def energy(joules: float | None) -> str:
+    """Joules below 0.1 kWh, kWh above."""
+    if joules is None:
+        return "—"
+    return f"{joules / 3.6e6:.2f} kWh" if joules >= 3.6e5 else f"{round(joules):,} J"
+
+
+def gpu_hours(hours: float | None) -> str:
+    if hours is None:
+        return "—"
+    return "< 0.01" if 0 < hours < 0.01 else f"{hours:,.2f}"
+
+
+def usage_totals(u: dict) -> dict[str, Any]:
+    """One set of usage figures (the job's, or a replica's) as the page shows them;
+    sampled ones are "—" where no node agent reported the GPUs."""
+    sampled = u.get("sampled_gpu_seconds") or 0
+    zero = u.get("zero_utilization_seconds") or 0
+    joules = u.get("energy_joules") or 0
+    return {
+        "gpu_hours": gpu_hours(u.get("gpu_hours")),
+        "sampled": duration(sampled),
+        "utilization_mean": percent(u.get("utilization_mean")),
+        "utilization_peak": percent(u.get("utilization_peak")),
+        "memory_peak": "—" if u.get("memory_peak_bytes") is None
+        else format_size(u["memory_peak_bytes"]),
+        "energy": energy(joules) if joules or sampled else "—",
+        "zero_time": duration(zero) if sampled else "—",
+        "zero_pct": None if not sampled else number(100.0 * zero / sampled),
+    }
+
+
+def accounting(usage: dict | None, error: str | None = None) -> dict[str, Any]:
+    """The job's accounting section: totals, per replica, and the utilization chart; when
+    the service could not answer (an older one has no usage endpoint) only why."""
+    if usage is None:
+        return {"available": False, "error": error or "no usage reported"}
+    return {
+        "available": True, **usage_totals(usage),
+        "replicas": [{"role": r.get("role"), "index": r.get("index"), "host": r.get("host"),
+                      "gpus": format_cpulist(r["gpus"]) if r.get("gpus") else "—",
+                      **usage_totals(r)} for r in usage.get("replicas") or []],
+        "chart": usage_chart(usage.get("series") or []),
+    }
+
+
 def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: datetime,
-             airflow_root: str = "", pending: list[dict] = ()) -> dict[str, Any]:
+             airflow_root: str = "", pending: list[dict] = (), usage: dict | None = None,
+             usage_error: str | None = None) -> dict[str, Any]:
     """`live`: the admitted, running and preempting jobs, to name the ones this job waits
-    for; `pending`: the pending jobs, to name the one that preempted it."""
+    for; `pending`: the pending jobs, to name the one that preempted it; `usage`: the
+    service's usage of the job (None, with `usage_error`, when it could not answer)."""
     hosts = {h["name"]: h for h in cluster.get("hosts", [])}
     names = {j["id"]: j["name"] for j in live}
     ti = task_instance(job.get("idempotency_key"))
@@ -117,4 +197,6 @@ def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: dat
                    for e in explain.get("events", [])],
         "task_instance": ti,
         "task_instance_url": task_instance_url(ti, airflow_root) if ti else None,
+        "idle": idle_flag(job, now),
+        "accounting": accounting(usage, usage_error),
     }

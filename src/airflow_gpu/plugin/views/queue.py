@@ -10,6 +10,10 @@ from typing import Any
 from ...scheduler_core.plugins import default_registry
 from ..format import age, duration, format_cpulist, parse_time, seconds_of, team_color
 
+LIVE_STATES = ("admitted", "running", "preempting")     # the states that hold resources
+# what the service's requeue reasons mean, in words
+REQUEUE_LABELS = {"idle": "idle GPUs", "gpu_fault": "GPU fault"}
+
 
 def job_gpus(spec: dict) -> int:
     return sum(r.get("gpus", 0) * r.get("replicas", 1) for r in spec.get("roles", []))
@@ -51,13 +55,24 @@ def victims(code: str | None, details: dict, names: dict[str, str]) -> list[dict
     return [{"id": j, "name": names.get(j, j)} for j in details.get("victims") or []]
 
 
+def requeue_label(reason: str | None) -> str | None:
+    return None if not reason else REQUEUE_LABELS.get(reason, reason)
+
+
 def requeued(job: dict) -> str | None:
-    """Why a pending job is back in the queue: "preempted 2x" or "requeued: gpu_fault"."""
+    """Why a pending job is back in the queue: "preempted 2x, requeued", "requeued: GPU
+    fault" or "requeued: idle GPUs" (the idle-GPU policy stopped it)."""
     if job.get("requeue_reason") == "preempted":
         return f"preempted {job.get('preemptions') or 1}x, requeued"
     if job.get("requeue_reason"):
-        return f"requeued: {job['requeue_reason']}"
+        return f"requeued: {requeue_label(job['requeue_reason'])}"
     return None
+
+
+def idle_stop(job: dict) -> bool:
+    """Being stopped by the idle-GPU policy: preempting with no preemptor."""
+    return job.get("state") == "preempting" and not job.get("preempted_by") and \
+        (job.get("preempt_reason") or "").startswith("idle")
 
 
 def pending_row(job: dict, position: int, now: datetime,
@@ -95,7 +110,13 @@ def live_row(job: dict, now: datetime, names: dict[str, str] | None = None
         "gpus": job_gpus(job["spec"]),
         # admitted beyond its team's guarantee, on GPUs other teams leave idle
         "borrowed": bool(job.get("borrowed")),
-        "preempted_by": None if job["state"] != "preempting" else {
+        # flagged by the idle-GPU policy: all its GPUs under the threshold since then
+        "idle": bool(job.get("idle_flagged_at")),
+        "idle_for": None if not job.get("idle_flagged_at")
+        else duration(age(job.get("idle_since") or job["idle_flagged_at"], now)),
+        "idle_stop": idle_stop(job),
+        "preempted_by": None if job["state"] != "preempting" or not job.get("preempted_by")
+        else {
             "id": job.get("preempted_by"),
             "name": names.get(job.get("preempted_by"), job.get("preempted_by"))},
         "stops_in": None if job["state"] != "preempting"

@@ -77,7 +77,9 @@ def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
 
     for job in s.scalars(select(JobRow).where(JobRow.id.in_(job_ids),
                                               JobRow.state.in_(("admitted", "running")))):
-        since = idle_since(s, job.id, job.attempt)
+        rule = rule_of(svc, job.spec)
+        # the policy off for this job: nothing to keep (and no queries per report)
+        since = idle_since(s, job.id, job.attempt) if rule.after is not None else None
         if since is None:
             if job.idle_since is not None:
                 if job.idle_flagged_at is not None:
@@ -86,9 +88,6 @@ def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
                 job.idle_since = job.idle_flagged_at = None
             continue
         job.idle_since = since
-        rule = rule_of(svc, job.spec)
-        if rule.after is None:
-            continue
         gpus = s.scalar(select(func.count()).select_from(GpuHoldRow).where(
             GpuHoldRow.job_id == job.id))
         if job.idle_flagged_at is None:
