@@ -7,7 +7,19 @@ A plugin module or object implements any of these hooks with `@hookimpl`:
 - `airflow_gpu_host_scorers()`     -> list[HostScorer]: preferences among fitting hosts
 
 Filters and scorers follow the Kubernetes scheduling framework's Filter and
-Score stages. The built-in job classes are a plugin like any other.
+Score stages. The built-in job classes (`jobclasses`) and the built-in health scorer
+(`healthscore`) are plugins like any other.
+
+A scorer may carry two optional attributes (see HostScorer):
+
+- `applies(state) -> bool`: False when it would score every host alike in this
+  cluster state (e.g. the health scorer when no GPU is worn). A placement trial keeps
+  only the scorers that apply; with none left, the engine takes the first fitting
+  host without scoring (the fast path of a registry without scorers), so a scorer
+  that seldom matters costs nothing the rest of the time.
+- `max_score: float`: the highest score it ever gives. When every scorer that
+  applies has one, a one-host placement looks past the tightest hosts for a host
+  that reaches their sum; otherwise it chooses among the tightest hosts that fit.
 """
 
 from __future__ import annotations
@@ -35,6 +47,15 @@ class HostFilter(Protocol):
 
 
 class HostScorer(Protocol):
+    """Scores a host for a replica of `role`. Optional attributes, looked up with
+    getattr (plain functions need neither):
+
+    - `applies(state: ClusterState) -> bool`: asked once per placement trial; False
+      leaves the scorer out of that trial (as if it scored 0 everywhere).
+    - `max_score: float`: the highest score it ever gives (lets a one-host placement
+      search past the tightest hosts for a host that reaches it).
+    """
+
     def __call__(self, job: JobSpec, role: Role, host: Host, state: HostState) -> float:
         """Higher is preferred; scores of all scorers are added."""
 
@@ -67,11 +88,12 @@ def make_registry(extra_plugins: tuple = (), entry_points: bool = True) -> Regis
     pm.add_hookspecs(Hooks)
     if entry_points:
         pm.load_setuptools_entrypoints(PROJECT)
-    from . import jobclasses
+    from . import healthscore, jobclasses
 
-    if not pm.is_registered(jobclasses) and not any(
-            getattr(p, "__name__", None) == jobclasses.__name__ for p in pm.get_plugins()):
-        pm.register(jobclasses)  # running from a source tree without the entry point
+    for builtin in (jobclasses, healthscore):
+        if not pm.is_registered(builtin) and not any(
+                getattr(p, "__name__", None) == builtin.__name__ for p in pm.get_plugins()):
+            pm.register(builtin)  # running from a source tree without the entry point
     for p in extra_plugins:
         pm.register(p)
     reg = Registry()

@@ -134,7 +134,7 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
     free = hs.usable_gpus & need.eligible(t)
     if free.bit_count() < need.gpus:
         return None
-    sets = t.ranked_gpu_sets(free, need.gpus)
+    sets = t.ranked_gpu_sets(free, need.gpus, hs.worn_gpus)
     # strict and preferred first look for a GPU set whose own NUMA nodes hold the cores;
     # preferred then widens, none widens at once.
     passes = {"strict": (False,), "preferred": (False, True), "none": (True,)}[need.affinity]

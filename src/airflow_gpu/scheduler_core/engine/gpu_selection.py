@@ -8,6 +8,11 @@
   switch < PCIe parent < NUMA node < socket < host); the tightest subtree wins,
   and among equals the one with the fewest free GPUs left (best fit), so
   untouched switches and NUMA nodes stay whole for later jobs.
+- Worn GPUs (rising error counts, thermal throttling: `HostState.worn_gpus`) are used
+  last: on NVLink hosts, among the sets with the best NVLink score the one with the
+  fewest worn GPUs wins; on NVSwitch hosts the sets of GPUs that are not worn come
+  first (ranked as if the worn ones were taken), then the sets that need worn GPUs.
+  Without worn GPUs the ranking is unchanged.
 """
 
 from __future__ import annotations
@@ -76,10 +81,16 @@ def _candidates(htype: HostType, free: int, count: int) -> set[int]:
     return found
 
 
-def rank_gpu_sets(htype: HostType, free: int, count: int) -> tuple[int, ...]:
-    """All candidate GPU sets of size `count` within `free`, best first, as bitmasks."""
+def rank_gpu_sets(htype: HostType, free: int, count: int, worn: int = 0) -> tuple[int, ...]:
+    """All candidate GPU sets of size `count` within `free`, best first, as bitmasks;
+    GPUs in `worn` are taken last (see the module docstring)."""
     if count <= 0 or free.bit_count() < count:
         return ()
+    worn &= free
+    clean = free & ~worn
+    if worn and htype.fabric != "direct":
+        first = rank_gpu_sets(htype, clean, count)
+        return first + tuple(s for s in rank_gpu_sets(htype, free, count) if s & worn)
 
     def key(subset: int):
         gpus = bits(subset)
@@ -91,6 +102,10 @@ def rank_gpu_sets(htype: HostType, free: int, count: int) -> tuple[int, ...]:
         # free by taking from the NUMA node with the fewest free GPUs left.
         pairs, links = _nvlink_score(htype, gpus)
         numa_left = sum((htype.numa_gpus[n] & free & ~subset).bit_count() for n in numas)
-        return (-pairs, -links, len(numas), numa_left, level, gpus)
+        return (-pairs, -links, (subset & worn).bit_count(), len(numas), numa_left, level,
+                gpus)
 
-    return tuple(sorted(_candidates(htype, free, count), key=key))
+    found = _candidates(htype, free, count)
+    if worn and clean.bit_count() >= count:
+        found |= _candidates(htype, clean, count)
+    return tuple(sorted(found, key=key))

@@ -119,18 +119,20 @@ class HostType:
     all_gpus: int
     total_cpus: int
     total_mem: int
-    # (free_mask, count) -> GPU sets best first; shared by all hosts of this model.
-    _ranked: dict[tuple[int, int], tuple[int, ...]] = field(default_factory=dict)
+    # (free_mask, count[, worn_mask]) -> GPU sets best first; shared by all hosts of this
+    # model. The worn mask (within free) is in the key only when it is not empty.
+    _ranked: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
 
-    def ranked_gpu_sets(self, free: int, count: int) -> tuple[int, ...]:
-        key = (free, count)
+    def ranked_gpu_sets(self, free: int, count: int, worn: int = 0) -> tuple[int, ...]:
+        worn &= free
+        key = (free, count, worn) if worn else (free, count)
         found = self._ranked.get(key)
         if found is None:
             if len(self._ranked) > 200_000:
                 self._ranked.clear()
             from .gpu_selection import rank_gpu_sets
 
-            found = self._ranked[key] = rank_gpu_sets(self, free, count)
+            found = self._ranked[key] = rank_gpu_sets(self, free, count, worn)
         return found
 
     def describe(self) -> str:

@@ -10,6 +10,11 @@ Rules, in order of weight:
    whole hosts stay free for big jobs.
 5. CPU-only roles (parameter servers) go onto the hosts of the job's GPU roles,
    else onto hosts under the same switch.
+Plugin host scorers (plugins.HostScorer) rank the hosts that fit: across the domain
+when a job spreads; for one host, among the tightest hosts that fit, or past them up
+to a host reaching every scorer's `max_score` when all of them declare one. Scorers
+whose `applies(state)` is false are left out of the trial; with none left, the first
+fitting host is taken as if no scorer were loaded.
 Within a host, `fit.fit_replica` chooses GPUs, cores, memory and NICs.
 """
 
@@ -108,6 +113,13 @@ class _Trial:
         self.job, self.needs, self.state, self.reg = job, needs, state, reg
         self.roles = {r.name: r for r in job.roles}
         self.total_gpus = sum(n.gpus * n.replicas for n in needs)
+        # the scorers that apply to this state (plugins.HostScorer.applies)
+        self.scorers = [s for s in reg.scorers
+                        if (applies := getattr(s, "applies", None)) is None or applies(state)]
+        # the best score a host can reach, when every scorer says (HostScorer.max_score)
+        self.max_score: float | None = None
+        if self.scorers and all(hasattr(s, "max_score") for s in self.scorers):
+            self.max_score = sum(s.max_score for s in self.scorers)
         self._allowed: dict[tuple[str, int], bool] = {}
         self.progress = _Progress()
 
@@ -125,7 +137,7 @@ class _Trial:
 
     def score(self, need: Need, host: Host, hs: HostState) -> float:
         role = self.roles[need.role]
-        return sum(s(self.job, role, host, hs) for s in self.reg.scorers)
+        return sum(s(self.job, role, host, hs) for s in self.scorers)
 
     # -- one host ------------------------------------------------------------------------
     def on_one_host(self, host: Host) -> list[ReplicaAllocation] | None:
@@ -143,24 +155,36 @@ class _Trial:
 
     def single_host(self) -> list[ReplicaAllocation] | None:
         """The tightest single host that holds the whole job (hosts by free GPUs, ascending;
-        ties: the lowest host index)."""
+        ties: the lowest host index). With scorers: the best-scored host of the tightest
+        bucket that holds the job; with `max_score` known, later buckets are searched
+        for a better-scored host until one reaches it (ties: the tighter host)."""
         hosts = self.state.cluster.hosts
+        if not self.scorers:
+            for bucket in self.state.by_free[self.total_gpus:]:
+                # by host index: the same state gives the same choice, whatever order
+                # hosts entered the bucket in
+                for i in sorted(bucket):
+                    got = self.on_one_host(hosts[i])
+                    if got is not None:
+                        return got
+            return None
+        best, best_score = None, None
         for bucket in self.state.by_free[self.total_gpus:]:
-            best, best_score = None, None
-            # by host index: the same state gives the same choice, whatever order hosts
-            # entered the bucket in
-            for i in sorted(bucket):
-                got = self.on_one_host(hosts[i])
-                if got is None:
-                    continue
-                if not self.reg.scorers:
-                    return got
+            scored = []
+            for i in bucket:
                 sc = sum(self.score(n, hosts[i], self.state.hosts[i]) for n in self.needs)
                 if best_score is None or sc > best_score:
-                    best, best_score = got, sc
-            if best is not None:
-                return best
-        return None
+                    scored.append((-sc, i))
+            # best score first, then host index: the first that holds the job is the
+            # bucket's best
+            for neg, i in sorted(scored):
+                got = self.on_one_host(hosts[i])
+                if got is not None:
+                    best, best_score = got, -neg
+                    break
+            if best is not None and (self.max_score is None or best_score >= self.max_score):
+                break
+        return best
 
     # -- several hosts -------------------------------------------------------------------
     def fill(self, domain: list[Host], label: str) -> list[ReplicaAllocation] | None:
@@ -228,7 +252,7 @@ class _Trial:
         def key(x):
             n, h = x
             hs = self.state.hosts[h.index]
-            return (-self.score(need, h, hs) if self.reg.scorers else 0,
+            return (-self.score(need, h, hs) if self.scorers else 0,
                     bool(switches) and h.switch_key not in switches,
                     n < target,                  # hosts that take all that is left first
                     n if fitting else -n,        # then the tightest of them, else the roomiest

@@ -15,17 +15,22 @@ from .hosttype import bits
 
 
 class HostState:
-    """Free GPUs (bitmask), free logical CPUs per NUMA position (bitmasks), free memory per NUMA."""
+    """Free GPUs (bitmask), free logical CPUs per NUMA position (bitmasks), free memory per NUMA.
 
-    __slots__ = ("free_gpus", "bad_gpus", "free_cpus", "free_mem", "drained")
+    `bad_gpus` (hard faults) are never handed out; `worn_gpus` (rising error counts,
+    thermal throttling) stay usable, but placement prefers the others.
+    """
+
+    __slots__ = ("free_gpus", "bad_gpus", "free_cpus", "free_mem", "drained", "worn_gpus")
 
     def __init__(self, free_gpus: int, free_cpus: list[int], free_mem: list[int],
-                 bad_gpus: int = 0, drained: bool = False):
+                 bad_gpus: int = 0, drained: bool = False, worn_gpus: int = 0):
         self.free_gpus = free_gpus
         self.bad_gpus = bad_gpus
         self.free_cpus = free_cpus
         self.free_mem = free_mem
         self.drained = drained
+        self.worn_gpus = worn_gpus
 
     @classmethod
     def empty(cls, host: Host) -> HostState:
@@ -34,7 +39,7 @@ class HostState:
 
     def copy(self) -> HostState:
         return HostState(self.free_gpus, list(self.free_cpus), list(self.free_mem),
-                         self.bad_gpus, self.drained)
+                         self.bad_gpus, self.drained, self.worn_gpus)
 
     @property
     def usable_gpus(self) -> int:
@@ -131,6 +136,10 @@ class ClusterState:
         # usable GPUs per switch and per rack, kept current, to rank domains without a scan
         self.switch_free: dict[tuple[str, str], int] = {}
         self.rack_free: dict[str, int] = {}
+        # host -> {GPU index: why it is worn} (set_degraded_gpus), and whether any GPU is:
+        # without worn GPUs the engine skips every wear preference
+        self.worn_reasons: dict[str, dict[int, str]] = {}
+        self.any_worn = False
         for h in cluster.hosts:
             self.switch_free.setdefault(h.switch_key, 0)
             self.rack_free.setdefault(h.rack, 0)
@@ -207,6 +216,23 @@ class ClusterState:
         self._reindex(h.index)
         self.epoch += 1
 
+    def set_degraded_gpus(self, host: str, gpus: dict[int, str]) -> None:
+        """The host's worn GPUs (index -> reason), replacing the ones set before ({}: none).
+
+        Worn GPUs stay schedulable (usable_gpus, the free-GPU index and the epoch are
+        unchanged); GPU selection and the built-in health scorer prefer the others.
+        Indexes the host does not have are ignored."""
+        h = self.cluster.by_name[host]
+        mask = sum(1 << g for g in gpus if 0 <= g < h.type.n_gpus)
+        self.hosts[h.index].worn_gpus = mask
+        if mask:
+            self.worn_reasons[host] = {g: why for g, why in sorted(gpus.items())
+                                       if mask >> g & 1}
+        else:
+            self.worn_reasons.pop(host, None)
+        self.any_worn = bool(self.worn_reasons)
+
     def empty_like(self) -> ClusterState:
-        """The same hardware with nothing allocated, drained or unhealthy: what could ever fit."""
+        """The same hardware with nothing allocated, drained, unhealthy or worn: what could
+        ever fit."""
         return ClusterState(self.cluster)
