@@ -638,6 +638,7 @@ class Service:
         """Hosts (all, or the one named `only`), their GPUs' health, utilization and
         holders, and whether each host's node agent is reporting."""
         from .agents import reachable
+        from .wear import reasons as wear_reasons
 
         self.refresh_cluster()
         cluster, now = self.cluster, time.time()
@@ -659,7 +660,10 @@ class Service:
                 gpus.append({"index": g, "name": h.type.gpu_name[g],
                              "numa_node": h.type.numa_ids[h.type.gpu_numa[g]],
                              "healthy": rec.healthy if rec else True,
-                             "health_reason": rec.health_reason if rec else None, "job": job,
+                             "health_reason": rec.health_reason if rec else None,
+                             # scored down for long jobs (wear.py), never excluded
+                             "worn": "; ".join(wear_reasons(rec, utcnow())) or None
+                             if rec and rec.healthy else None, "job": job,
                              "team": jobs[job].team if job in jobs else None,
                              **{k: getattr(rec, k) if rec else None for k in UTILIZATION}})
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
