@@ -6,7 +6,8 @@ _Timeout, _GpuIsLost, _Uninitialized ...); handles are `c_nvmlDevice_t` pointers
 info is an `nvmlPciInfo_t` whose bus id has NVML's 8-digit domain in upper case
 ("00000000:0A:00.0"); CPU and NUMA affinities are arrays of unsigned 64-bit words; on
 NVSwitch systems every NVLink's remote end is a switch (NVML_NVLINK_DEVICE_TYPE_SWITCH);
-event sets deliver the XIDs and ECC events a test injects. What depends on the GPU's
+event sets deliver the XIDs and ECC events a test injects; the energy counter (mJ), ECC
+and NVLink error counters and clock event reasons read what a test sets. What depends on the GPU's
 architecture does too: row remapping and MIG exist from Ampere on, pending page
 retirement only up to Volta, nvmlDeviceGetNumaNodeId not on x86.
 
@@ -17,6 +18,7 @@ pynvml.NVML_TOPOLOGY_SINGLE`), so code written against pynvml runs unchanged.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import threading
 from dataclasses import dataclass, field
 
@@ -32,7 +34,16 @@ SUPPORTED_EVENTS = (pynvml.nvmlEventTypeSingleBitEccError
 NVLINK_VERSION = {1: pynvml.NVML_NVLINK_VERSION_1_0, 2: pynvml.NVML_NVLINK_VERSION_2_0,
                   3: pynvml.NVML_NVLINK_VERSION_3_0, 4: pynvml.NVML_NVLINK_VERSION_4_0,
                   5: pynvml.NVML_NVLINK_VERSION_5_0}
-_EXPORTED = ("NVML_", "NVMLError", "nvmlEventType", "nvmlEventMig")
+_EXPORTED = ("NVML_", "NVMLError", "nvmlEventType", "nvmlEventMig", "nvmlClocks")
+NVLINK_ERROR_COUNTERS = (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+                         pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT,
+                         pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA)
+
+
+def fake_uuid(model: str, index: int) -> str:
+    """A GPU UUID in NVML's form, the same for a model's GPU in every run."""
+    h = hashlib.sha256(f"{model}/{index}".encode()).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
 def nvml_bus_id(bdf: str) -> str:
@@ -52,6 +63,10 @@ class GpuState:
     power_mw: int = 70_000
     ecc_volatile: int = 0            # uncorrected (double-bit) errors since driver load
     ecc_aggregate: int = 0
+    ecc_corrected: int = 0           # corrected (single-bit) errors since driver load
+    energy_mj: int = 1_234_567_890   # total energy since driver load, millijoules
+    clock_reasons: int = 0x1         # nvmlClocksEventReason* bits (0x1: GPU idle)
+    nvlink_errors: dict[tuple[int, int], int] = field(default_factory=dict)  # (link, counter)
     remap_pending: bool = False
     remap_failed: bool = False
     retired_pending: bool = False
@@ -103,6 +118,11 @@ class FakeNVML:
         self.state[index].ecc_volatile += 1
         self.state[index].ecc_aggregate += 1
         self._event(index, pynvml.nvmlEventTypeDoubleBitEccError, 0)
+
+    def add_nvlink_errors(self, index: int, link: int, counter: int, n: int = 1) -> None:
+        """Count `n` more errors of an NVML_NVLINK_ERROR_DL_* counter on one link."""
+        errors = self.state[index].nvlink_errors
+        errors[(link, counter)] = errors.get((link, counter), 0) + n
 
     def _event(self, index: int, kind: int, data: int) -> None:
         with self._cond:
@@ -209,8 +229,7 @@ class FakeNVML:
         return self.gpus[self._gpu("nvmlDeviceGetName", handle)].name
 
     def nvmlDeviceGetUUID(self, handle) -> str:
-        i = self._gpu("nvmlDeviceGetUUID", handle)
-        return f"GPU-{abs(hash((self.topo.model, i))) % 16**8:08x}-fake-0000-0000-{i:012x}"
+        return fake_uuid(self.topo.model, self._gpu("nvmlDeviceGetUUID", handle))
 
     def nvmlDeviceGetPciInfo(self, handle):
         return self._pci_info(self._bdf[self._gpu("nvmlDeviceGetPciInfo", handle)])
@@ -283,6 +302,13 @@ class FakeNVML:
         remote = self._link("nvmlDeviceGetNvLinkRemotePciInfo", device, link)
         return self._pci_info(remote.remote_bdf)
 
+    def nvmlDeviceGetNvLinkErrorCounter(self, device, link: int, counter: int) -> int:
+        self._link("nvmlDeviceGetNvLinkErrorCounter", device, link)
+        if counter not in NVLINK_ERROR_COUNTERS:
+            raise pynvml.NVMLError_InvalidArgument()
+        s = self.state[self._gpu("nvmlDeviceGetNvLinkErrorCounter", device)]
+        return s.nvlink_errors.get((link, counter), 0)
+
     # -- events -------------------------------------------------------------------------
     def nvmlEventSetCreate(self):
         self._call("nvmlEventSetCreate")
@@ -332,8 +358,12 @@ class FakeNVML:
     # -- health counters ----------------------------------------------------------------
     def nvmlDeviceGetTotalEccErrors(self, handle, errorType: int, counterType: int) -> int:
         s = self.state[self._gpu("nvmlDeviceGetTotalEccErrors", handle)]
+        if counterType not in (pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC):
+            raise pynvml.NVMLError_InvalidArgument()
+        if errorType == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED:
+            return s.ecc_corrected        # the fake keeps no corrected errors from before
         if errorType != pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
-            return 0
+            raise pynvml.NVMLError_InvalidArgument()
         return s.ecc_volatile if counterType == pynvml.NVML_VOLATILE_ECC else s.ecc_aggregate
 
     def nvmlDeviceGetRemappedRows(self, device):
@@ -370,3 +400,15 @@ class FakeNVML:
 
     def nvmlDeviceGetPowerUsage(self, handle) -> int:
         return self.state[self._gpu("nvmlDeviceGetPowerUsage", handle)].power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle) -> int:
+        # Volta and newer (every model here) count energy
+        return self.state[self._gpu("nvmlDeviceGetTotalEnergyConsumption", handle)].energy_mj
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle) -> int:
+        i = self._gpu("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        return self.state[i].clock_reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle) -> int:   # before driver 535
+        return self.state[self._gpu("nvmlDeviceGetCurrentClocksThrottleReasons",
+                                    handle)].clock_reasons

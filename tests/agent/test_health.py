@@ -1,13 +1,17 @@
 """Health rules and utilization on a fake NVML: hardware XIDs, double-bit ECC errors, row
 remapping, pending page retirement, temperature and a lost GPU make a GPU unhealthy;
-application XIDs do not."""
+application XIDs do not. The wear signals (energy, corrected ECC and NVLink errors, thermal
+throttling) and the GPU's UUID come with each sample."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 
 from airflow_gpu.agent.health import APPLICATION_XIDS, HealthMonitor
 from airflow_gpu.agent.source import NvmlSource
+from tests.agent.fakenvml import fake_uuid
 
 
 @pytest.fixture
@@ -101,6 +105,51 @@ def test_utilization_is_sampled(source):
             g["power_watts"], g["temperature_c"]) == (93.0, 41.0, 2**33, 312.5, 66.0)
 
 
+def test_wear_signals_and_the_uuid_are_sampled(source):
+    import pynvml
+
+    src = source()
+    fake = src.fake
+    s = fake.state[3]
+    s.energy_mj, s.ecc_corrected = 7_654_321, 12
+    s.clock_reasons = pynvml.nvmlClocksEventReasonSwThermalSlowdown
+    fake.add_nvlink_errors(3, 0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY, 4)
+    fake.add_nvlink_errors(3, 5, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY)
+    fake.add_nvlink_errors(3, 5, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA)
+    fake.add_nvlink_errors(3, 11, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT, 2)
+    g = src.gpus()[3]
+    assert g["uuid"] == fake.nvmlDeviceGetUUID(src.handles[3]) == src.topology.gpus[3].uuid
+    assert (g["energy_joules"], g["ecc_corrected_total"], g["nvlink_errors_total"],
+            g["thermal_throttle"]) == (7654.321, 12, 8, True)
+    assert g["healthy"]                     # wear is for the service to weigh, not a fault
+    other = src.gpus()[4]
+    assert (other["ecc_corrected_total"], other["nvlink_errors_total"],
+            other["thermal_throttle"]) == (0, 0, False)          # 0x1: idle, not heat
+    s.links_down = {11}                     # a link that is down is not counted
+    s.clock_reasons = pynvml.nvmlClocksEventReasonHwSlowdown
+    assert (src.gpus()[3]["nvlink_errors_total"], src.gpus()[3]["thermal_throttle"]) == (6, True)
+
+
+def test_wear_signals_on_older_drivers(fake_host):
+    host = fake_host("dgx-a100", missing=("nvmlDeviceGetCurrentClocksEventReasons",))
+    src = NvmlSource(host.nvml, host.sysfs, host.procfs, "h1")
+    try:
+        host.nvml.state[0].clock_reasons = 0x40          # HW thermal, via the throttle name
+        assert src.gpus()[0]["thermal_throttle"] is True
+    finally:
+        src.close()
+    host = fake_host("dgx-a100", missing=(
+        "nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons",
+        "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetNvLinkErrorCounter"))
+    src = NvmlSource(host.nvml, host.sysfs, host.procfs, "h1")
+    try:
+        g = src.gpus()[0]
+        assert (g["thermal_throttle"], g["energy_joules"], g["nvlink_errors_total"]) == (
+            None, None, None)
+    finally:
+        src.close()
+
+
 def test_events_on_unregistered_gpus_or_without_an_event_set(fake_host):
     host = fake_host("dgx-h100", missing=("nvmlEventSetCreate",))
     host.nvml.nvmlInit()
@@ -131,6 +180,12 @@ def test_the_fake_keeps_nvml_semantics(fake_host):
         nvml.nvmlDeviceGetNumaNodeId(h)
     with pytest.raises(pynvml.NVMLError_NotSupported):
         nvml.nvmlDeviceGetMigMode(h)                # Volta has no MIG
+    with pytest.raises(pynvml.NVMLError_InvalidArgument):
+        nvml.nvmlDeviceGetNvLinkErrorCounter(h, 0, 7)     # no such counter
+    assert nvml.nvmlDeviceGetNvLinkErrorCounter(h, 0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT) == 0
+    uuid = nvml.nvmlDeviceGetUUID(h)                 # NVML's form, the same in every run
+    assert re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", uuid)
+    assert uuid == fake_uuid("dgx-2", 0)
     words = nvml.nvmlDeviceGetCpuAffinity(h, 2)
     # cpus 0-23,48-71 as two 64-bit words
     assert list(words) == [(1 << 24) - 1 | ((1 << 16) - 1) << 48, (1 << 8) - 1]

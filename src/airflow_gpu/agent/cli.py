@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 FLAGS = ("server", "token", "name", "rack", "switch", "docker_url", "address", "interval",
-         "declared", "max_temperature")
+         "declared", "max_temperature", "telemetry", "dcgm_exporter")
 
 
 def _config(args: argparse.Namespace):
@@ -34,17 +34,45 @@ def _config(args: argparse.Namespace):
     return merged
 
 
-def _source(config, args: argparse.Namespace, nvml=None):
-    from .declared import DeclaredSource
-    from .source import NvmlSource, load_nvml
+def _source(config, args: argparse.Namespace, nvml=None, dcgm=None):
+    from .telemetry import make_source
 
-    if config.declared:
-        return DeclaredSource(config.declared)
-    return NvmlSource(nvml or load_nvml(), Path(args.sysfs), Path(args.procfs), config.name,
-                      config.max_temperature)
+    return make_source(config, Path(args.sysfs), Path(args.procfs), nvml, dcgm)
 
 
-def cmd_agent(args: argparse.Namespace, nvml=None) -> int:
+def _diag(args: argparse.Namespace, nvml=None, dcgm=None) -> int:
+    """`airflow-gpu agent --diag GPU`: DCGM's diagnostic on one GPU of this host (its
+    nvidia-smi index), printed; exit status 0 when it passed, 1 when not."""
+    from ..scheduler_core.errors import InputError
+    from .dcgm_bindings import DcgmError, DcgmTelemetry, PyDcgm, missing_bindings
+    from .source import load_nvml
+    from .telemetry import discover_host
+
+    if args.diag_level not in (1, 2, 3, 4):
+        raise InputError(f"--diag-level: {args.diag_level} is not a level; use 1 (quick) "
+                         "to 4 (longest), as dcgmi diag -r")
+    try:
+        api = (dcgm or PyDcgm)()
+    except DcgmError as exc:
+        raise missing_bindings(str(exc), "--diag") from None
+    try:
+        topo = discover_host(nvml or load_nvml(), Path(args.sysfs), Path(args.procfs), None)
+        if not any(g.index == args.diag for g in topo.gpus):
+            raise InputError(f"--diag: this host has no GPU {args.diag}; its GPUs are "
+                             f"{', '.join(str(g.index) for g in topo.gpus)}")
+        passed, report = DcgmTelemetry(api, topo).diagnose(args.diag, args.diag_level)
+    except DcgmError as exc:
+        raise InputError(f"--diag: DCGM did not answer ({exc}); is nv-hostengine "
+                         "running?") from None
+    finally:
+        api.close()
+    print(report)
+    print(f"GPU {args.diag}: DCGM diagnostic level {args.diag_level} "
+          f"{'passed' if passed else 'FAILED'}")
+    return 0 if passed else 1
+
+
+def cmd_agent(args: argparse.Namespace, nvml=None, dcgm=None) -> int:
     import logging
     import signal
     import threading
@@ -54,8 +82,10 @@ def cmd_agent(args: argparse.Namespace, nvml=None) -> int:
 
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.diag is not None:
+        return _diag(args, nvml, dcgm)
     config = _config(args)
-    source = _source(config, args, nvml)
+    source = _source(config, args, nvml, dcgm)
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -116,6 +146,17 @@ def add_commands(sub) -> None:
     a.add_argument("--max-temperature", type=float,
                    help="GPU temperature (C) that makes a GPU unhealthy (default: the "
                    "GPU's slowdown temperature)")
+    a.add_argument("--telemetry", choices=("nvml", "dcgm", "auto"),
+                   help="where GPU health and utilization come from (default auto: DCGM "
+                   "when it is there, else NVML)")
+    a.add_argument("--dcgm-exporter", metavar="URL",
+                   help="read GPU health and utilization from this dcgm-exporter "
+                   "(e.g. http://localhost:9400/metrics)")
+    a.add_argument("--diag", type=int, metavar="GPU",
+                   help="run DCGM's diagnostic on this GPU (an idle, drained one), print "
+                   "the result and exit (0: passed); needs DCGM")
+    a.add_argument("--diag-level", type=int, default=1,
+                   help="the diagnostic's level, 1 (about a minute) to 4, as dcgmi diag -r")
     a.add_argument("--once", action="store_true", help="register, send one heartbeat, exit")
     a.add_argument("--log-level", default="info")
     _host_paths(a)

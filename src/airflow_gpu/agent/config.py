@@ -3,6 +3,8 @@ host. Flags win over the file."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..scheduler_core.errors import load_yaml, validate
@@ -30,6 +32,13 @@ class AgentConfig(BaseModel):
     max_temperature: float | None = Field(None, gt=0, le=200, description="GPU temperature "
                                           "(C) over which a GPU is unhealthy; default: the "
                                           "GPU's slowdown temperature")
+    telemetry: Literal["nvml", "dcgm", "auto"] = Field(
+        "auto", description="where GPU health and utilization come from: nvml; dcgm (the "
+        "dcgm-exporter at dcgm_exporter, else DCGM's Python bindings); auto: DCGM when it "
+        "is there, else NVML")
+    dcgm_exporter: str | None = Field(None, max_length=2000, description="the host's "
+                                      "dcgm-exporter (http://localhost:9400/metrics) to read "
+                                      "GPU health and utilization from")
 
 
 def load_config(path: str) -> AgentConfig:

@@ -9,6 +9,9 @@ Rules (a GPU is unhealthy while any holds):
 - pages pending retirement until the GPU is reset (Volta and older);
 - the GPU temperature over a threshold (the GPU's slowdown temperature, else 90 C);
 - NVML answering "GPU is lost" (it fell off the bus).
+
+The DCGM telemetry (dcgm_exporter.py, dcgm_bindings.py) applies the same rules to DCGM's
+fields through `xid_fault` and `counter_reasons`, so both sources give the same reasons.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ XID_NAMES = {
     119: "GSP RPC timeout", 120: "GSP error",
 }
 DEFAULT_MAX_TEMPERATURE = 90.0
+# clock event (throttle) reasons that mean heat: HW slowdown 0x8, SW thermal 0x20, HW
+# thermal 0x40; NVML's nvmlClocksEventReason* and DCGM's DCGM_CLOCKS_EVENT_REASON_* agree
+THERMAL_THROTTLE_BITS = 0x8 | 0x20 | 0x40
 
 
 @dataclass
@@ -45,6 +51,39 @@ class GpuHealth:
 def xid_reason(xid: int) -> str:
     name = XID_NAMES.get(xid)
     return f"XID {xid}" + (f" ({name})" if name else "")
+
+
+def xid_fault(index: int, xid: int) -> str | None:
+    """The reason an XID makes a GPU unhealthy; None for an application error (logged)."""
+    if xid in APPLICATION_XIDS:
+        log.info("GPU %d: %s, an application error; the GPU stays healthy",
+                 index, xid_reason(xid))
+        return None
+    return xid_reason(xid)
+
+
+def counter_reasons(dbe: int | None = None, remap_pending: bool = False,
+                    remap_failed: bool = False, retired_pending: bool = False,
+                    temperature: float | None = None,
+                    limit: float = DEFAULT_MAX_TEMPERATURE) -> list[str]:
+    """Reasons from the counters a GPU reports now (NVML or DCGM), in one wording."""
+    out = []
+    if dbe:
+        out.append(f"{dbe} uncorrected ECC errors since the driver loaded")
+    if remap_failed:
+        out.append("row remapping failed; the GPU needs service")
+    elif remap_pending:
+        out.append("row remapping pending; reset the GPU")
+    if retired_pending:
+        out.append("retired pages pending; reset the GPU")
+    if temperature is not None and temperature > limit:
+        out.append(f"temperature {temperature:g} C is over the limit of {limit:g} C")
+    return out
+
+
+def thermal_throttle(reasons: int | None) -> bool | None:
+    """Whether a clock event reasons bitmask says the clocks are slowed for heat."""
+    return None if reasons is None else bool(int(reasons) & THERMAL_THROTTLE_BITS)
 
 
 class HealthMonitor:
@@ -107,12 +146,9 @@ class HealthMonitor:
         except nvml.NVMLError:
             return False
         if data.eventType & nvml.nvmlEventTypeXidCriticalError:
-            xid = int(data.eventData)
-            if xid in APPLICATION_XIDS:
-                log.info("GPU %d: %s, an application error; the GPU stays healthy",
-                         index, xid_reason(xid))
+            reason = xid_fault(index, int(data.eventData))
+            if reason is None:
                 return False
-            reason = xid_reason(xid)
         elif data.eventType & nvml.nvmlEventTypeDoubleBitEccError:
             reason = "double-bit ECC error"
         else:
@@ -139,26 +175,15 @@ class HealthMonitor:
 
     def _counters(self, h) -> list[str]:
         nvml = self.nvml
-        out = []
         dbe = optional(nvml, nvml.nvmlDeviceGetTotalEccErrors, h,
                        nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC)
-        if dbe:
-            out.append(f"{dbe} uncorrected ECC errors since the driver loaded")
         rows = optional(nvml, nvml.nvmlDeviceGetRemappedRows, h)
-        if rows is not None:
-            _, _, pending, failed = rows
-            if failed:
-                out.append("row remapping failed; the GPU needs service")
-            elif pending:
-                out.append("row remapping pending; reset the GPU")
+        _, _, pending, failed = rows if rows is not None else (0, 0, 0, 0)
         retired = optional(nvml, nvml.nvmlDeviceGetRetiredPagesPendingStatus, h)
-        if retired == nvml.NVML_FEATURE_ENABLED:
-            out.append("retired pages pending; reset the GPU")
         temp = optional(nvml, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
         limit = self.max_temperature
         if limit is None:
             limit = optional(nvml, nvml.nvmlDeviceGetTemperatureThreshold, h,
                              nvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN) or DEFAULT_MAX_TEMPERATURE
-        if temp is not None and temp > limit:
-            out.append(f"temperature {temp} C is over the limit of {limit:g} C")
-        return out
+        return counter_reasons(dbe, bool(pending), bool(failed),
+                               retired == nvml.NVML_FEATURE_ENABLED, temp, limit)

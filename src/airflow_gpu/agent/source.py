@@ -50,9 +50,10 @@ class NvmlSource:
     def gpus(self) -> list[dict]:
         """Each GPU's health and utilization, as the report route takes them."""
         out = []
-        for state, h in zip(self.monitor.check(), self.handles, strict=True):
+        for state, h, g in zip(self.monitor.check(), self.handles, self.topology.gpus,
+                               strict=True):
             out.append({"index": state.index, "healthy": state.healthy,
-                        "reason": state.reason, **sample(self.nvml, h)})
+                        "reason": state.reason, "uuid": g.uuid, **sample(self.nvml, h)})
         return out
 
     def close(self) -> None:
