@@ -82,3 +82,34 @@ def test_gpu_mode_from_airflow_config(monkeypatch):
     op = GpuDockerOperator(task_id="t", image="x")
     assert (op.gpu_mode, op.docker_runtime) == ("env", "nvidia")
     assert GpuDockerOperator(task_id="t", image="x", gpu_mode="cdi").gpu_mode == "cdi"
+
+
+def test_the_task_log_warns_once_when_the_idle_policy_flags_the_job(tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"cluster": "c", "hosts": [
+        {"name": "dgx-1", "model": "dgx-a100"}]}))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"idle": {"after": "1s"}}))
+    server = Server(f"sqlite:///{tmp_path}/db.sqlite", cluster, interval=0.1,
+                    args=("--policy-file", str(policy)))
+    try:
+        with Client(server.url, create_token(server.db, "ml")) as c, \
+                Client(server.url, create_token(server.db, "ops", "--admin")) as admin:
+            job = c.submit({"name": "nb", "roles": [{"name": "w", "gpus": 2}]})
+            while c.job(job["id"])["state"] != "admitted":
+                time.sleep(0.05)
+            gpus = c.heartbeat(job["id"])["replicas"][0]["gpus"]
+            op = GpuBashOperator(task_id="t", bash_command="true", gpus=2)
+            end = time.monotonic() + 30
+            while not c.job(job["id"])["idle_flagged_at"] and time.monotonic() < end:
+                admin.request("POST", "/api/v1/hosts/dgx-1/report", json={"gpus": [
+                    {"index": g, "healthy": True, "utilization_gpu": 0.0} for g in gpus]})
+                time.sleep(0.2)
+            capsys.readouterr()
+            for _ in range(3):
+                op._beat(c, job["id"], job["attempt"] + 1)
+    finally:
+        server.stop()
+    out = capsys.readouterr()
+    idle = [line for line in (out.out + out.err).splitlines() if "stayed idle" in line]
+    assert len(idle) == 1 and job["id"] in idle[0]
