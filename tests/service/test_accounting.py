@@ -105,6 +105,11 @@ def test_a_window_that_ends_before_it_starts_names_the_field(api):
                                               "until": "2026-11-01T00:00:00"},
                 headers=auth(api, "vision"))
     assert r.status_code == 422 and "since" in r.text
+    for params in ({"until": "0001-01-02T00:00:00"}, {"since": "9999-12-31T23:59:59"},
+                   {"by": "day", "since": "1980-01-01T00:00:00"}):
+        r = api.get("/api/v1/accounting", params=params, headers=auth(api, "vision"))
+        assert r.status_code == 422, (params, r.text)
+        assert ("out of range" if "by" not in params else "at most 3660 days") in r.text
 
 
 @pytest.mark.parametrize("action", ["notify", "requeue"])

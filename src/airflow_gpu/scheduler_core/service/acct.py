@@ -8,7 +8,7 @@ touch the window."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import or_, select
 
@@ -16,6 +16,9 @@ from ..store.models import AllocationRow, JobRow, SampleRow, UsageRow
 from .accounting import SERIES_STEP, day_of, days_between, granted_seconds
 from .core import NotFound, _ts
 
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
+LATEST = datetime(9999, 12, 30, tzinfo=UTC)      # a day short of the end: days still add
+MAX_DAYS = 3660          # a report per day spans at most this (ten years)
 MAX_POINTS = 500         # a job's series is averaged down to at most this many points
 SUMS = ("sampled_seconds", "util_seconds", "energy_joules", "zero_seconds")
 
@@ -48,19 +51,27 @@ def _finish(acc: dict) -> dict:
             "zero_utilization_seconds": round(acc["zero_seconds"], 3)}
 
 
-def window(since: datetime | None, until: datetime | None,
-           now: datetime) -> tuple[datetime, datetime]:
+def window(since: datetime | None, until: datetime | None, now: datetime,
+           by: str = "job") -> tuple[datetime, datetime]:
+    for name, at in (("since", since), ("until", until)):
+        if at is not None and not EARLIEST <= at <= LATEST:
+            raise ValueError(f"{name}: {at.isoformat()} is out of range; give a time "
+                             "between 1970 and 9999")
     until = until or now
-    since = since or until - timedelta(days=7)
+    since = since or max(EARLIEST, until - timedelta(days=7))
     if since >= until:
         raise ValueError(f"since: {since.isoformat()} is not before until "
                          f"{until.isoformat()}; give an earlier --since")
+    if by == "day" and until - since > timedelta(days=MAX_DAYS):
+        raise ValueError(f"since: a report per day covers at most {MAX_DAYS} days, "
+                         f"{since.date()} to {until.date()} is more; give a later --since "
+                         "or report --by team")
     return since, until
 
 
 def report(svc, by: str, since: datetime | None, until: datetime | None,
            team: str | None, job: str | None, now: datetime) -> dict:
-    since, until = window(since, until, now)
+    since, until = window(since, until, now, by)
     with svc.reads() as s:
         q = (select(AllocationRow, JobRow.team, JobRow.name).join(
             JobRow, JobRow.id == AllocationRow.job_id).where(
