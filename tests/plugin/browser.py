@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 from websockets.sync.client import connect
 
+# no name resolves but loopback's: a page that needs the internet fails to load
+OFFLINE = ("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",)
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-dev-shm-usage", "--no-first-run", "--no-default-browser-check",
          "--disable-extensions", "--disable-sync", "--hide-scrollbars", "--mute-audio")
@@ -32,14 +34,15 @@ class CdpError(RuntimeError):
 class Browser:
     """One Chromium process and one page (tab) of it."""
 
-    def __init__(self, width: int = 1280, height: int = 900):
+    def __init__(self, width: int = 1280, height: int = 900, flags: tuple[str, ...] = ()):
         exe = chromium_path()
         if exe is None:
             raise RuntimeError("no chromium: run scripts/ensure-chromium.sh (make test does)")
         self.profile = Path(tempfile.mkdtemp(prefix="airflow-gpu-chromium-"))
         self.proc = subprocess.Popen(
-            [exe, *FLAGS, "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0",
-             f"--user-data-dir={self.profile}", f"--window-size={width},{height}",
+            [exe, *FLAGS, *flags, "--remote-debugging-address=127.0.0.1",
+             "--remote-debugging-port=0", f"--user-data-dir={self.profile}",
+             f"--window-size={width},{height}",
              "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             port = self._devtools_port()

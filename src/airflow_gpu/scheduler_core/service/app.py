@@ -12,6 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi_offline import FastAPIOffline
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -94,7 +95,8 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
         if run_loop:
             loop.stop()
 
-    app = FastAPI(title="airflow-provider-gpu scheduler-core", version="1",
+    # /docs and /redoc from assets in the package: they work without internet
+    app = FastAPIOffline(title="airflow-provider-gpu scheduler-core", version="1",
                   description="GPU-aware admission for Airflow on DGX clusters.",
                   lifespan=lifespan)
     app.state.service, app.state.loop, app.state.metrics = service, loop, metrics
