@@ -208,6 +208,8 @@ class SchedulerLoop:
             self.service.wake.clear()
 
     def tick(self) -> list[str]:
+        from .metrics import queue_waits
+
         lost = self.service.expire_leases()
         t0 = time.perf_counter()
         admitted = self.service.schedule_pass()
@@ -221,6 +223,8 @@ class SchedulerLoop:
                 self.metrics.pass_errors.labels(kind).inc()
             for reason in self.service.preemptions:
                 self.metrics.preemptions.labels(reason).inc()
+            for wait in queue_waits(self.service, admitted):
+                self.metrics.queue_wait.observe(wait)
         return admitted
 
     def failed(self, exc: Exception) -> None:

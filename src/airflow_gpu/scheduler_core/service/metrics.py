@@ -47,7 +47,25 @@ class Metrics:
                                    registry=self.registry)
         for reason in ("priority", "reclaim"):
             self.preemptions.labels(reason)
+        self.queue_wait = Histogram("airflow_gpu_queue_wait_seconds", "time from submit "
+                                    "to admission of the jobs this process admitted",
+                                    registry=self.registry,
+                                    buckets=(1, 10, 60, 300, 900, 1800, 3600, 4 * 3600,
+                                             12 * 3600, 86400, 3 * 86400, 7 * 86400))
         self.registry.register(_StoreCollector(service))
+
+
+def queue_waits(svc, admitted: list[str]) -> list[float]:
+    """Seconds from submit to admission of the jobs a pass just admitted (their last
+    admission: a requeued job waits again from its submit)."""
+    if not admitted:
+        return []
+    from .core import _ts
+
+    with svc.sessions() as s:
+        return [max(0.0, _ts(a) - _ts(sub)) for sub, a in s.execute(
+            select(JobRow.submitted_at, JobRow.admitted_at).where(
+                JobRow.id.in_(admitted), JobRow.admitted_at.is_not(None)))]
 
 
 class _StoreCollector:
@@ -97,6 +115,36 @@ class _StoreCollector:
                     family.add_metric([g.host, str(g.index)], value)
         yield from (total, healthy, allocated, jobs, reach, *per_gpu)
         yield from _job_gauges(svc)
+        yield from _queue_gauges(svc, hosts)
+
+
+def _queue_gauges(svc, hosts: dict):
+    """Pending jobs by reason, drained hosts, and teams' quota use (as `teams` shows)."""
+    pending = GaugeMetricFamily("airflow_gpu_pending_jobs", "pending jobs per team and "
+                                "reason code (none: not yet considered)",
+                                labels=["team", "reason"])
+    drained = GaugeMetricFamily("airflow_gpu_host_drained", "1 while the host is drained",
+                                labels=["host"])
+    quota = GaugeMetricFamily("airflow_gpu_team_quota_gpus", "GPUs guaranteed to the team",
+                              labels=["team"])
+    held = GaugeMetricFamily("airflow_gpu_team_gpus_held", "GPUs the team's jobs hold",
+                             labels=["team"])
+    borrowed = GaugeMetricFamily("airflow_gpu_team_gpus_borrowed", "GPUs the team holds "
+                                 "beyond its guarantee", labels=["team"])
+    with svc.sessions() as s:
+        for team, code, n in s.execute(select(JobRow.team, JobRow.reason_code, func.count())
+                                       .where(JobRow.state == "pending")
+                                       .group_by(JobRow.team, JobRow.reason_code)):
+            pending.add_metric([team, code or "none"], n)
+    for h in svc.cluster.hosts:
+        row = hosts.get(h.name)
+        drained.add_metric([h.name], float(bool(row and row.drained)))
+    for t in svc.teams().values():
+        if t["quota_gpus"] is not None:
+            quota.add_metric([t["name"]], t["quota_gpus"])
+        held.add_metric([t["name"]], t["held_gpus"])
+        borrowed.add_metric([t["name"]], t["borrowed_gpus"])
+    yield from (pending, drained, quota, held, borrowed)
 
 
 # per-job gauges of the GPUs live jobs hold, labelled as dcgm-exporter labels its series
