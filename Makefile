@@ -28,6 +28,7 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/scheduling_pass.py
 	$(BIN)/python bench/replay.py --jobs 2
 	$(BIN)/python bench/preemption.py
+	$(BIN)/python bench/report_cost.py
 	$(BIN)/python bench/api_load.py
 
 clean:
