@@ -57,8 +57,8 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--cluster",
-             str(cluster), "--port", str(self.port), "--log-level", "warning",
+            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--create",
+             "--cluster", str(cluster), "--port", str(self.port), "--log-level", "warning",
              "--workers", str(workers)],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115
         for _ in range(300):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from rich.console import Console
@@ -14,6 +15,7 @@ from .scheduler_core.units import format_duration, format_size
 
 EXIT_INPUT = 2
 EXIT_API = 1
+EXIT_PIPE = 141     # stdout closed early (a pipe's reader exited), as SIGPIPE leaves Unix tools
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -39,8 +41,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """Rich exits with status 1 on a closed pipe; main() ends quietly with EXIT_PIPE."""
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console() -> Console:
-    console = Console()
+    console = _Console()
     if not console.is_terminal:  # pipes and CI logs: wide enough that hosts and cpus fit
         console.width = max(console.width, 160)
     return console
@@ -264,10 +273,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(func=_cmd_models)
     from .agent.cli import add_commands as add_agent_commands
     from .demo import add_command as add_demo_command
+    from .run_cli import add_command as add_run_command
     from .service_cli import add_commands
 
     add_commands(sub)
     add_agent_commands(sub)
+    add_run_command(sub)
     add_demo_command(sub)
     return parser
 
@@ -277,7 +288,17 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()        # a closed pipe shows here, not as Python exits
+        return status
+    except BrokenPipeError:
+        # The reader went away (`airflow-gpu topo --yaml | head -1`): stop quietly, as Unix
+        # tools do when SIGPIPE ends them (exit status 128 + 13), with no message. Further
+        # writes, Python's own flush at exit included, go to /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_PIPE
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_INPUT

@@ -83,8 +83,9 @@ def run_demo(args: argparse.Namespace) -> int:
     url = f"http://127.0.0.1:{port}"
     console.print(f"[bold]scheduler-core[/] on {url} (cluster {args.cluster!r}, {db})")
     server = subprocess.Popen(
-        [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--cluster",
-         args.cluster, "--port", str(port), "--interval", "0.5", "--log-level", "warning"],
+        [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--create",
+         "--cluster", args.cluster, "--port", str(port), "--interval", "0.5",
+         "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=open(work / "scheduler.log", "w"))  # noqa: SIM115
     try:
         _wait_healthy(url, server)

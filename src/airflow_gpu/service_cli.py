@@ -1,4 +1,5 @@
-"""`airflow-gpu server`, `token create`, `db upgrade`, and the client commands on the API
+"""`airflow-gpu server`, `token create` and `revoke` on the database (`--db`; the `token`
+commands are token_cli.py's), `db upgrade`, and the client commands on the API
 (`submit`, `status`, `queue`, `cluster`, `explain`, `cancel`, `drain`, `resume`,
 `slowdown`, `teams`, `team-set`)."""
 
@@ -17,9 +18,26 @@ from .scheduler_core.units import format_duration
 DEFAULT_DB = "sqlite:///airflow-gpu.db"
 
 
-def _db_arg(p: argparse.ArgumentParser) -> None:
+def _db_arg(p: argparse.ArgumentParser, create: bool = False) -> None:
     p.add_argument("--db", default=DEFAULT_DB,
                    help=f"SQLAlchemy URL (default {DEFAULT_DB}; or postgresql+psycopg://...)")
+    if create:
+        p.add_argument("--create", action="store_true",
+                       help="SQLite: create the database file when it does not exist (else "
+                       "refused, so a mistyped path does not start an empty database; "
+                       "`airflow-gpu db upgrade --db URL` creates it too)")
+
+
+def _check_team(team: str | None, what: str = "--team") -> None:
+    """A team name as job specs and the API take it (jobspec's team field)."""
+    from .scheduler_core.jobspec import _NAME, MAX_TEXT
+
+    if team is not None and not (re.fullmatch(_NAME.strip("^$"), team)
+                                 and len(team) <= MAX_TEXT):
+        shown = repr(team) if len(team) <= 60 else repr(f"{team[:57]}...")
+        raise InputError(f"{what}: {shown} is not a team name; use letters, digits, '_', "
+                         f"'.' and '-', starting with a letter or digit, at most {MAX_TEXT} "
+                         "characters (as job specs name teams)")
 
 
 def cmd_server(args: argparse.Namespace) -> int:
@@ -51,6 +69,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     if args.workers > 1 and args.db.startswith("sqlite"):
         raise InputError(f"--workers: {args.workers} processes cannot share a SQLite "
                          "database; use PostgreSQL (--db postgresql+psycopg://...) or 1")
+    from .scheduler_core.store.db import open_database
+
+    open_database(args.db, create=args.create).dispose()   # reachable, or one line here
     # Each worker process builds its own app from these (uvicorn needs an import string
     # to start several); with PostgreSQL one of them schedules, all serve the API.
     os.environ.update({
@@ -67,7 +88,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 def cmd_token_create(args: argparse.Namespace) -> int:
     from .scheduler_core.service.auth import create_token
-    from .scheduler_core.store.db import make_engine, sessions, upgrade
+    from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
 
     if args.agent and not args.host:
         raise InputError("--agent: name the host(s) the agent token is for: --host NAME "
@@ -76,32 +97,38 @@ def cmd_token_create(args: argparse.Namespace) -> int:
         raise InputError("--host: only agent tokens are for hosts; add --agent")
     if not args.agent and not args.team:
         raise InputError("--team: a team or admin token needs a team (--team T)")
-    engine = make_engine(args.db)
+    _check_team(args.team)
+    engine = open_database(args.db, create=args.create)
     try:
-        upgrade(engine)
-        print(create_token(sessions(engine), args.team, args.admin,
-                           args.host if args.agent else None))
+        with database_errors(args.db):
+            upgrade(engine)
+            token = create_token(sessions(engine), args.team, args.admin,
+                                 args.host if args.agent else None,
+                                 expires_at=getattr(args, "expires_at", None))  # --expires
     finally:
         engine.dispose()
+    print(token)
     return 0
 
 
 def cmd_token_revoke(args: argparse.Namespace) -> int:
     from .scheduler_core.service.auth import CACHE_SECONDS, revoke_team_tokens, revoke_token
-    from .scheduler_core.store.db import make_engine, sessions, upgrade
+    from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
 
     if bool(args.token) == bool(args.team):
         raise InputError("token revoke: give the token, or --team T for all of a team's "
                          "tokens")
-    engine = make_engine(args.db)
+    _check_team(args.team)
+    engine = open_database(args.db, create=args.create)
     try:
-        upgrade(engine)
-        if args.token:
-            if not revoke_token(sessions(engine), args.token):
-                raise InputError("token revoke: no such token (already revoked?)")
-            gone = 1
-        else:
-            gone = revoke_team_tokens(sessions(engine), args.team)
+        with database_errors(args.db):
+            upgrade(engine)
+            if args.token:
+                if not revoke_token(sessions(engine), args.token):
+                    raise InputError("token revoke: no such token (already revoked?)")
+                gone = 1
+            else:
+                gone = revoke_team_tokens(sessions(engine), args.team)
     finally:
         engine.dispose()
     print(f"revoked {gone} token{'' if gone == 1 else 's'}; the service refuses "
@@ -110,14 +137,21 @@ def cmd_token_revoke(args: argparse.Namespace) -> int:
 
 
 def cmd_db_upgrade(args: argparse.Namespace) -> int:
-    from .scheduler_core.store.db import current_revision, make_engine, upgrade
+    from .scheduler_core.store.db import (
+        current_revision,
+        database_errors,
+        open_database,
+        upgrade,
+    )
 
-    engine = make_engine(args.db)
+    engine = open_database(args.db, create=True)      # creates a SQLite file, not a folder
     try:
-        upgrade(engine)
-        print(f"database at revision {current_revision(engine)} ({engine.url!r})")
+        with database_errors(args.db):
+            upgrade(engine)
+            revision = current_revision(engine)
     finally:
         engine.dispose()
+    print(f"database at revision {revision} ({engine.url!r})")
     return 0
 
 
@@ -160,28 +194,52 @@ def _out(args: argparse.Namespace, data: Any, table) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    """Check the whole file as `plan` does (exit 2, nothing sent), then submit all of its
+    jobs or none in one request (several jobs: POST /api/v1/jobs/batch)."""
+    from .scheduler_core.client import ApiError
     from .scheduler_core.errors import load_yaml
+    from .scheduler_core.jobclasses import resolve
+    from .scheduler_core.jobspec import load_jobs
+    from .scheduler_core.plugins import default_registry
 
-    data = load_yaml(args.file)
+    jobs = load_jobs(args.file)          # the same checks and messages as `plan`
+    reg = default_registry()
+    for job in jobs:
+        resolve(job, reg.job_classes, args.file)
+    data = load_yaml(args.file)          # sent as written: unset fields stay unset
     specs = data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
-    if not all(isinstance(s, dict) for s in specs):
-        raise InputError("expected a job spec mapping or 'jobs: [...]'", args.file)
     if args.key and len(specs) > 1:
         raise InputError("--key: an idempotency key names one job; the file holds "
                          f"{len(specs)}", args.file)
     import uuid
 
     # One idempotency key per job of the file (--key for a single job): the client
-    # retries a submit that got no answer with the same key, so none is created twice.
+    # retries a submit that got no answer with the same keys, so none is created twice.
     keys = [args.key] if args.key else [str(uuid.uuid4()) for _ in specs]
     with _client(args) as c:
-        jobs = [c.submit(s, k) for s, k in zip(specs, keys, strict=True)]
+        if len(specs) == 1:
+            jobs_out = [c.submit(specs[0], keys[0])]
+        else:
+            try:
+                jobs_out = c.submit_batch(specs, keys)
+            except ApiError as exc:
+                if 400 <= exc.status < 500:     # the batch is refused whole
+                    raise ApiError(exc.status, f"{_text(exc.detail)}; none of the "
+                                   f"{len(specs)} jobs of {args.file} was submitted") from None
+                raise
     if args.json:
-        print(json.dumps(jobs[0] if len(jobs) == 1 else jobs, indent=2, default=str))
+        print(json.dumps(jobs_out[0] if len(jobs_out) == 1 else jobs_out, indent=2,
+                         default=str))
     else:
-        for j in jobs:
+        for j in jobs_out:
             print(j["id"])
     return 0
+
+
+def _text(detail: Any) -> str:
+    from .scheduler_core.client import _detail_text
+
+    return _detail_text(detail)
 
 
 def _show(call, table):
@@ -217,28 +275,6 @@ def _teams_table(teams: list[dict]) -> Table:
 def _eta(j: dict) -> str:
     p = j.get("pending") or {}
     return format_duration(p["eta_seconds"]) if p.get("eta_seconds") is not None else "-"
-
-
-def _queue_table(jobs: list[dict]) -> Table:
-    t = Table(title="Jobs", title_justify="left")
-    for col in ("id", "name", "team", "state", "code", "ETA", "hosts", "notes"):
-        t.add_column(col, overflow="fold")
-    for j in jobs:
-        hosts = ",".join(dict.fromkeys(r["host"] for r in j.get("replicas", [])))
-        t.add_row(j["id"], j["name"], j["team"], j["state"],
-                  (j.get("pending") or {}).get("code") or "-", _eta(j), hosts or "-",
-                  _notes(j))
-    return t
-
-
-def _notes(j: dict) -> str:
-    """Borrowed quota and restarts, as squeue's RESTARTS and Kueue's borrowing show."""
-    notes = []
-    if j.get("borrowed") and j["state"] in ("admitted", "running", "preempting"):
-        notes.append("borrowed")
-    if j.get("preemptions"):
-        notes.append(f"preempted {j['preemptions']}x (last by {j.get('preempted_by')})")
-    return "; ".join(notes) or "-"
 
 
 def _job_table(j: dict) -> Table:
@@ -289,26 +325,6 @@ def elapsed_line(e: dict) -> str:
     return text
 
 
-def _cluster_table(c: dict) -> Table:
-    t = Table(title=f"Cluster {c['cluster']}: {c['gpus_allocated']} of {c['gpus_total']} "
-              "GPUs allocated", title_justify="left")
-    for col in ("host", "model", "rack", "switch", "state", "free", "GPUs (job per GPU)",
-                "util % (per GPU)", "power"):
-        t.add_column(col, overflow="fold")
-    for h in c["hosts"]:
-        cells = " ".join(("x" if not g["healthy"] else (g["job"] or "")[:8] or ".")
-                         for g in h["gpus"])
-        util = [g.get("utilization_gpu") for g in h["gpus"]]
-        watts = [g["power_watts"] for g in h["gpus"] if g.get("power_watts") is not None]
-        state = ("unreachable" if not h.get("reachable", True) else
-                 "drained" if h["drained"] else "ok")
-        t.add_row(h["name"], h["model"], h["rack"], h["switch"], state, str(h["free_gpus"]),
-                  cells, " ".join("-" if u is None else f"{u:.0f}" for u in util)
-                  if any(u is not None for u in util) else "-",
-                  f"{sum(watts):.0f} W" if watts else "-")
-    return t
-
-
 def _slowdown_table(d: dict) -> Table:
     t = Table(title="Locality slowdown the scheduler plans with (runtime factor by "
               "placement)", title_justify="left")
@@ -326,7 +342,7 @@ def _slowdown_table(d: dict) -> Table:
 # -- the parsers ---------------------------------------------------------------------------
 def add_commands(sub) -> None:
     s = sub.add_parser("server", help="run the scheduler-core service (API + scheduling loop)")
-    _db_arg(s)
+    _db_arg(s, create=True)
     s.add_argument("--cluster", default="example", help="cluster file or built-in name")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
@@ -361,28 +377,6 @@ def add_commands(sub) -> None:
                    "holds the deployment's lock, passes that fail or have stopped)")
     s.set_defaults(func=cmd_server)
 
-    tok = sub.add_parser("token", help="API tokens")
-    tsub = tok.add_subparsers(dest="token_command", required=True)
-    tc = tsub.add_parser("create", help="create a token for a team, an admin or a node "
-                         "agent; prints it once")
-    tc.add_argument("--team", help="the team the token acts for (agent tokens: default "
-                    "'agents', a label only)")
-    tc.add_argument("--admin", action="store_true", help="may drain hosts and act for any team")
-    tc.add_argument("--agent", action="store_true",
-                    help="a node agent's token: it may only register and report the --host "
-                    "hosts (no jobs, teams or admin routes)")
-    tc.add_argument("--host", action="append", metavar="NAME",
-                    help="with --agent: a host the token is for, or a glob pattern "
-                    "('dgx-*'); repeat for several")
-    _db_arg(tc)
-    tc.set_defaults(func=cmd_token_create)
-    tr = tsub.add_parser("revoke", help="delete a token (or all of a team's); the service "
-                         "refuses it within a second")
-    tr.add_argument("token", nargs="?", help="the token to revoke")
-    tr.add_argument("--team", help="revoke every token of this team instead")
-    _db_arg(tr)
-    tr.set_defaults(func=cmd_token_revoke)
-
     d = sub.add_parser("db", help="the service's database")
     dsub = d.add_subparsers(dest="db_command", required=True)
     du = dsub.add_parser("upgrade", help="create or migrate the schema (idempotent)")
@@ -398,22 +392,19 @@ def add_commands(sub) -> None:
                         "gpu_scheduler connection to read them from")
     client.add_argument("--json", action="store_true", help="print JSON")
     from .acct_cli import add_acct
+    from .token_cli import add_token_commands
 
     add_acct(sub, client)
+    # token list | create | revoke: through the API, or on the database with --db
+    add_token_commands(sub, client, cmd_token_create, cmd_token_revoke)
     for name, func, helptext, extra in (
             ("submit", cmd_submit, "submit a job file; prints the job id", ("file",)),
             ("status", _show(lambda c, a: c.job(a.id), _job_table),
              "one job: state and placement", ("id",)),
-            ("queue", _show(lambda c, a: c.jobs(a.state, a.team), _queue_table),
-             "jobs with their state, reason and ETA", ()),
-            ("cluster", _show(lambda c, a: c.cluster(), _cluster_table),
-             "hosts, GPUs and who holds them", ()),
             ("explain", _show(lambda c, a: c.explain(a.id), _explain_table),
              "why a job waits, its ETA and its events", ("id",)),
             ("cancel", _show(lambda c, a: c.cancel(a.id), _job_table),
              "cancel a job (releases its resources)", ("id",)),
-            ("drain", _show(lambda c, a: c.drain(a.host, True), _host_line),
-             "keep new work off a host (admin)", ("host",)),
             ("resume", _show(lambda c, a: c.drain(a.host, False), _host_line),
              "put a drained host back in service (admin)", ("host",)),
             ("slowdown", _show(lambda c, a: c.slowdown(), _slowdown_table),
@@ -437,7 +428,8 @@ def add_commands(sub) -> None:
             p.add_argument("--borrow-gpus", type=int,
                            help="GPUs it may hold beyond its quota while other teams leave "
                            "them idle, 0 (a hard quota) to 1000000 (omit: the policy file's)")
-        if name == "queue":
-            p.add_argument("--state", help="only jobs in this state")
-            p.add_argument("--team", help="only this team's jobs")
         p.set_defaults(func=func)
+    from .slurm_cli import add_slurm_commands
+
+    # queue, prio, share, hold, release, requeue, update, drain, cluster
+    add_slurm_commands(sub, client, _show)

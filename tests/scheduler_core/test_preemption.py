@@ -242,7 +242,7 @@ def test_no_job_is_preempted_by_a_job_it_later_preempts(events, borrow, min_run)
 
 
 def test_cpu_and_memory_quotas_join_gpu_quotas():
-    s = sched({"etl": TeamPolicy(quota_cpus=16, quota_memory=64 * 2**30),
+    s = sched({"etl": TeamPolicy(quota_cpus=16, quota_memory="64GiB"),
                "b": TeamPolicy(quota_gpus=8)})
     cpu = {"name": "w", "cpus": 8, "memory": "16GiB"}
     run(s, 0, job("e1", cpu, team="etl", expected_runtime=LONG))

@@ -70,7 +70,7 @@ def roles(draw: st.DrawFn, name: str) -> dict:
             st.sampled_from(GPU_MODELS), min_size=1, max_size=2, unique=True)))
     if draw(st.integers(0, 3)) == 0:
         gpu["min_memory"] = draw(st.sampled_from(GPU_MIN_MEMORY))
-    if gpu:
+    if gpu and role["gpus"]:          # a constraint on a role without GPUs is refused
         role["gpu"] = gpu
     return role
 
@@ -106,7 +106,7 @@ def one_replica_jobs(draw: st.DrawFn, name: str, strict_gpu: bool = False) -> di
                                                         else [0, 1, 2, 3, 4, 8])),
             "cpus": draw(st.integers(1, 64)), "memory": draw(MEMORY)}
     # a model constraint often, so hosts with few cores per NUMA node are the only choice
-    if draw(st.booleans()):
+    if draw(st.booleans()) and role["gpus"]:      # (refused on a role without GPUs)
         role["gpu"] = {"model": draw(st.sampled_from(GPU_MODELS))}
     affinity = "strict" if strict_gpu else draw(st.sampled_from(["strict", "preferred", "none"]))
     return {"name": name, "roles": [role],

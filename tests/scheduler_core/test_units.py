@@ -10,7 +10,10 @@ from airflow_gpu.scheduler_core.units import (
 
 @pytest.mark.parametrize("text,expected", [
     ("8GiB", 8 * 2**30), ("48GB", 48 * 10**9), ("512MiB", 512 * 2**20), ("1.5TiB", 3 * 2**39),
-    (1024, 1024), ("100", 100), ("2 gi", 2 * 2**30),
+    ("1024B", 1024), ("100b", 100), ("2 gi", 2 * 2**30), (0, 0), ("0", 0),
+    # K, M, G, T are binary, as in Slurm (--mem=8G is 8GiB); KB, MB, GB, TB decimal
+    ("8G", 8 * 2**30), ("8g", 8 * 2**30), ("512M", 512 * 2**20), ("2T", 2 * 2**40),
+    ("4K", 4096), ("8gb", 8 * 10**9),
 ])
 def test_sizes(text, expected):
     assert parse_size(text) == expected
@@ -20,6 +23,13 @@ def test_sizes(text, expected):
 def test_bad_sizes(bad):
     with pytest.raises(ValueError):
         parse_size(bad)
+
+
+@pytest.mark.parametrize("bare", [48, "48", 1.5, 2**40, " 7 "])
+def test_a_size_needs_a_unit(bare):
+    """`memory: 48` is not 48 bytes: a number without a unit is refused, naming the units."""
+    with pytest.raises(ValueError, match=r"has no unit; write e\.g\. .*GiB.*B for bytes"):
+        parse_size(bare)
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -19,9 +19,10 @@ class Server:
         self.db, self.port, self.log = db_url, free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db_url, "--cluster",
-             str(cluster_file), "--port", str(self.port), "--interval", str(interval),
-             "--lease-ttl", str(lease_ttl), "--log-level", "warning", *args],
+            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db_url, "--create",
+             "--cluster", str(cluster_file), "--port", str(self.port),
+             "--interval", str(interval), "--lease-ttl", str(lease_ttl),
+             "--log-level", "warning", *args],
             cwd=REPO, stdout=subprocess.DEVNULL,
             stderr=open(log, "w") if log else subprocess.DEVNULL)  # noqa: SIM115
         deadline = time.monotonic() + 30

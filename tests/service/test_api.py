@@ -134,7 +134,7 @@ def test_wrong_team_is_403(api, method, path, body):
 
 def test_drain_keeps_new_work_off_a_host(api):
     r = api.post("/api/v1/hosts/dgx-1/drain", headers=auth(api, "admin"))
-    assert r.json() == {"name": "dgx-1", "drained": True}
+    assert r.json() == {"name": "dgx-1", "drained": True, "drain_reason": None}
     a = submit(api, "vision", spec("a", 8)).json()
     b = submit(api, "vision", spec("b", 8)).json()
     assert api.tick() == [a["id"]]

@@ -66,9 +66,34 @@ def local_host(configured: str | None = None, environ: dict[str, str] | None = N
                      f"its host name; neither {SETTING} nor {HOST_VARIABLE} is set")
 
 
-def refuse_other_hosts(replicas: list[Replica], here: LocalHost) -> None:
+def airflow_setting(environ: dict[str, str] | None = None) -> str | None:
+    """`[gpu_scheduler] local_host` as Airflow on this machine would read it, for launchers
+    outside Airflow (`airflow-gpu run`), without importing Airflow (which would write a
+    default airflow.cfg where none is): $AIRFLOW__GPU_SCHEDULER__LOCAL_HOST, else the
+    setting in $AIRFLOW_CONFIG (default $AIRFLOW_HOME/airflow.cfg, ~/airflow). None where
+    neither is set."""
+    import configparser
+
+    environ = os.environ if environ is None else environ
+    value = environ.get("AIRFLOW__GPU_SCHEDULER__LOCAL_HOST")
+    if value is not None:
+        return value
+    home = environ.get("AIRFLOW_HOME") or "~/airflow"
+    path = Path(environ.get("AIRFLOW_CONFIG") or Path(home) / "airflow.cfg").expanduser()
+    config = configparser.RawConfigParser(strict=False)
+    try:
+        config.read(path)
+    except (configparser.Error, OSError, UnicodeDecodeError):
+        return None
+    return config.get("gpu_scheduler", "local_host", fallback=None)
+
+
+def refuse_other_hosts(replicas: list[Replica], here: LocalHost,
+                       runner: str = "the local runner", fix: str | None = None) -> None:
     """Raise before anything starts if a replica was granted on a host this machine is
-    not: its GPU indices and cores are that host's, and here they may be another job's."""
+    not: its GPU indices and cores are that host's, and here they may be another job's.
+    `runner` names who starts processes only here; `fix` replaces the Airflow advice
+    (`{host}` in it: the first host granted elsewhere)."""
     away = [r for r in replicas if not here.matches(r.host)]
     if not away:
         return
@@ -76,18 +101,20 @@ def refuse_other_hosts(replicas: list[Replica], here: LocalHost) -> None:
                       for r in away[:8]) + (f" and {len(away) - 8} more" if len(away) > 8
                                             else "")
     hosts = sorted({r.host for r in away})
+    advice = fix.format(host=hosts[0]) if fix else (
+        f"run the task on a worker on the granted host (one Airflow queue per host, "
+        f"queue='{hosts[0]}' on the operator), or start the replicas as containers on their "
+        "hosts' Docker engines (GpuGangOperator(runner='docker') or GpuDockerOperator), "
+        "which a gang across hosts needs")
     raise LaunchError(
         f"{len(away)} of the job's {len(replicas)} replica(s) were granted on another host "
-        f"than this machine, and the local runner starts processes only here: {shown}. "
+        f"than this machine, and {runner} starts processes only here: {shown}. "
         f"This machine is {here} ({here.source}); starting them here would use the GPUs "
         f"and cores of {', '.join(hosts)} on this machine, where other jobs may hold them. "
-        "Nothing was started and the job's GPUs are released. To fix: run the task on a "
-        f"worker on the granted host (one Airflow queue per host, queue='{hosts[0]}' on "
-        "the operator), or start the replicas as containers on their hosts' Docker engines "
-        "(GpuGangOperator(runner='docker') or GpuDockerOperator), which a gang across hosts "
-        f"needs; if this machine is {hosts[0]} under another name, set {SETTING} (or "
-        f"{HOST_VARIABLE}) to its name in the cluster; on a simulated cluster whose hosts "
-        f"are all this machine, set {SETTING} = {ANY_HOST}.")
+        f"Nothing was started and the job's GPUs are released. To fix: {advice}; if this "
+        f"machine is {hosts[0]} under another name, set {SETTING} (or {HOST_VARIABLE}) to "
+        f"its name in the cluster; on a simulated cluster whose hosts are all this machine, "
+        f"set {SETTING} = {ANY_HOST}.")
 
 
 def machine_numa_nodes() -> list[int]:

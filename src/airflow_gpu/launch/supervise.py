@@ -51,11 +51,13 @@ def stop_all(handles: list[Handle], grace: float | None = None,
 def supervise(handles: list[Handle], log: logging.Logger,
               heartbeat: Callable[[], None] | None = None, interval: float = 15.0,
               stop: threading.Event | None = None, deadline: float | None = None,
-              grace: float = 0.0) -> Outcome:
+              grace: float = 0.0,
+              on_line: Callable[[str, str], None] | None = None) -> Outcome:
     """Run until every replica exits, one fails, the scheduler takes the job back, the
     task is killed, or `deadline` (time.monotonic()) passes: then every replica gets
     SIGTERM, and SIGKILL `grace` seconds later. A preemption sends its own signal and
-    grace; its log lines and heartbeats go on until every replica has stopped."""
+    grace; its log lines and heartbeats go on until every replica has stopped. Each line
+    a replica writes goes to `on_line(name, line)`, else to `log` as `[name] line`."""
     events: queue.Queue = queue.Queue()
     tails = {h.name: deque(maxlen=TAIL) for h in handles}
 
@@ -109,7 +111,10 @@ def supervise(handles: list[Handle], log: logging.Logger,
             continue
         if line is not None:
             tails[name].append(line)
-            log.info("[%s] %s", name, line)
+            if on_line is None:
+                log.info("[%s] %s", name, line)
+            else:
+                on_line(name, line)
             continue
         codes[name] = code
         log.info("[%s] exited with code %s", name, code)

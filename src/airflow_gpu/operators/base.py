@@ -10,7 +10,7 @@ import statistics
 import threading
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
@@ -18,9 +18,10 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
 from ..hooks.scheduler import GpuSchedulerHook
-from ..launch.handle import Handle, LaunchError, signal_of
+from ..launch.handle import Handle, LaunchError
+from ..launch.lease import Lease, beat_interval, monotonic_at
 from ..launch.replica import Replica, replicas_of
-from ..launch.supervise import Interrupted, Outcome, stop_all, supervise
+from ..launch.supervise import Outcome, stop_all, supervise
 from ..scheduler_core.client import ApiError
 from ..scheduler_core.errors import InputError, describe_validation_error
 from ..scheduler_core.jobclasses import timeout_message
@@ -52,22 +53,6 @@ def split_role(role: dict) -> tuple[dict, dict]:
     """A role as DAG authors write it: the scheduler's fields, and how it starts."""
     return ({k: v for k, v in role.items() if k not in LAUNCH_KEYS},
             {k: role[k] for k in LAUNCH_KEYS if k in role})
-
-
-def _seconds_left(iso: str | None) -> float | None:
-    """Seconds until a time the service sent (ISO 8601, UTC), by this machine's clock."""
-    if not iso:
-        return None
-    at = datetime.fromisoformat(iso)
-    if at.tzinfo is None:           # SQLite keeps UTC without the zone
-        at = at.replace(tzinfo=UTC)
-    return (at - datetime.now(UTC)).total_seconds()
-
-
-def _monotonic(iso: str | None) -> float | None:
-    """A time the service sent, on time.monotonic()'s clock (None: none)."""
-    left = _seconds_left(iso)
-    return None if left is None else time.monotonic() + left
 
 
 class GpuBaseOperator(BaseOperator):
@@ -120,8 +105,7 @@ class GpuBaseOperator(BaseOperator):
         self._job_id: str | None = None
         self._handles: list[Handle] = []
         self._stop = threading.Event()
-        self._preempt_logged: tuple | None = None
-        self._idle_logged: str | None = None     # the idle flag last warned of
+        self._lease = Lease()          # heartbeats: what was logged once (preemption, idle)
 
     # -- the job spec ---------------------------------------------------------------------
     def _spec(self, name: str, team: str | None = None,
@@ -238,7 +222,7 @@ class GpuBaseOperator(BaseOperator):
             outcome = supervise(self._handles, self.log,
                                 lambda: self._beat(client, job_id, attempt),
                                 self._beat_interval(job), self._stop,
-                                _monotonic(job.get("deadline_at")),
+                                monotonic_at(job.get("deadline_at")),
                                 float(job.get("stop_grace") or 0))
             if outcome.timed_out:
                 self._finish(client, job_id, attempt, "timeout", None)
@@ -277,57 +261,10 @@ class GpuBaseOperator(BaseOperator):
 
     @staticmethod
     def _beat_interval(job: dict) -> float:
-        left = _seconds_left(job.get("lease_expires_at"))
-        return 10.0 if left is None else min(30.0, max(0.5, left / 3))
+        return beat_interval(job)
 
     def _beat(self, client, job_id: str, attempt: int) -> None:
-        try:
-            job = client.heartbeat(job_id, attempt)
-        except ApiError as exc:
-            if exc.status == 409:
-                detail = str(exc.detail)
-                requeued = "is pending" in detail or "admitted again" in detail
-                raise Interrupted("pending" if requeued else "ended", detail) from None
-            self.log.warning("heartbeat failed: %s", exc)
-        except InputError as exc:          # the service restarts: the lease still runs
-            self.log.warning("heartbeat failed: %s", exc)
-        else:
-            self._idle_warning(job)
-            if job.get("state") == "preempting":
-                raise self._preempted(job)
-
-    def _idle_warning(self, job: dict) -> None:
-        """The idle-GPU policy flagged the job: say so once per flag in the task log."""
-        flagged = job.get("idle_flagged_at")
-        if flagged and self._idle_logged != flagged:
-            self._idle_logged = flagged
-            self.log.warning("GPU job %s: its GPUs have stayed idle since %s and the "
-                             "scheduler flagged it (idle-GPU policy; see airflow-gpu "
-                             "explain %s)", job["id"], job.get("idle_since"), job["id"])
-
-    def _preempted(self, job: dict) -> Interrupted:
-        """The scheduler preempts the job: what to send its replicas, and for how long
-        they may save a checkpoint (never past the service's forced requeue)."""
-        sig = job.get("preempt_signal")
-        try:
-            sig = signal_of(sig).name
-        except ValueError as exc:
-            self.log.warning("%s: sending SIGTERM instead", exc)
-            sig = "SIGTERM"
-        limits = [t for t in (job.get("preempt_grace"),
-                              _seconds_left(job.get("preempt_deadline_at"))) if t is not None]
-        grace = max(0.0, min(limits)) if limits else None
-        why = (f"preempted by job {job['preempted_by']} "
-               f"({job.get('preempt_reason') or 'no reason given'})"
-               if job.get("preempted_by") else
-               f"stopped: {job.get('preempt_reason') or 'no reason given'}")
-        if self._preempt_logged != (job["id"], job.get("attempt")):  # each beat repeats it
-            self._preempt_logged = (job["id"], job.get("attempt"))
-            after = "the default grace" if grace is None else f"{round(grace, 1):g}s"
-            self.log.warning("%s: sending %s to all replicas, SIGKILL after %s; the job is "
-                             "requeued under the same id and its replicas restart with "
-                             "AIRFLOW_GPU_RESTARTED=1", why, sig, after)
-        return Interrupted("preempting", why, signal=sig, grace=grace)
+        self._lease.beat(client, job_id, attempt, self.log)
 
     def _finish(self, client, job_id: str, attempt: int, outcome: str,
                 code: int | None) -> None:

@@ -94,15 +94,34 @@ class Client:
         failed connection is retried (after each of `retries` seconds) with the same key,
         so the job is created once even when an answer was lost."""
         body = {"spec": spec, "idempotency_key": idempotency_key or str(uuid.uuid4())}
+        return self._post_retrying("/api/v1/jobs", body, f"job {spec.get('name')!r}",
+                                   retries)
+
+    def submit_batch(self, specs: list[dict], keys: list[str | None] | None = None,
+                     retries: tuple[float, ...] = SUBMIT_RETRIES) -> list[dict]:
+        """Submit several jobs in one request, all or none (POST /api/v1/jobs/batch); the
+        jobs in the order given. Each job's key is its entry of `keys`, else a new UUID;
+        retried as `submit` is, with the same keys, so no job is created twice."""
+        keys = list(keys) if keys is not None else [None] * len(specs)
+        if len(keys) != len(specs):
+            raise ValueError(f"{len(specs)} specs but {len(keys)} idempotency keys")
+        body = {"jobs": [{"spec": s, "idempotency_key": k or str(uuid.uuid4())}
+                         for s, k in zip(specs, keys, strict=True)]}
+        return self._post_retrying("/api/v1/jobs/batch", body, f"{len(specs)} jobs",
+                                   retries)
+
+    def _post_retrying(self, path: str, body: dict, what: str,
+                       retries: tuple[float, ...]) -> Any:
+        """POST `body` (which holds its idempotency keys), again after each of `retries`
+        seconds while the request times out or the connection fails."""
         for wait in retries:
             try:
-                return _answer(self.http.request("POST", "/api/v1/jobs", json=body))
+                return _answer(self.http.request("POST", path, json=body))
             except httpx.TransportError as exc:
-                log.warning("submitting job %r to %s: %s; retrying in %gs with the same "
-                            "idempotency key", spec.get("name"), self.url,
-                            type(exc).__name__, wait)
+                log.warning("submitting %s to %s: %s; retrying in %gs with the same "
+                            "idempotency key", what, self.url, type(exc).__name__, wait)
                 time.sleep(wait)
-        return self.request("POST", "/api/v1/jobs", json=body)
+        return self.request("POST", path, json=body)
 
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/api/v1/jobs/{job_id}")
@@ -148,6 +167,27 @@ class Client:
                             json={"share": share, "quota_gpus": quota_gpus,
                                   "borrow_gpus": borrow_gpus})
 
+    def tokens(self, team: str | None = None) -> list[dict]:
+        """Every token (admins): id, team, role, hosts, created_at, expires_at, hint."""
+        return self.request("GET", "/api/v1/tokens", params={"team": team} if team else None)
+
+    def create_token(self, team: str | None, role: str = "team",
+                     hosts: list[str] | None = None, expires_in: str | int | None = None,
+                     expires_at: str | None = None) -> dict:
+        """A new token (admins); the answer's `token` is its secret, shown this once."""
+        body = {k: v for k, v in (("team", team), ("role", role), ("hosts", hosts),
+                                  ("expires_in", expires_in), ("expires_at", expires_at))
+                if v is not None}
+        return self.request("POST", "/api/v1/tokens", json=body)
+
+    def revoke_token(self, token_id: int) -> dict:
+        """Revoke the token with this id (admins); answers what it was."""
+        return self.request("DELETE", f"/api/v1/tokens/{token_id}")
+
+    def revoke_team_tokens(self, team: str) -> list[dict]:
+        """Revoke every token of `team` (admins); answers what they were."""
+        return self.request("DELETE", "/api/v1/tokens", params={"team": team})
+
     def usage(self, job_id: str) -> dict:
         return self.request("GET", f"/api/v1/jobs/{job_id}/usage")
 
@@ -156,6 +196,50 @@ class Client:
         params = {k: v for k, v in (("by", by), ("since", since), ("until", until),
                                     ("team", team), ("job", job)) if v is not None}
         return self.request("GET", "/api/v1/accounting", params=params)
+
+    # -- Slurm / Grid Engine habits (docs/service.md) -------------------------------------
+    def queue(self, all_jobs: bool = False, state: str | None = None,
+              team: str | None = None, limit: int | None = None) -> list[dict]:
+        """Jobs in the scheduler's order (squeue): live, then pending by priority."""
+        params = {k: v for k, v in (("all", "true" if all_jobs else None), ("state", state),
+                                    ("team", team), ("limit", limit)) if v}
+        return self.request("GET", "/api/v1/queue", params=params)
+
+    def priorities(self, team: str | None = None) -> dict:
+        """Pending jobs' priority factors (sprio)."""
+        return self.request("GET", "/api/v1/priorities", params={"team": team} if team
+                            else None)
+
+    def shares(self) -> list[dict]:
+        """Teams' fair share (sshare)."""
+        return self.request("GET", "/api/v1/shares")
+
+    def hold(self, job: str) -> dict:
+        return self.request("POST", f"/api/v1/jobs/{_ref(job)}/hold")
+
+    def release(self, job: str) -> dict:
+        return self.request("POST", f"/api/v1/jobs/{_ref(job)}/release")
+
+    def requeue(self, job: str) -> dict:
+        return self.request("POST", f"/api/v1/jobs/{_ref(job)}/requeue")
+
+    def update(self, job: str, priority: int | None = None,
+               time_limit: str | int | None = None) -> dict:
+        body = {k: v for k, v in (("priority", priority), ("time_limit", time_limit))
+                if v is not None}
+        return self.request("PATCH", f"/api/v1/jobs/{_ref(job)}", json=body)
+
+    def drain_host(self, host: str, reason: str | None = None) -> dict:
+        """Drain a host, saying why (admins)."""
+        return self.request("POST", f"/api/v1/hosts/{_ref(host)}/drain",
+                            json={"reason": reason} if reason else None)
+
+
+def _ref(text: str) -> str:
+    """A job reference or host name as one path segment."""
+    from urllib.parse import quote
+
+    return quote(text, safe="")
 
 
 class AsyncClient:

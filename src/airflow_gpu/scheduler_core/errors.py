@@ -61,21 +61,69 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
             continue
         msg = err["msg"].removeprefix("Value error, ")
         got = err.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        text = repr(got)
+        text = text if len(text) <= 60 else f"{text[:57]}..."
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {text})"
         lines.append(f"{where}: {msg}{shown}")
     return "; ".join(lines)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping giving the same key twice (PyYAML keeps the
+    last one silently, so a repeated `gpus:` would quietly override the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue              # `<<: *base` overrides on purpose
+                key = self.construct_object(key_node, deep=True)
+                line = key_node.start_mark.line + 1
+                try:
+                    first = seen.get(key)
+                except TypeError:         # an unhashable key: construct_mapping says so
+                    continue
+                if first is not None:
+                    raise DuplicateKey(key, line, first)
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+class DuplicateKey(Exception):
+    """A key given twice in one mapping (line numbers from 1)."""
+
+    def __init__(self, key: Any, line: int, first: int):
+        self.key, self.line, self.first = key, line, first
+
+
+def utf8_text(data: bytes, source: str) -> str:
+    """`data` as text, or an InputError naming the first byte that is not UTF-8."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset "
+                         f"{exc.start}); save it as UTF-8", source) from None
 
 
 def load_yaml(path: str | Path) -> Any:
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         raise InputError("file not found; check the path", str(path)) from None
+    except IsADirectoryError:
+        raise InputError("is a folder, not a file; give the path of a YAML or JSON file",
+                         str(path)) from None
     except OSError as exc:
         raise InputError(f"cannot read file: {exc.strerror}", str(path)) from None
+    text = utf8_text(data, str(path))
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except DuplicateKey as dup:
+        key = repr(dup.key) if len(repr(dup.key)) <= 60 else f"{repr(dup.key)[:57]}..."
+        raise InputError(f"line {dup.line}: key {key} appears twice (first on line "
+                         f"{dup.first}); keep one of them", str(path)) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

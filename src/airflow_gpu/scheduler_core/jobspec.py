@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .errors import InputError, load_yaml, validate
 from .units import Duration, Size, format_duration
@@ -28,6 +35,14 @@ MAX_TEXT = 200              # characters in a name, a class or a GPU model
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _no_bool(v, info: ValidationInfo):
+    """Counts are numbers: `gpus: true` is refused, not read as 1."""
+    if isinstance(v, bool):
+        raise ValueError(f"{str(v).lower()} is a yes/no value, not a number; write a whole "
+                         f"number such as {info.field_name}: 1")
+    return v
 
 
 class GpuConstraint(_Spec):
@@ -52,6 +67,18 @@ class Role(_Spec):
     memory: Size | None = Field(
         None, description="host memory per replica (booked, and the replica's limit); "
         "default: per GPU and per CPU, from the job class or the queue policy")
+
+    _counts = field_validator("replicas", "gpus", "cpus", mode="before")(_no_bool)
+
+    @model_validator(mode="after")
+    def _gpu_needs_gpus(self) -> Role:
+        if self.gpus == 0 and (self.gpu.model is not None or self.gpu.min_memory is not None):
+            asked = ", ".join(k for k in ("model", "min_memory")
+                              if getattr(self.gpu, k) is not None)
+            raise ValueError(f"gpu: the role sets GPU constraints ({asked}) but asks for no "
+                             "GPUs (gpus: 0); set gpus to the GPUs each replica needs, or "
+                             "remove gpu")
+        return self
 
     @field_validator("memory")
     @classmethod
@@ -86,6 +113,7 @@ class JobSpec(_Spec):
     team: str = Field("default", pattern=_NAME, max_length=MAX_TEXT)
     job_class: str | None = Field(None, max_length=MAX_TEXT)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
+    _priority = field_validator("priority", mode="before")(_no_bool)
     expected_runtime: Duration | None = Field(
         None, description="what the job is planned with (an estimate, not enforced)")
     time_limit: Duration | None = Field(

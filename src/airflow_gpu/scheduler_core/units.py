@@ -1,4 +1,9 @@
-"""Human sizes (`8GiB`, `48GB`, `512MiB`) and durations (`90m`, `6h`, `2d`)."""
+"""Human sizes (`8GiB`, `8G`, `48GB`, `512MiB`) and durations (`90m`, `6h`, `2d`).
+
+A size needs a unit: `K`, `M`, `G`, `T` and `KiB`, `MiB`, `GiB`, `TiB` are binary (powers
+of 1024: `8G` is 8GiB, as Slurm's --mem=8G), `KB`, `MB`, `GB`, `TB` decimal (powers of
+1000), `B` bytes. A bare number (`memory: 48`, "48") is refused, never read as bytes: 48 of
+what is the user's to say. 0 alone needs none (0 of anything is nothing)."""
 
 from __future__ import annotations
 
@@ -10,11 +15,13 @@ from pydantic import BeforeValidator, PlainSerializer
 
 _SIZE_UNITS = {
     "": 1, "b": 1,
-    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6,
-    "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,         # Slurm's: --mem=8G is 8GiB
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20,
     "gi": 2**30, "gib": 2**30, "ti": 2**40, "tib": 2**40,
 }
+SIZE_UNITS_HELP = ("B; K, M, G, T or KiB, MiB, GiB, TiB (binary: 8G is 8GiB, as in Slurm); "
+                   "KB, MB, GB, TB (decimal)")
 _SIZE_RE = re.compile(r"^\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
@@ -40,7 +47,8 @@ def _finite(number: float, value: object, what: str, example: str) -> None:
 
 
 def parse_size(value: object) -> int:
-    """Bytes from an int or a string such as `8GiB` (binary) or `48GB` (decimal)."""
+    """Bytes from a string such as `8GiB` or `8G` (binary) or `48GB` (decimal), `4096B`
+    (bytes). A number without a unit is refused (but 0)."""
     if isinstance(value, bool):
         raise ValueError(f"expected a size such as 8GiB, got {_show(value)}")
     if isinstance(value, int) and abs(value) > MAX_SIZE:     # float() would overflow
@@ -52,8 +60,8 @@ def parse_size(value: object) -> int:
     else:
         raise ValueError(f"expected a size such as 8GiB, 48GB or 512MiB, got {_show(value)}")
     if unit not in _SIZE_UNITS:
-        raise ValueError(f"unknown size unit {_show(unit)} in {_show(value)}; use B, KiB, MiB, "
-                         "GiB, TiB (binary) or KB, MB, GB, TB (decimal)")
+        raise ValueError(f"unknown size unit {_show(unit)} in {_show(value)}; use "
+                         f"{SIZE_UNITS_HELP}")
     _finite(number, value, "size", "8GiB")
     if number < 0:
         raise ValueError(f"size must not be negative, got {_show(value)}")
@@ -61,6 +69,10 @@ def parse_size(value: object) -> int:
     if size > MAX_SIZE:
         raise ValueError(f"size {_show(value)} is over the largest there is, {MAX_SIZE} bytes "
                          "(8 EiB); give a size such as 8GiB")
+    if not unit and number != 0:
+        shown = m.group(1) if isinstance(value, str) else _show(value)
+        raise ValueError(f"size {_show(value)} has no unit; write e.g. {shown}GiB, {shown}MiB "
+                         f"or {shown}B for bytes (units: {SIZE_UNITS_HELP})")
     return size
 
 

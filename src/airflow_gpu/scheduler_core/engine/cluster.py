@@ -14,24 +14,56 @@ from .hosttype import HostType, host_type
 from .topology import load_topology
 
 _RANGE_RE = re.compile(r"\[([^\]]+)\]")
+_DIGITS = re.compile(r"[0-9]{1,18}")
+# The most names one `name:` pattern may expand to: more hosts than any cluster has, and
+# few enough that a slip (`n[1-10000000]`) is refused at once instead of hanging.
+MAX_HOST_NAMES = 100_000
+
+
+def _show(text: str) -> str:
+    return repr(text) if len(text) <= 60 else repr(f"{text[:57]}...")
+
+
+def _ranges(pattern: str) -> list[tuple[re.Match, list[tuple[int, int, int]]]]:
+    """The `[...]` groups of a pattern: (match, [(first, last, zero-padded width)])."""
+    groups = []
+    for m in _RANGE_RE.finditer(pattern):
+        parts = []
+        for part in m.group(1).split(","):
+            lo, _, hi = part.strip().partition("-")
+            if not _DIGITS.fullmatch(lo) or (hi and not _DIGITS.fullmatch(hi)):
+                raise ValueError(f"bad host range {_show(part)} in {_show(pattern)}; write e.g. "
+                                 "dgx-[01-16] or n[1-2,5]")
+            if hi and int(hi) < int(lo):
+                raise ValueError(f"host range {_show(part)} in {_show(pattern)} runs backwards")
+            parts.append((int(lo), int(hi or lo), len(lo) if lo.startswith("0") else 0))
+        groups.append((m, parts))
+    rest = _RANGE_RE.sub("", pattern)
+    if "[" in rest or "]" in rest:
+        raise ValueError(f"host range in {_show(pattern)} is not closed (or is empty): each '[' "
+                         "needs its ']' and numbers between; write e.g. dgx-[01-16]")
+    count = 1
+    for _, parts in groups:
+        count *= sum(last - first + 1 for first, last, _ in parts)
+    if count > MAX_HOST_NAMES:
+        raise ValueError(f"host range {_show(pattern)} names {count:,} hosts, over the most one "
+                         f"entry may name ({MAX_HOST_NAMES:,}); check the range, or split it "
+                         "over several entries")
+    return groups
 
 
 def expand_hostnames(pattern: str) -> list[str]:
-    """`dgx-a-[01-16]` -> dgx-a-01 .. dgx-a-16; `n[1-2,5]` -> n1, n2, n5. Padding is kept."""
-    m = _RANGE_RE.search(pattern)
-    if not m:
-        return [pattern]
-    values: list[str] = []
-    for part in m.group(1).split(","):
-        lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"bad host range {part!r} in {pattern!r}; write e.g. dgx-[01-16]")
-        if hi and int(hi) < int(lo):
-            raise ValueError(f"host range {part!r} in {pattern!r} runs backwards")
-        width = len(lo) if lo.startswith("0") else 0
-        values += [str(i).zfill(width) for i in range(int(lo), int(hi or lo) + 1)]
-    head, tail = pattern[: m.start()], pattern[m.end():]
-    return [name for v in values for name in expand_hostnames(f"{head}{v}{tail}")]
+    """`dgx-a-[01-16]` -> dgx-a-01 .. dgx-a-16; `n[1-2,5]` -> n1, n2, n5. Padding is kept.
+    Several ranges multiply (`r[1-2]n[1-3]`: 6 names), at most MAX_HOST_NAMES in all."""
+    names = [""]
+    end = 0
+    for m, parts in _ranges(pattern):
+        head = pattern[end:m.start()]
+        values = [str(i).zfill(width) for first, last, width in parts
+                  for i in range(first, last + 1)]
+        names = [f"{n}{head}{v}" for n in names for v in values]
+        end = m.end()
+    return [f"{n}{pattern[end:]}" for n in names]
 
 
 class HostEntry(BaseModel):

@@ -140,6 +140,9 @@ class ClusterState:
         # without worn GPUs the engine skips every wear preference
         self.worn_reasons: dict[str, dict[int, str]] = {}
         self.any_worn = False
+        # host -> why it takes no new work (a drained host's reason, "unreachable"): for
+        # the pending reasons that name capacity on such hosts
+        self.drain_reasons: dict[str, str] = {}
         for h in cluster.hosts:
             self.switch_free.setdefault(h.switch_key, 0)
             self.rack_free.setdefault(h.rack, 0)

@@ -292,21 +292,29 @@ class FairShare:
 
     def factors(self, teams) -> dict[str, float]:
         """Priority points per team: fairshare_weight * 2^(-usage share / cluster share)."""
+        return {t: points for t, (_, _, points) in self.terms(teams).items()}
+
+    def terms(self, teams) -> dict[str, tuple[float, float, float]]:
+        """Per team (its part of all decayed usage, its part of the shares, its priority
+        points): what `factors` gives the pass, with the two fractions it comes from
+        (Slurm's sshare: EffectvUsage, NormShares, FairShare)."""
         teams = set(teams)
         total_use = sum(self.usage.values())
         known = teams | set(self.config.teams) | set(self.usage)
         total_share = sum(self.config.share(t) for t in known) or 1.0
         out = {}
         for t in teams:
+            u = s = 0.0
             try:
                 u = self.usage.get(t, 0.0) / total_use if total_use > 0 else 0.0
                 s = self.config.share(t) / total_share
-                out[t] = self.config.fairshare_weight * 2.0 ** (-u / s)
-                if not math.isfinite(out[t]):
-                    raise ArithmeticError(f"the factor is {out[t]}")
+                points = self.config.fairshare_weight * 2.0 ** (-u / s)
+                if not math.isfinite(points):
+                    raise ArithmeticError(f"the factor is {points}")
             except ArithmeticError as exc:   # one team's bad numbers must not stop a pass
                 self.errors[t] = (f"fair share of team {t} cannot be computed (usage "
                                   f"{self.usage.get(t, 0.0):g}, share {self.config.share(t)!r}: "
                                   f"{exc}); its jobs are ordered with factor 0")
-                out[t] = 0.0
+                points = 0.0
+            out[t] = (u, s, points)
         return out

@@ -117,6 +117,15 @@ class JobQueue:
         1e-6 so that scores equal but for float noise tie, and ties go by submit time."""
         return round(self.age_weight * job.submit / 3600.0 - self.size_weight * job.size, 6)
 
+    def terms(self, job: QueuedJob, fairshare: float, now: float) -> dict[str, float]:
+        """The job's score as points (Slurm's sprio): its team's fair-share points, the size
+        points and the age points, and their sum. Within a band, `ordered` sorts by the
+        same sum: `static_key(job) - fairshare` is `age_weight * now / 3600 - score`."""
+        size = self.size_weight * job.size
+        age = self.age_weight * (now - job.submit) / 3600.0
+        return {"fairshare": fairshare, "size": size, "age": age,
+                "score": fairshare + size + age}
+
     def _entry(self, job: QueuedJob) -> tuple:
         return (self.static_key(job), job.submit, job.seq, job)
 

@@ -45,7 +45,7 @@ class Pass:
         self.plan = PassPlan(sched, now)
         # backfill protects the oldest job of each band that has waited reserve_after
         backfill = self.mode == "backfill"
-        self.protect_before = now - sched.config.reserve_after if backfill else -math.inf
+        self.protect_before = sched.protect_before(now)
         self.protect_left = sched.queue.protected(self.protect_before) if backfill else 0
         self.failed: set[tuple] = set()                # (shape, holds) known not to fit
         self.hopeless: set[tuple] = set()              # shapes that fail even without holds

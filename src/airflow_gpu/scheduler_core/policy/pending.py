@@ -95,6 +95,8 @@ class Reasons:
                 code, msg, details = got.explain()
                 self._why[job.shape] = why = Pending(code, msg, details)
                 self._unhealthy(job, why)
+                if why.code != "Unhealthy":
+                    self._on_drained(job, why)
         cached = self._why[job.shape]
         if isinstance(cached, Pending):
             return Pending(cached.code, cached.message, dict(cached.details))
@@ -124,8 +126,52 @@ class Reasons:
         if never_fits(job.spec, healthy, s.reg, job.needs):
             why.code = "Unhealthy"
             why.message += (f"; it can only run once drained or unhealthy hosts are back "
-                            f"({', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''})")
+                            f"({', '.join(map(self._label, bad[:5]))}"
+                            f"{' ...' if len(bad) > 5 else ''})")
             why.details["unhealthy_hosts"] = bad
+            drained = {h: state.drain_reasons.get(h) for h in bad
+                       if state.hosts[state.cluster.by_name[h].index].drained}
+            if drained:
+                why.details["drained_hosts"] = drained
+
+    def _label(self, host: str) -> str:
+        """A host, with why it takes no new work when it is drained or unreachable."""
+        state = self.p.s.state
+        if not state.hosts[state.cluster.by_name[host].index].drained:
+            return host
+        why = state.drain_reasons.get(host)
+        if why is None or why == "unreachable":
+            return f"{host} ({why or 'drained'})"
+        return f"{host} (reason: {why})"
+
+    def _on_drained(self, job: QueuedJob, why: Pending) -> None:
+        """Free capacity on drained (or unreachable) hosts that would start the job now:
+        named, with each host's drain reason (Slurm's sinfo -R)."""
+        s = self.p.s
+        state = s.state
+        drained = [h.name for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)
+                   if hs.drained]
+        if not drained:
+            return
+        epoch = state.epoch
+        for h in drained:
+            state.set_drained(h, False)
+        try:
+            got = place(job.spec, state, s.reg, job.needs)
+        finally:
+            for h in drained:
+                state.set_drained(h, True)
+            state.epoch = epoch        # nothing changed for the pass's plans
+        if not isinstance(got, Placed):
+            return
+        on = [h for h in dict.fromkeys(a.host.name for a in got.allocations) if h in drained]
+        if not on:
+            return
+        what = (f"{job.gpus} GPU{'s fit' if job.gpus > 1 else ' fits'}" if job.gpus
+                else "it fits")
+        why.message += (f"; {what} now only on drained hosts "
+                        f"{', '.join(map(self._label, on))}")
+        why.details["drained_hosts"] = {h: state.drain_reasons.get(h) for h in on}
 
     def eta(self, job: QueuedJob) -> float | None:
         """When the job could start around this pass's reservations (not reserved itself)."""

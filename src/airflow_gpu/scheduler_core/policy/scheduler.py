@@ -192,10 +192,32 @@ class Scheduler:
         self.fairshare.add(job.team, -job.gpus, now)
 
     # -- the pass ----------------------------------------------------------------------
+    def fairshare_points(self, now: float) -> dict[str, float]:
+        """The fair-share points of the queued jobs' teams at `now`, as the pass orders by."""
+        self.fairshare.advance(now)
+        return self.fairshare.factors(self.queue.teams)
+
+    def protect_before(self, now: float) -> float:
+        """Jobs submitted at or before this are protected (the wait guarantee; backfill)."""
+        return now - self.config.reserve_after if self.config.mode == "backfill" \
+            else -math.inf
+
+    def priorities(self, now: float) -> list[tuple[QueuedJob, bool, dict[str, float]]]:
+        """The queued jobs in the order the pass considers them (claimants of an earlier
+        preemption first, then `JobQueue.ordered`), each with whether it is protected and
+        its score's terms (JobQueue.terms): Slurm's sprio."""
+        fs = self.fairshare_points(now)
+        first = [self.queue.jobs[n] for n in self.claims if n in self.queue.jobs]
+        seen = {j.name for j in first}
+        order = [(j, False) for j in first] + [
+            (j, protected) for j, protected in self.queue.ordered(fs, self.protect_before(now))
+            if j.name not in seen]
+        return [(j, protected, self.queue.terms(j, fs.get(j.team, 0.0), now))
+                for j, protected in order]
+
     def schedule(self, now: float, explain: bool = False) -> PassResult:
         cfg = self.config
-        self.fairshare.advance(now)
-        fs = self.fairshare.factors(self.queue.teams)
+        fs = self.fairshare_points(now)
         p = Pass(self, now, explain)
         try:
             for name in list(self.claims):     # preemptors first: their victims stop for them

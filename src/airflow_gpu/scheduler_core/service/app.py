@@ -19,12 +19,13 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ..errors import InputError
 from . import acct, health
-from .auth import AgentPrincipal, principal_for
+from .auth import AgentPrincipal, TokenExpired, principal_for
 from .bodies import MAX_BODY, BodyLimit, DecodedOffLoop, invalid, safe
 from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service, utcnow
 from .loop import SchedulerLoop
 from .metrics import Metrics
 from .schemas import (
+    DrainRequest,
     ExplainOut,
     FinishRequest,
     GpuOut,
@@ -163,6 +164,10 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
             response.status_code = 200
         return JobOut.of(row)
 
+    from . import batch
+
+    batch.add_routes(app, service)     # POST /api/v1/jobs/batch, before {id}
+
     @app.get("/api/v1/jobs", response_model=list[JobOut])
     def list_jobs(_: Who, state: States | None = None,
                   team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
@@ -174,30 +179,35 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
         return [JobOut.of(j, live.get(j.id)) for j in jobs]
 
     @app.get("/api/v1/jobs/{job_id}", response_model=JobOut)
-    def get_job(job_id: str, _: Who):
+    def get_job(job_id: JobRef, _: Who):
         return JobOut.of(service.get(job_id), service.allocations(job_id))
 
     @app.delete("/api/v1/jobs/{job_id}", response_model=JobOut)
-    def cancel(job_id: str, p: Who):
+    def cancel(job_id: JobRef, p: Who):
         return JobOut.of(service.cancel(job_id, p), service.allocations(job_id))
 
     @app.get("/api/v1/jobs/{job_id}/explain", response_model=ExplainOut)
-    def explain(job_id: str, _: Who):
+    def explain(job_id: JobRef, _: Who):
+        from .jobcontrol import blockers, name_jobs
+
         j = service.get(job_id)
-        return ExplainOut.of(j, service.events(job_id), time.time())
+        out = ExplainOut.of(j, service.events(job_id), time.time())
+        out.blockers, names = blockers(service, j)     # the jobs it waits for, by name
+        out.reason = name_jobs(out.reason, names)
+        return out
 
     @app.post("/api/v1/jobs/{job_id}/heartbeat", response_model=JobOut)
-    def heartbeat(job_id: str, p: Who,
+    def heartbeat(job_id: JobRef, p: Who,
                   attempt: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None):
         return JobOut.of(service.heartbeat(job_id, p, attempt), service.allocations(job_id))
 
     @app.post("/api/v1/jobs/{job_id}/finish", response_model=JobOut)
-    def finish(job_id: str, body: FinishRequest, p: Who):
+    def finish(job_id: JobRef, body: FinishRequest, p: Who):
         return JobOut.of(service.finish(job_id, p, body.outcome, body.exit_code, body.attempt),
                          service.allocations(job_id))
 
     @app.get("/api/v1/jobs/{job_id}/usage")
-    def job_usage(job_id: str, _: Who) -> dict:
+    def job_usage(job_id: JobRef, _: Who) -> dict:
         """The job's GPU accounting: totals, each replica's, utilization over time."""
         return acct.job_usage(service, job_id, utcnow())
 
@@ -225,9 +235,9 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
         return service.slowdown_view()
 
     @app.post("/api/v1/hosts/{name}/drain", response_model=HostOut)
-    def drain(name: str, p: Who):
-        row = service.set_drained(name, True, p)
-        return HostOut(name=row.name, drained=row.drained)
+    def drain(name: str, p: Who, body: DrainRequest | None = None):
+        row = service.set_drained(name, True, p, body.reason if body else None)
+        return HostOut(name=row.name, drained=row.drained, drain_reason=row.drain_reason)
 
     @app.post("/api/v1/hosts/{name}/resume", response_model=HostOut)
     def resume(name: str, p: Who):
@@ -266,6 +276,12 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
                  body: TeamRequest, p: Who):
         return service.set_team(name, p, body.share, body.quota_gpus, body.borrow_gpus)
 
+    from . import slurmroutes
+
+    slurmroutes.add_routes(app, service, _not_agent, _job_ref)   # queue, prio, hold, ...
+    from . import tokens
+
+    tokens.add_routes(app, service)    # /api/v1/tokens
     return app
 
 
@@ -277,7 +293,10 @@ def _who(request: Request,
     if cred is None:
         raise _Http(401, "missing bearer token: send 'Authorization: Bearer <token>' "
                     "(airflow-gpu token create --team T)")
-    p = principal_for(request.app.state.service.reads, cred.credentials)
+    try:
+        p = principal_for(request.app.state.service.reads, cred.credentials)
+    except TokenExpired as exc:
+        raise _Http(401, str(exc)) from None
     if p is None:
         raise _Http(401, "unknown token (or revoked): create one with airflow-gpu token "
                     "create")
@@ -308,6 +327,17 @@ def _host_agent(name: str, p: Annotated[Principal, Depends(_who)]) -> Principal:
 
 
 Who = Annotated[Principal, Depends(_not_agent)]
+
+
+def _job_ref(job_id: str, request: Request, _: Who) -> str:
+    """The job a path names: its id, a unique id prefix (4 characters or more) or its
+    name (jobcontrol.resolve_job: 404 when none, 409 naming the candidates when several)."""
+    from .jobcontrol import resolve_job
+
+    return resolve_job(request.app.state.service, job_id)
+
+
+JobRef = Annotated[str, Depends(_job_ref)]
 HostAgent = Annotated[Principal, Depends(_host_agent)]
 
 

@@ -4,6 +4,9 @@ of a token is stored; the token itself is shown once, when created.
 Roles: a team token acts for its team, an admin token for every team and on hosts, an agent
 token only registers and reports its own hosts (names or glob patterns stored with it).
 
+A token may expire (`expires_at`): from then on it is refused (401, saying when it
+expired), by every replica at once.
+
 A token is remembered in each process for at most CACHE_SECONDS after it was looked up, so
 a revoked token is refused by every replica within CACHE_SECONDS (at once by the process
 that revoked it)."""
@@ -15,6 +18,7 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 
 from sqlalchemy import delete, select
@@ -22,12 +26,34 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import InputError
 from ..store.models import TokenRow
-from .core import Principal, utcnow
+from .core import NotFound, Principal, _ts, utcnow
 
 PREFIX = "agpu_"
 ROLES = ("team", "admin", "agent")
 AGENT_TEAM = "agents"           # the team an agent token is filed under unless given one
 HOST_PATTERN = re.compile(r"^[A-Za-z0-9*?\[][A-Za-z0-9_.*?\[\]!-]*$")
+TEAM_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")     # as a job spec's team
+HINT = 4                        # characters of the secret a token list shows (its end)
+
+
+class TokenExpired(Exception):
+    """The token is known but past its expiry (401, saying when)."""
+
+    def __init__(self, at: datetime):
+        self.at = at
+        super().__init__(f"token expired at {_iso(at)}; ask an admin for a new one "
+                         "(airflow-gpu token create)")
+
+
+def _aware(at: datetime | None) -> datetime | None:
+    """A stored time in UTC (SQLite gives UTC times back without a zone)."""
+    if at is None:
+        return None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+
+
+def _iso(at: datetime) -> str:
+    return datetime.fromtimestamp(_ts(at), UTC).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -52,9 +78,17 @@ def _hash(token: str) -> str:
 
 
 def create_token(sessions: sessionmaker[Session], team: str | None, admin: bool = False,
-                 hosts: list[str] | tuple[str, ...] | None = None) -> str:
+                 hosts: list[str] | tuple[str, ...] | None = None,
+                 expires_at: datetime | None = None) -> str:
     """A new token: a team's, an admin's (`admin`), or a node agent's (`hosts`: the host
-    names or patterns it may register and report)."""
+    names or patterns it may register and report); refused from `expires_at` on."""
+    return issue_token(sessions, team, admin, hosts, expires_at)[0]
+
+
+def issue_token(sessions: sessionmaker[Session], team: str | None, admin: bool = False,
+                hosts: list[str] | tuple[str, ...] | None = None,
+                expires_at: datetime | None = None) -> tuple[str, TokenRow]:
+    """create_token, with the stored row (never holding the secret) besides the token."""
     if hosts is not None:
         if admin:
             raise InputError("--agent: an agent token cannot be an admin token too")
@@ -71,11 +105,65 @@ def create_token(sessions: sessionmaker[Session], team: str | None, admin: bool 
         if not team:
             raise InputError("--team: a team or admin token needs a team")
         role = "admin" if admin else "team"
+    check_team(team)
+    now = utcnow()
+    if expires_at is not None:
+        if expires_at.tzinfo is None:
+            expires_at = expires_at.replace(tzinfo=UTC)
+        if expires_at <= now:
+            raise InputError(f"--expires: {_iso(expires_at)} is not in the future; give "
+                             "a time to come, or a duration such as 30d")
     token = PREFIX + secrets.token_urlsafe(32)
+    row = TokenRow(token_hash=_hash(token), team=team, admin=admin, role=role,
+                   hosts=hosts, created_at=now, expires_at=expires_at,
+                   hint=token[-HINT:])
     with sessions.begin() as s:
-        s.add(TokenRow(token_hash=_hash(token), team=team, admin=admin, role=role,
-                       hosts=hosts, created_at=utcnow()))
-    return token
+        s.add(row)
+        s.flush()
+        s.expunge(row)
+    return token, row
+
+
+def check_team(team: str) -> str:
+    """A team name as a job spec takes it (letters, digits, '_', '.', '-'; 200 at most)."""
+    if len(team) > 200 or not TEAM_PATTERN.match(team):
+        raise InputError(f"--team: {team[:60]!r} is not a team name; use letters, digits, "
+                         "'_', '.' and '-', starting with a letter or digit (200 at most), "
+                         "as a job spec's team")
+    return team
+
+
+def list_tokens(sessions: sessionmaker[Session], team: str | None = None) -> list[TokenRow]:
+    """Every token (of `team`), oldest first; rows hold the secret's hash, never itself."""
+    q = select(TokenRow).order_by(TokenRow.id)
+    if team:
+        q = q.where(TokenRow.team == team)
+    with sessions() as s:
+        return list(s.scalars(q))
+
+
+def token_view(row: TokenRow, now: datetime | None = None) -> dict:
+    """What a token list shows of a token: never the secret, nor its hash."""
+    now = now or utcnow()
+    role = row.role or ("admin" if row.admin else "team")
+    return {"id": row.id, "team": row.team, "role": role,
+            "hosts": list(row.hosts or []) if role == "agent" else None,
+            "created_at": _aware(row.created_at), "expires_at": _aware(row.expires_at),
+            "expired": row.expires_at is not None and _ts(row.expires_at) <= _ts(now),
+            "hint": f"{PREFIX}...{row.hint}" if row.hint else None}
+
+
+def revoke_token_id(sessions: sessionmaker[Session], token_id: int) -> TokenRow:
+    """Delete the token with this id (as `token list` shows it); NotFound if there is none.
+    This process refuses it at once, other processes within CACHE_SECONDS."""
+    with sessions.begin() as s:
+        row = s.get(TokenRow, token_id)
+        if row is None:
+            raise NotFound(f"token {token_id} does not exist (already revoked? airflow-gpu "
+                           "token list shows the tokens)")
+        s.delete(row)         # detached after the commit, its fields kept
+    _known.pop(row.token_hash, None)
+    return row
 
 
 def revoke_token(sessions: sessionmaker[Session], token: str) -> bool:
@@ -96,7 +184,19 @@ def revoke_team_tokens(sessions: sessionmaker[Session], team: str) -> int:
     return gone
 
 
-_known: dict[str, tuple[float, Principal]] = {}
+def revoke_team_token_rows(sessions: sessionmaker[Session], team: str) -> list[TokenRow]:
+    """revoke_team_tokens, answering the rows deleted (in one transaction)."""
+    with sessions.begin() as s:
+        rows = list(s.scalars(select(TokenRow).where(TokenRow.team == team)
+                              .order_by(TokenRow.id)))
+        for row in rows:
+            s.delete(row)     # detached after the commit, their fields kept
+    for row in rows:
+        _known.pop(row.token_hash, None)
+    return rows
+
+
+_known: dict[str, tuple[float, Principal, float | None]] = {}
 CACHE_SECONDS = 1.0     # the bound on how long a revoked token keeps working (docs/service.md)
 
 
@@ -107,12 +207,13 @@ def _principal(row: TokenRow) -> Principal:
 
 
 def principal_for(sessions: sessionmaker[Session], token: str) -> Principal | None:
-    """Who holds `token`. Known tokens are remembered for CACHE_SECONDS (every request
-    carries one); unknown ones are looked up each time."""
+    """Who holds `token` (None: no such token); TokenExpired past its expiry. Known tokens
+    are remembered for CACHE_SECONDS (every request carries one); unknown ones are looked
+    up each time."""
     digest = _hash(token)
     hit = _known.get(digest)
     if hit and time.monotonic() - hit[0] < CACHE_SECONDS:
-        return hit[1]
+        return _unexpired(hit[1], hit[2])
     with sessions() as s:   # a read
         row = s.scalars(select(TokenRow).where(TokenRow.token_hash == digest)).first()
     if row is None:
@@ -120,5 +221,12 @@ def principal_for(sessions: sessionmaker[Session], token: str) -> Principal | No
         return None
     if len(_known) > 10_000:
         _known.clear()
-    _known[digest] = (time.monotonic(), _principal(row))
-    return _known[digest][1]
+    expires = _ts(row.expires_at) if row.expires_at is not None else None
+    _known[digest] = (time.monotonic(), _principal(row), expires)
+    return _unexpired(_known[digest][1], expires)
+
+
+def _unexpired(p: Principal, expires: float | None) -> Principal:
+    if expires is not None and time.time() >= expires:
+        raise TokenExpired(datetime.fromtimestamp(expires, UTC))
+    return p

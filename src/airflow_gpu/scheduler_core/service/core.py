@@ -9,6 +9,8 @@ database refuse a GPU or core granted twice.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
@@ -147,6 +149,32 @@ def spec_gpus(spec: dict) -> int:
         return 0
 
 
+def spec_digest(spec: JobSpec) -> str:
+    """SHA-256 of a spec with every default filled in: specs meaning the same job (a field
+    left out or given its default, keys in another order) have the same digest."""
+    normal = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(normal.encode()).hexdigest()
+
+
+def _stored_digest(row: JobRow) -> str | None:
+    """The digest of a job's spec as submitted; for a job stored before 0009, of its spec
+    now (None if it no longer validates)."""
+    if row.spec_digest:
+        return row.spec_digest
+    try:
+        return spec_digest(JobSpec.model_validate(row.spec))
+    except (ValidationError, TypeError, ValueError):
+        return None
+
+
+def same_job(found: JobRow, row: JobRow) -> None:
+    """`row` reuses the idempotency key of `found`, which the store holds: fine for the
+    same spec (a retry), a Conflict for another one."""
+    if _stored_digest(found) != row.spec_digest:
+        raise Conflict(f"idempotency_key {row.idempotency_key!r} was used for job "
+                       f"{found.id} with another spec; use a new key")
+
+
 class Service:
     def __init__(self, settings: Settings, reg: Registry | None = None):
         self.settings = settings
@@ -159,7 +187,7 @@ class Service:
         self.reads = (sessions(make_engine(settings.db_url, writes=False))
                       if self.engine.dialect.name == "sqlite" else self.sessions)
         self._policy_cache: tuple[float, PolicyConfig] | None = None
-        self._specs: dict[str, JobSpec] = {}   # job id -> parsed spec, for passes
+        self._specs: dict[str, tuple] = {}   # job id -> (its key, parsed spec), for passes
         self._empty = ClusterState(self.cluster)
         self._never: dict[tuple, str | None] = {}   # job shape -> why it never fits
         self.wake = threading.Event()        # set when a pass is worth running now
@@ -285,16 +313,25 @@ class Service:
             return list(s.scalars(select(GpuRow).where(GpuRow.host == name)
                                   .order_by(GpuRow.index)))
 
-    def set_drained(self, name: str, drained: bool, who: Principal) -> HostRow:
+    def set_drained(self, name: str, drained: bool, who: Principal,
+                    reason: str | None = None) -> HostRow:
+        """Drain (with why: shown in the cluster view and in pending reasons that name
+        the host) or resume a host; resuming clears the reason."""
         if not who.admin:
             raise Forbidden("only admins drain or resume hosts")
         with self.sessions.begin() as s:
             row = s.get(HostRow, name)
             if row is None:
                 raise NotFound(f"host {name!r} is not in the cluster")
+            if drained and (not row.drained or reason):
+                row.drained_at = utcnow() if not row.drained else row.drained_at
+                row.drain_reason = reason or (row.drain_reason if row.drained else None)
+                row.drained_by = who.team
+            elif not drained:
+                row.drain_reason = row.drained_at = row.drained_by = None
             row.drained = drained
-            self._event(s, "host", f"host {name} {'drained' if drained else 'resumed'}",
-                        host=name)
+            self._event(s, "host", f"host {name} {'drained' if drained else 'resumed'}"
+                        + (f" (reason: {reason})" if drained and reason else ""), host=name)
         self.wake.set()
         return row
 
@@ -346,7 +383,28 @@ class Service:
     def submit(self, spec: JobSpec, who: Principal,
                key: str | None = None) -> tuple[JobRow, bool]:
         """Queue a job; (row, created). The same idempotency key (per team) returns the
-        job it created first. Raises Rejected (can never run) or InputError (bad class)."""
+        job it created first; with another spec it is a Conflict. Raises Rejected (can
+        never run) or InputError (bad class)."""
+        row = self.job_row(spec, who, key)
+        try:   # the unique (team, key) index answers "seen before?" without a lookup
+            # The hot path of the API: one INSERT that commits itself (one round trip);
+            # the job's "submitted" event is its submitted_at.
+            with self._autocommit.connect() as conn:
+                conn.execute(insert(JobRow), [_columns(row)])
+        except IntegrityError:
+            found = self._by_key(row.team, row.idempotency_key) if row.idempotency_key \
+                else None
+            if found is None:
+                raise
+            same_job(found, row)
+            return found, False
+        self.wake.set()
+        return row, True
+
+    def job_row(self, spec: JobSpec, who: Principal, key: str | None = None) -> JobRow:
+        """The row a submit inserts, once `who` may submit `spec` and it can run: raises
+        Forbidden (another team's), Rejected (can never run) or InputError (bad class).
+        Shared by the single and the batch submit (batch.py)."""
         key = key or None                 # an empty key is no key
         if "team" not in spec.model_fields_set:
             spec = spec.model_copy(update={"team": who.team})
@@ -356,24 +414,15 @@ class Service:
         why = self._rejection(resolved)
         if why:
             raise Rejected(spec.name, why)
-        row = JobRow(id=str(uuid.uuid4()), name=spec.name, team=spec.team,
-                     idempotency_key=key,
-                     spec={**spec.model_dump(mode="json", exclude_unset=True), "team": spec.team},
-                     state=PENDING, priority=spec.priority, details={}, attempt=0,
-                     borrowed=False, preemptions=0,
-                     submitted_at=utcnow())
-        try:   # the unique (team, key) index answers "seen before?" without a lookup
-            # The hot path of the API: one INSERT that commits itself (one round trip);
-            # the job's "submitted" event is its submitted_at.
-            with self._autocommit.connect() as conn:
-                conn.execute(insert(JobRow), [_columns(row)])
-        except IntegrityError:
-            found = self._by_key(spec.team, key) if key else None
-            if found is None:
-                raise
-            return found, False
-        self.wake.set()
-        return row, True
+        return JobRow(id=str(uuid.uuid4()), name=spec.name, team=spec.team,
+                      idempotency_key=key,
+                      spec={**spec.model_dump(mode="json", exclude_unset=True),
+                            "team": spec.team},
+                      state=PENDING, priority=spec.priority, details={}, attempt=0,
+                      borrowed=False, preemptions=0,
+                      # what a retry with the same key must match (none without a key)
+                      spec_digest=spec_digest(spec) if key else None,
+                      submitted_at=utcnow())
 
     def _by_key(self, team: str, key: str) -> JobRow | None:
         with self.reads() as s:
@@ -666,16 +715,24 @@ class Service:
                              if rec and rec.healthy else None, "job": job,
                              "team": jobs[job].team if job in jobs else None,
                              **{k: getattr(rec, k) if rec else None for k in UTILIZATION}})
+            up = not (row and row.drained) and reachable(row, self.settings.host_timeout, now)
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
                         "switch": h.switch, "docker_url": h.docker_url,
                         "address": h.address or h.name, "drained": bool(row and row.drained),
+                        "drain_reason": row.drain_reason if row and row.drained else None,
+                        "drained_at": row.drained_at if row and row.drained else None,
+                        "drained_by": row.drained_by if row and row.drained else None,
                         "reachable": reachable(row, self.settings.host_timeout, now),
                         "last_report_at": row.reported_at if row else None,
                         "agent": bool(row and row.registered_at),
                         "nvlink": {"fabric": h.type.fabric,
                                    "groups": nvlink_groups(h.type.links)},
                         "gpus": gpus,
-                        "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"])})
-        return {"cluster": cluster.name, "hosts": out,
-                "gpus_total": sum(len(h["gpus"]) for h in out),
-                "gpus_allocated": len(holds)}
+                        # drained and unreachable hosts' GPUs are never free
+                        "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"])
+                        if up else 0})
+        from .clusterview import add_allocation
+
+        return add_allocation(self, {"cluster": cluster.name, "hosts": out,
+                                     "gpus_total": sum(len(h["gpus"]) for h in out),
+                                     "gpus_allocated": len(holds)})

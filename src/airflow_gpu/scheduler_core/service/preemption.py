@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from ..policy.preempt import Preemption
 from ..store.models import JobRow
 from .core import PENDING, Conflict, Service, _same_attempt, _stale, _update, requeued
+from .jobcontrol import REQUEUED
 
 SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
 
@@ -39,10 +40,11 @@ def mark_preempting(svc: Service, s: Session, p: Preemption) -> bool:
 
 def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False) -> bool:
     """A preempting job back to the queue under the same id, its resources released."""
-    row = s.execute(select(JobRow.preempted_by, JobRow.attempt).where(
-        JobRow.id == job_id)).first()
-    # no preemptor: the idle-GPU policy stopped it (idle.py)
-    reason = "preempted" if row.preempted_by else "idle"
+    row = s.execute(select(JobRow.preempted_by, JobRow.attempt, JobRow.preempt_reason)
+                    .where(JobRow.id == job_id)).first()
+    # no preemptor: `airflow-gpu requeue` (jobcontrol.py) or the idle-GPU policy (idle.py)
+    asked = (row.preempt_reason or "").startswith(REQUEUED)
+    reason = "preempted" if row.preempted_by else "requeued" if asked else "idle"
     done = s.execute(_update(JobRow).where(
         JobRow.id == job_id, JobRow.state == "preempting", *where).values(
         **requeued(reason)))
@@ -51,7 +53,8 @@ def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False)
     svc._release(s, job_id)
     how = (f"its launcher did not confirm the stop within its grace (+{SLACK:g}s)"
            if forced else "its launcher stopped the replicas")
-    who = f"preempted by job {row.preempted_by}" if row.preempted_by else "idle GPUs"
+    who = (f"preempted by job {row.preempted_by}" if row.preempted_by else
+           row.preempt_reason.split(" (")[0] if asked else "idle GPUs")
     svc._event(s, "requeued", f"{who}: {how}; back in the queue under the same id "
                f"(admission {row.attempt} ended)", job=job_id)
     return True
@@ -62,7 +65,8 @@ def stopped(svc: Service, job_id: str, attempt: int | None) -> JobRow:
     with svc.sessions.begin() as s:
         if not requeue(svc, s, job_id, *_same_attempt(attempt)):
             current = s.get(JobRow, job_id)
-            if current.state == PENDING and current.requeue_reason in ("preempted", "idle"):
+            if current.state == PENDING and current.requeue_reason in ("preempted", "idle",
+                                                                       "requeued"):
                 return current          # said twice, or requeued by force before
             raise Conflict(_stale(current, attempt, "only a job that is preempting can be "
                                   "finished as preempted"))

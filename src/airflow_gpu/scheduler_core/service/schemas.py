@@ -153,6 +153,9 @@ class ExplainOut(BaseModel):
     preempted_by: str | None = Field(None, description="the job that preempted it last")
     preempt_reason: str | None = None
     preemptions: int = 0
+    blockers: list[dict[str, Any]] = Field([], description="the jobs its pending reason "
+                                           "names (holding its GPUs, reserved, preempted "
+                                           "for it): id, name, team, state")
 
     @classmethod
     def of(cls, j: JobRow, events: list[EventRow], now: float) -> ExplainOut:
@@ -171,6 +174,14 @@ class ExplainOut(BaseModel):
 class HostOut(BaseModel):
     name: str
     drained: bool
+    drain_reason: str | None = None
+
+
+class DrainRequest(_In):
+    reason: str | None = Field(None, min_length=1, max_length=1000,
+                               pattern=r"^[^\x00-\x1f\x7f]+$",
+                               description="why (shown in the cluster view and in pending "
+                               "reasons that name the host)")
 
 
 class TeamRequest(_In):

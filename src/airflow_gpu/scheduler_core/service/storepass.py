@@ -31,6 +31,7 @@ from .core import (
     utcnow,
 )
 from .faults import handle_gpu_faults
+from .jobcontrol import not_held
 from .preemption import mark_preempting
 from .wear import worn_gpus
 
@@ -53,10 +54,12 @@ def run_pass(svc: Service) -> list[str]:
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
             if h.name in cluster.by_name:
                 state.set_drained(h.name)
+                state.drain_reasons[h.name] = h.drain_reason
         silent = silent_hosts(s, svc.settings.host_timeout, now)
         for name in sorted(silent):       # unreachable: no new work, like a drained host
             if name in cluster.by_name and not state.hosts[cluster.by_name[name].index].drained:
                 state.set_drained(name)
+                state.drain_reasons[name] = "unreachable"
             if name not in svc._silent:
                 svc._event(s, "host", f"host {name} is unreachable: no report from its node "
                            f"agent for over {svc.settings.host_timeout:g}s; it gets no new "
@@ -72,9 +75,9 @@ def run_pass(svc: Service) -> list[str]:
                 state.set_degraded_gpus(name, worn)
         sched = Scheduler(state, policy, svc.reg, now=t_now,
                           timemodel=svc.slowdown.update(s, policy, cluster))
-        specs: dict[str, JobSpec] = {}    # the live and pending jobs' parsed specs
+        specs: dict[str, tuple] = {}    # the live and pending jobs' parsed specs
         _restore(svc, cluster, s, sched, t_now, specs)
-        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
+        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING, not_held())
                                  .order_by(JobRow.submitted_at, JobRow.id)))
         for row in pending:
             try:
@@ -100,7 +103,7 @@ def run_pass(svc: Service) -> list[str]:
             deadline = sched.deadline(job.name)
             cut_by = result.cut.get(job.name, (None, None))[1]
             done = s.execute(_update(JobRow).where(
-                JobRow.id == job.name, JobRow.state == PENDING).values(
+                JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
                 state="admitted", admitted_at=now, lease_expires_at=lease,
                 attempt=JobRow.attempt + 1,
                 reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
@@ -108,7 +111,7 @@ def run_pass(svc: Service) -> list[str]:
                 datetime.fromtimestamp(deadline, UTC),
                 stop_grace=round(job.grace), limit_cut_by=cut_by, borrowed=job.borrowed))
             if done.rowcount != 1:
-                continue              # cancelled meanwhile
+                continue              # cancelled or held meanwhile
             _write_allocations(s, job.name, placed.allocations, now)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
             svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
@@ -127,41 +130,37 @@ def run_pass(svc: Service) -> list[str]:
                     why.code, why.message, why.details, eta_at, promised):
                 continue              # unchanged: no write (a pass must stay cheap)
             s.execute(_update(JobRow).where(JobRow.id == job_id,
-                                            JobRow.state == PENDING).values(
+                                            JobRow.state == PENDING, not_held()).values(
                 reason_code=why.code, reason=why.message, details=why.details,
                 eta_at=eta_at, promised_at=promised))
     svc._silent = silent
     return admitted
 
 
-def _spec(svc: Service, row: JobRow, specs: dict[str, JobSpec]) -> JobSpec:
-    """A job's spec, parsed once while the job is pending or live (specs never change)."""
-    spec = svc._specs.get(row.id) or JobSpec.model_validate({**row.spec, "name": row.id})
-    specs[row.id] = spec
+def _spec(svc: Service, row: JobRow, specs: dict[str, tuple]) -> JobSpec:
+    """A job's spec, parsed once while the job is pending or live; parsed again when its
+    priority or time limit was updated (jobcontrol.update)."""
+    key = (row.priority, row.spec.get("time_limit"))
+    cached = svc._specs.get(row.id)
+    spec = cached[1] if cached is not None and cached[0] == key else \
+        JobSpec.model_validate({**row.spec, "name": row.id})
+    specs[row.id] = (key, spec)
     return spec
 
 
 def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now: float,
-             specs: dict[str, JobSpec]) -> None:
+             specs: dict[str, tuple]) -> None:
     rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
     allocs: dict[str, list[AllocationRow]] = {}
     for a in s.scalars(select(AllocationRow).where(AllocationRow.live.is_(True))
                        .order_by(AllocationRow.id)):
         allocs.setdefault(a.job_id, []).append(a)
-    half_lives = 5 * svc.settings.policy.fairshare_half_life
-    # Columns, not rows: a row this session already holds would come back with its old
-    # values (a job cancelled since it was read still shows no finished_at).
-    for team, spec, admitted_at, finished_at in s.execute(select(
-            JobRow.team, JobRow.spec, JobRow.admitted_at, JobRow.finished_at).where(
-            JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
-            JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
-        sched.fairshare.add_past(team, spec_gpus(spec), _ts(admitted_at), _ts(finished_at))
+    past_usage(svc, s, sched.fairshare, t_now, rows)
     for row in rows:
         held = allocs.get(row.id, [])
         try:
             spec = _spec(svc, row, specs)
             start = _ts(row.admitted_at)
-            sched.fairshare.add_past(row.team, spec.total_gpus, start, t_now)
             if any(a.host not in cluster.by_name for a in held):
                 continue      # its host left the cluster; the lease decides what happens
             sched.restore(spec, [_to_engine(cluster, a) for a in held], start,
@@ -171,6 +170,23 @@ def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now
                           if row.state == "preempting" and row.preempt_deadline_at else None)
         except Exception as exc:  # one job's bad data must not stop the pass
             passerrors.live_job(svc, s, sched.state, cluster, row, held, exc)
+
+
+def past_usage(svc: Service, s: Session, fairshare, t_now: float,
+               live: list[JobRow]) -> None:
+    """The GPU usage of the ended jobs (the last 5 half-lives of it) and of the `live`
+    ones into the fair share: what each pass orders by (and `priority.py` shows)."""
+    half_lives = 5 * svc.settings.policy.fairshare_half_life
+    # Columns, not rows: a row this session already holds would come back with its old
+    # values (a job cancelled since it was read still shows no finished_at).
+    for team, spec, admitted_at, finished_at in s.execute(select(
+            JobRow.team, JobRow.spec, JobRow.admitted_at, JobRow.finished_at).where(
+            JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
+            JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
+        fairshare.add_past(team, spec_gpus(spec), _ts(admitted_at), _ts(finished_at))
+    for row in live:
+        if row.admitted_at is not None:
+            fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at), t_now)
 
 
 def _to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:

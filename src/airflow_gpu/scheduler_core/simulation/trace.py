@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import csv
 import difflib
+import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError, validate
+from ..errors import InputError, utf8_text, validate
 from ..jobspec import JobSpec
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
@@ -51,10 +52,10 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
     """The first `limit` jobs (all if None) of a trace file, in file order."""
     path = str(path)
     try:
-        f = open(path, newline="")  # noqa: SIM115 (the with block below closes it)
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(f"cannot read the trace: {exc.strerror}", path) from None
-    with f:
+    with io.StringIO(utf8_text(data, path), newline="") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         missing = [c for c in REQUIRED if c not in header]
@@ -120,7 +121,7 @@ def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int
     (plus one replica with the rest when the count is not a multiple of a host)."""
     def role(name: str, replicas: int, gpus: int) -> dict:
         return {"name": name, "replicas": replicas, "gpus": gpus,
-                "cpus": max(1, cpus_per_gpu * gpus), "memory": memory_per_gpu * gpus}
+                "cpus": max(1, cpus_per_gpu * gpus), "memory": f"{memory_per_gpu * gpus}B"}
 
     whole, rest = divmod(t.gpus, host_gpus)
     roles = [role("worker", whole, host_gpus)] if whole else []

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, exc, text
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import InputError
@@ -51,11 +55,9 @@ def make_engine(url: str, writes: bool = True, pool_size: int | None = None) -> 
     gives an engine for reads only, which WAL lets run beside a writer. On PostgreSQL the
     pool holds at most `pool_size` connections (else $AIRFLOW_GPU_DB_POOL_SIZE, else
     POOL_SIZE), never more."""
-    if not url.startswith(("sqlite", "postgresql")):
-        raise InputError(f"--db: {url!r} is not a SQLite or PostgreSQL URL; use "
-                         "sqlite:///path/to/file.db or postgresql+psycopg://user@host/db")
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"timeout": 30})
+    parsed = parse_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        engine = _create(url, connect_args={"timeout": 30})
 
         @event.listens_for(engine, "connect")
         def _sqlite_connect(conn, _):
@@ -88,8 +90,130 @@ def make_engine(url: str, writes: bool = True, pool_size: int | None = None) -> 
     # on each old connection fails and the pool replaces them all.
     size = pool_size or pool_size_from(os.environ.get(POOL_SIZE_ENV), POOL_SIZE_ENV) \
         or POOL_SIZE
-    return create_engine(url, pool_size=size, max_overflow=0, pool_timeout=30,
-                         pool_recycle=3600)
+    return _create(url, pool_size=size, max_overflow=0, pool_timeout=30, pool_recycle=3600)
+
+
+_EXAMPLES = "sqlite:///path/to/file.db or postgresql+psycopg://user@host/db"
+
+
+def shown_url(url: str | URL) -> str:
+    """The URL as messages show it: its password hidden."""
+    try:
+        return repr(make_url(url).render_as_string(hide_password=True))
+    except (exc.ArgumentError, ValueError, TypeError):     # unparsable: mask it by hand
+        text = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", str(url))
+        return repr(text if len(text) <= 100 else f"{text[:97]}...")
+
+
+def parse_url(url: str) -> URL:
+    """The URL, or an InputError naming what is wrong with it."""
+    if not url.startswith(("sqlite", "postgresql")):
+        shown = shown_url(url) if "://" in url else repr(url[:60])
+        raise InputError(f"--db: {shown} is not a SQLite or PostgreSQL URL; use {_EXAMPLES}")
+    try:
+        return make_url(url)
+    except (exc.ArgumentError, ValueError):     # (their text may hold the password)
+        raise InputError(f"--db: {shown_url(url)} is not a database URL (check the "
+                         f"user:password@host:port part); use {_EXAMPLES}") from None
+
+
+def _create(url: str, **options) -> Engine:
+    try:
+        return create_engine(url, **options)
+    except exc.NoSuchModuleError:
+        raise InputError(f"--db: {shown_url(url)}: unknown database driver; use "
+                         f"{_EXAMPLES}") from None
+    except ModuleNotFoundError as e:
+        raise InputError(f"--db: the driver of {shown_url(url)} is not installed ({e.name}); "
+                         "use postgresql+psycopg://... (psycopg 3, installed with "
+                         "airflow-provider-gpu)") from None
+    except (exc.ArgumentError, ValueError, TypeError):
+        raise InputError(f"--db: {shown_url(url)} is not a database URL; use "
+                         f"{_EXAMPLES}") from None
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None for a PostgreSQL one). A URL that names no file
+    (`sqlite://`, `sqlite://name.db` with two slashes, `:memory:`) would open an empty
+    in-memory database that is gone when the command ends: refused."""
+    parsed = parse_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return None
+    if parsed.query.get("uri") in ("true", "1"):          # sqlite:///file:...?uri=true
+        return None
+    if parsed.host or not parsed.database or parsed.database == ":memory:":
+        slashes = (f" ({parsed.host!r} is read as a host: SQLite URLs have three slashes, "
+                   f"sqlite:///{parsed.host}{'/' + parsed.database if parsed.database else ''}"
+                   ")" if parsed.host else "")
+        raise InputError(f"--db: {shown_url(url)} names no database file{slashes}; an "
+                         "in-memory database is gone when the command ends; use "
+                         "sqlite:///relative/path.db or sqlite:////absolute/path.db")
+    return Path(parsed.database)
+
+
+def check_database_url(url: str, create: bool) -> None:
+    """Before a command opens `url`: a SQLite file's folder must exist, and the file too
+    unless `create` (a mistyped path would otherwise start a new, empty database)."""
+    path = sqlite_file(url)
+    if path is None:
+        return
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise InputError(f"--db: the folder of the SQLite file, {str(folder)!r}, {what}; "
+                         f"create it (mkdir -p {folder}) or fix the path in the URL")
+    if path.is_dir():
+        raise InputError(f"--db: {str(path)!r} is a folder, not a SQLite file; name the file "
+                         "in it, e.g. sqlite:///" + str(path / "airflow-gpu.db"))
+    if not create and not path.exists():
+        raise InputError(f"--db: the SQLite file {str(path)!r} does not exist; create the "
+                         f"database with `airflow-gpu db upgrade --db {url}` first, or pass "
+                         "--create (a mistyped path would otherwise start a new, empty "
+                         "database)")
+
+
+def _reason(error: BaseException) -> str:
+    """The driver's message on one line, at most 300 characters."""
+    text = " ".join(str(getattr(error, "orig", None) or error).split())
+    return text if len(text) <= 300 else f"{text[:297]}..."
+
+
+@contextmanager
+def database_errors(url: str) -> Iterator[None]:
+    """A database that cannot be reached or opened, as an InputError naming it (one line,
+    the driver's reason and the fix) instead of a traceback."""
+    try:
+        yield
+    except (exc.OperationalError, exc.InterfaceError) as e:
+        reason = _reason(e)
+        if url.startswith("sqlite"):
+            fix = ("check the path, and that the file and its folder are readable and "
+                   "writable")
+        else:
+            fix = ("check that the database server runs and the URL's host, port, user, "
+                   "password and database name")
+        raise InputError(f"--db: cannot use the database {shown_url(url)}: {reason}; "
+                         f"{fix}") from None
+    except exc.DatabaseError as e:
+        if type(e) is not exc.DatabaseError:      # integrity, programming errors: bugs
+            raise
+        raise InputError(f"--db: cannot use the database {shown_url(url)}: {_reason(e)}; "
+                         "check that the URL names an airflow-gpu database") from None
+
+
+def open_database(url: str, create: bool = False) -> Engine:
+    """An engine on `url`, checked: the SQLite file exists (or `create`), the database
+    answers. Errors are InputErrors naming the URL and the fix."""
+    check_database_url(url, create)
+    engine = make_engine(url)
+    try:
+        with database_errors(url), engine.connect() as conn:
+            if engine.dialect.name == "sqlite":
+                conn.exec_driver_sql("PRAGMA schema_version")   # "file is not a database"
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
 
 
 def sessions(engine: Engine) -> sessionmaker[Session]:

@@ -38,6 +38,10 @@ class HostRow(Base):
     docker_url: Mapped[str | None] = mapped_column(String(1000))
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     drained: Mapped[bool] = mapped_column(Boolean, default=False)
+    # why it is drained, since when and by whom (cleared when it is resumed)
+    drain_reason: Mapped[str | None] = mapped_column(Text)
+    drained_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    drained_by: Mapped[str | None] = mapped_column(String(NAME))
     reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # Set by the host's node agent: a host with an agent that goes silent is unreachable.
     address: Mapped[str | None] = mapped_column(String(1000))
@@ -127,6 +131,10 @@ class JobRow(Base):
     # was flagged for it (a warning, an event), and when the action was taken
     idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     idle_flagged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # SHA-256 of the spec as submitted (every default filled in), for jobs with an
+    # idempotency key: a submit reusing the key with another spec is refused, whatever
+    # changed in the job since
+    spec_digest: Mapped[str | None] = mapped_column(String(64))
 
 
 class AllocationRow(Base):
@@ -227,6 +235,9 @@ class TokenRow(Base):
     # "team", "admin" or "agent" (None: made before roles; then `admin` says which)
     role: Mapped[str | None] = mapped_column(String(16))
     hosts: Mapped[list[Any] | None]     # an agent token's host names or glob patterns
+    # refused from then on (None: never); the secret's last characters, which lists show
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    hint: Mapped[str | None] = mapped_column(String(16))
 
 
 class TeamRow(Base):

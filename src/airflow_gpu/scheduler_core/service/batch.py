@@ -1,0 +1,139 @@
+"""Submitting several jobs at once, all or nothing (`POST /api/v1/jobs/batch`).
+
+Every job is checked as a single submit checks it (`Service.job_row`: the team the token
+may act for, the job class, whether it can ever run) before anything is written; any job
+refused refuses the batch, naming the job by its index and name. The jobs are then
+inserted in one transaction. Idempotency keys work as for single submits: a key seen
+before (per team) returns the job it created, a key seen before with another spec is a
+Conflict (409), and a batch whose keys were all seen before creates nothing (200).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from fastapi import FastAPI, Response
+from fastapi.concurrency import run_in_threadpool
+from pydantic import Field
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+
+from ..errors import InputError
+from ..jobspec import JobSpec
+from ..store.models import JobRow
+from .app import Who  # app.py imports this module in create_app, not before
+from .core import Conflict, Forbidden, NotFound, Principal, Service, _columns, same_job
+from .schemas import JobOut, SubmitRequest, _In
+
+MAX_JOBS = 1000      # jobs in one batch (a body is at most 1 MiB anyway)
+
+
+class BatchSubmitRequest(_In):
+    jobs: list[SubmitRequest] = Field(
+        min_length=1, max_length=MAX_JOBS,
+        description=f"1 to {MAX_JOBS} jobs, each as POST /api/v1/jobs takes it; created "
+        "all or none")
+
+
+def _which(i: int, spec: JobSpec) -> str:
+    return f"jobs[{i}] (name {spec.name!r})"
+
+
+def _named(exc: Exception, i: int, spec: JobSpec) -> Exception:
+    """The same error, its message naming the job of the batch it is about (by index and
+    name, instead of the single submit's "job 'NAME': ")."""
+    kind = type(exc) if isinstance(exc, Forbidden | Conflict | NotFound) else InputError
+    text, named = str(exc), f"job {spec.name!r}: "
+    return kind(f"{_which(i, spec)}: {text.removeprefix(named)}")
+
+
+def submit_batch(service: Service, specs: list[JobSpec], who: Principal,
+                 keys: list[str | None]) -> tuple[list[JobRow], bool]:
+    """Queue every job of `specs` (with its idempotency key, or None) or none of them;
+    (rows in the order given, whether any was created)."""
+    if len(specs) != len(keys):
+        raise InputError(f"jobs: {len(specs)} specs but {len(keys)} idempotency keys")
+    if not specs:
+        raise InputError("jobs: the batch is empty; give at least one job")
+    if len(specs) > MAX_JOBS:
+        raise InputError(f"jobs: {len(specs)} jobs, over the most a batch may hold, "
+                         f"{MAX_JOBS}; split it")
+    rows: list[JobRow] = []
+    seen: dict[tuple[str, str], int] = {}
+    for i, (spec, key) in enumerate(zip(specs, keys, strict=True)):
+        try:
+            row = service.job_row(spec, who, key)
+        except (Forbidden, InputError) as exc:      # Rejected is an InputError
+            raise _named(exc, i, spec) from None
+        if row.idempotency_key is not None:
+            first = seen.setdefault((row.team, row.idempotency_key), i)
+            if first != i:
+                raise InputError(f"{_which(i, spec)}: idempotency_key "
+                                 f"{row.idempotency_key!r} is also the key of jobs[{first}] "
+                                 f"(name {specs[first].name!r}); a key names one job")
+        if rows and row.submitted_at <= rows[-1].submitted_at:   # the queue keeps the
+            row.submitted_at = rows[-1].submitted_at + timedelta(microseconds=1)  # order
+        rows.append(row)
+    try:
+        out, created = _store(service, rows, specs)
+    except IntegrityError:
+        # a concurrent submit inserted one of these keys after our lookup: nothing of
+        # this batch was written; look again (now it finds that job)
+        out, created = _store(service, rows, specs)
+    if created:
+        service.wake.set()
+    return out, created
+
+
+def _store(service: Service, rows: list[JobRow],
+           specs: list[JobSpec]) -> tuple[list[JobRow], bool]:
+    """One transaction: the jobs whose keys were seen before are looked up (and must have
+    the same spec), the others inserted."""
+    by_team: dict[str, list[str]] = {}
+    for r in rows:
+        if r.idempotency_key is not None:
+            by_team.setdefault(r.team, []).append(r.idempotency_key)
+    with service.sessions.begin() as s:
+        found: dict[tuple[str, str], JobRow] = {}
+        for team, keys in by_team.items():
+            for k in range(0, len(keys), 500):
+                for j in s.scalars(select(JobRow).where(
+                        JobRow.team == team,
+                        JobRow.idempotency_key.in_(keys[k:k + 500]))):
+                    found[(j.team, j.idempotency_key)] = j
+        out, new = [], []
+        for i, r in enumerate(rows):
+            old = found.get((r.team, r.idempotency_key)) if r.idempotency_key else None
+            if old is None:
+                new.append(r)
+                out.append(r)
+                continue
+            try:
+                same_job(old, r)
+            except Conflict as exc:
+                raise _named(exc, i, specs[i]) from None
+            out.append(old)
+        if new:
+            s.execute(insert(JobRow), [_columns(r) for r in new])
+        s.expunge_all()
+    return out, bool(new)
+
+
+def add_routes(app: FastAPI, service: Service) -> None:
+    """`POST /api/v1/jobs/batch` (team and admin tokens)."""
+
+    @app.post("/api/v1/jobs/batch", status_code=201, response_model=list[JobOut],
+              responses={200: {"description": "every idempotency key was seen before: the "
+                               "jobs they created, nothing new"}})
+    async def submit_batch_route(body: BatchSubmitRequest,
+                                 response: Response, p: Who):
+        """Submit 1 to 1000 jobs, all or none: any job refused (422, or 403 for another
+        team's; 409 for an idempotency key used before with another spec) refuses the
+        batch, naming the job by index and name. 201 with the jobs in the order given;
+        200 when every key was seen before (the jobs they created)."""
+        rows, created = await run_in_threadpool(
+            submit_batch, service, [j.spec for j in body.jobs], p,
+            [j.idempotency_key for j in body.jobs])
+        if not created:
+            response.status_code = 200
+        return [JobOut.of(r) for r in rows]

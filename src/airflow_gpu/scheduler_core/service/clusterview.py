@@ -1,0 +1,70 @@
+"""What the cluster view adds for `airflow-gpu cluster` (Slurm's sinfo and scontrol show
+node, Grid Engine's qhost): GPUs, cores and memory allocated per host and per NUMA node,
+from the live allocations, and the totals; GPUs on drained or unreachable hosts, and
+unhealthy ones, are counted unavailable, never free."""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from ..store.models import AllocationRow
+
+
+def add_allocation(svc, view: dict) -> dict:
+    """`view` (core.Service.cluster_view) with per host `cpus_total`, `cpus_allocated`,
+    `memory_total`, `memory_allocated` (bytes), `gpus_allocated`, `gpus_unavailable` and
+    `numa` (per NUMA node: its GPUs, and the same counts), and the cluster's totals."""
+    names = {h["name"] for h in view["hosts"]}
+    with svc.reads() as s:
+        allocs = [a for a in s.scalars(select(AllocationRow).where(
+            AllocationRow.live.is_(True))) if a.host in names]
+    by_host: dict[str, list[AllocationRow]] = {}
+    for a in allocs:
+        by_host.setdefault(a.host, []).append(a)
+    cluster = svc.cluster
+    for h in view["hosts"]:
+        host = cluster.by_name.get(h["name"])
+        if host is None:
+            continue
+        t = host.type
+        pos_of_cpu = {}
+        for p, mask in enumerate(t.numa_cpus):
+            for c in range(mask.bit_length()):
+                if mask >> c & 1:
+                    pos_of_cpu[c] = p
+        numa = [{"node": t.numa_ids[p], "gpus": [g for g in range(t.n_gpus)
+                                                 if t.gpu_numa[g] == p],
+                 "gpus_allocated": 0, "cpus_total": t.numa_cpus[p].bit_count(),
+                 "cpus_allocated": 0, "memory_total": t.numa_mem[p], "memory_allocated": 0}
+                for p in range(len(t.numa_ids))]
+        by_id = {n["node"]: n for n in numa}
+        for a in by_host.get(h["name"], []):
+            for g in a.gpus:
+                if 0 <= g < t.n_gpus:
+                    numa[t.gpu_numa[g]]["gpus_allocated"] += 1
+            for c in a.cpus:
+                if c in pos_of_cpu:
+                    numa[pos_of_cpu[c]]["cpus_allocated"] += 1
+            for node, b in (a.memory_by_numa or {}).items():
+                if int(node) in by_id:
+                    by_id[int(node)]["memory_allocated"] += int(b)
+        up = not h["drained"] and h.get("reachable", True)
+        h.update(
+            gpus_allocated=sum(n["gpus_allocated"] for n in numa),
+            gpus_unavailable=sum(1 for g in h["gpus"] if g["job"] is None and (
+                not up or not g["healthy"])),
+            cpus_total=t.total_cpus, cpus_allocated=sum(n["cpus_allocated"] for n in numa),
+            memory_total=t.total_mem,
+            memory_allocated=sum(n["memory_allocated"] for n in numa), numa=numa)
+    hosts = view["hosts"]
+    view.update(
+        gpus_free=sum(h["free_gpus"] for h in hosts),
+        gpus_unavailable=sum(h.get("gpus_unavailable", 0) for h in hosts),
+        cpus_total=sum(h.get("cpus_total", 0) for h in hosts),
+        cpus_allocated=sum(h.get("cpus_allocated", 0) for h in hosts),
+        memory_total=sum(h.get("memory_total", 0) for h in hosts),
+        memory_allocated=sum(h.get("memory_allocated", 0) for h in hosts),
+        drained_hosts=[{"name": h["name"], "reason": h.get("drain_reason"),
+                        "since": h.get("drained_at"), "by": h.get("drained_by")}
+                       for h in hosts if h["drained"]])
+    return view

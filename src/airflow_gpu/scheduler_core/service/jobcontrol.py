@@ -1,0 +1,304 @@
+"""Slurm's and Grid Engine's job control on the store: job references (short id prefixes
+and job names, resolved in one place), hold and release (scontrol hold/release, qhold,
+qrls), update (scontrol update, qalter: priority, time limit) and requeue (scontrol
+requeue).
+
+A hold lives in the pending job's reason columns (`reason_code` JobHeldUser or
+JobHeldAdmin, `details.hold`): the pass never submits a held job to the scheduler and its
+writes are guarded so that a hold committed during a pass is never overwritten or
+admitted (storepass.py). A requeue stops the job like a preemption (state `preempting`,
+its class's signal and grace; the launcher finishes it as `preempted`) and puts it back
+in the queue under the same id (preemption.requeue)."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+
+from pydantic import ValidationError
+from sqlalchemy import or_, select
+
+from ..errors import InputError, describe_validation_error
+from ..jobclasses import preempt_options, resolve, stop_grace
+from ..jobspec import JobSpec
+from ..store.models import JobRow
+from ..units import format_duration, parse_duration
+from .core import (
+    ENDED,
+    LIVE,
+    PENDING,
+    Conflict,
+    Forbidden,
+    NotFound,
+    Principal,
+    Service,
+    _ts,
+    _update,
+    utcnow,
+)
+
+HELD = ("JobHeldUser", "JobHeldAdmin")     # Slurm's reason codes of held jobs
+REQUEUED = "requeued by "                  # preempt_reason of a requeue (preemption.py)
+MIN_PREFIX = 4                             # the shortest id prefix a reference may be
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_PREFIX = re.compile(r"^[0-9a-f-]+$")
+SHOWN = 5                                  # candidates named in an ambiguity error
+
+
+def not_held():
+    """SQL: the job is not held (the pass's writes to pending jobs are guarded by it)."""
+    return or_(JobRow.reason_code.is_(None), JobRow.reason_code.not_in(HELD))
+
+
+def is_held(row: JobRow) -> bool:
+    return row.state == PENDING and row.reason_code in HELD
+
+
+# -- job references ---------------------------------------------------------------------
+def resolve_job(svc: Service, ref: str) -> str:
+    """The job id a reference names: a whole id, a unique id prefix (at least 4
+    characters), or a job name (the one live or pending job of that name; else, when none
+    is, its newest ended one). NotFound when nothing matches; Conflict (409) naming the
+    candidates when a prefix or a name is ambiguous."""
+    if _UUID.match(ref):
+        return ref               # a whole id (the launchers' hot path: no query)
+    with svc.reads() as s:
+        if s.get(JobRow, ref) is not None:
+            return ref
+        by_id = []
+        if len(ref) >= MIN_PREFIX and _PREFIX.match(ref):
+            by_id = list(s.execute(select(JobRow.id, JobRow.name, JobRow.state)
+                                   .where(JobRow.id.like(ref + "%")).order_by(JobRow.id)
+                                   .limit(SHOWN + 1)))
+        by_name = list(s.execute(select(JobRow.id, JobRow.name, JobRow.state,
+                                        JobRow.submitted_at)
+                                 .where(JobRow.name == ref)
+                                 .order_by(JobRow.submitted_at.desc(), JobRow.id.desc())))
+    live = [j for j in by_name if j.state not in ENDED]
+    named = live or by_name[:1]          # no live job of that name: its newest ended one
+    found = {j.id: j for j in [*by_id, *named]}
+    if len(found) == 1:
+        return next(iter(found))
+    if not found:
+        hint = (f" (an id prefix needs at least {MIN_PREFIX} characters)"
+                if len(ref) < MIN_PREFIX and _PREFIX.match(ref) else "")
+        raise NotFound(f"job {ref!r} does not exist: no job has that id, id prefix or "
+                       f"name{hint}")
+    what = ("several live jobs are named" if len(live) > 1 and not by_id
+            else "it names several jobs:")
+    shown = list(found.values())[:SHOWN]
+    more = "" if len(found) <= SHOWN else " and more"
+    raise Conflict(f"job {ref!r} is ambiguous: {what} "
+                   + ", ".join(f"{j.id} ({j.name}, {j.state})" for j in shown) + more
+                   + "; give more of the id")
+
+
+
+def names_of(svc: Service, ids) -> dict[str, JobRow]:
+    """The jobs of these ids (blockers named in reasons), in one query."""
+    ids = [i for i in dict.fromkeys(ids) if isinstance(i, str)]
+    if not ids:
+        return {}
+    with svc.reads() as s:
+        return {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
+
+
+def blocker_ids(details: dict) -> list[str]:
+    """The jobs a pending reason's details name: GPU holders, the job whose reservation
+    it would delay, the victims it preempts, the fifo head it waits behind."""
+    held = details.get("held_by")
+    out = list(held) if isinstance(held, dict) else []
+    for key in ("reservation_for", "behind"):
+        if isinstance(details.get(key), str):
+            out.append(details[key])
+    out += [v for v in details.get("victims") or () if isinstance(v, str)]
+    return list(dict.fromkeys(out))
+
+
+def blockers(svc: Service, row: JobRow) -> tuple[list[dict], dict[str, str]]:
+    """([{id, name, team, state}], {id: "name (id8)"}) of the jobs the reason names."""
+    ids = blocker_ids(row.details or {}) if row.state == PENDING else []
+    if row.state == PENDING and row.reason_code in HELD:
+        ids = []
+    rows = names_of(svc, ids)
+    out = [{"id": i, "name": rows[i].name, "team": rows[i].team, "state": rows[i].state}
+           if i in rows else {"id": i, "name": None, "team": None, "state": None}
+           for i in ids]
+    return out, {i: f"{r.name} ({i[:8]})" for i, r in rows.items()}
+
+
+def name_jobs(text: str | None, names: dict[str, str]) -> str | None:
+    """A reason with each job id replaced by the job's name and short id."""
+    if not text:
+        return text
+    for job_id, label in names.items():
+        text = text.replace(f"'{job_id}'", label).replace(job_id, label)
+    return text
+
+
+# -- hold and release -----------------------------------------------------------------------
+def hold(svc: Service, job_id: str, who: Principal) -> JobRow:
+    """A pending job is held: it is never started until released. An admin's hold
+    (JobHeldAdmin) can only be released by an admin; a team's is JobHeldUser."""
+    row = svc._owned(job_id, who)
+    code = "JobHeldAdmin" if who.admin else "JobHeldUser"
+    if row.state != PENDING:
+        raise Conflict(f"job {job_id} is {row.state}; only a pending job can be held "
+                       "(requeue a running one first: airflow-gpu requeue)")
+    if row.reason_code in HELD and (row.reason_code == code or not who.admin):
+        return row                        # holding again is harmless (an admin's stays)
+    kind = "admin" if who.admin else "user"
+    by = f"admin {who.team}" if who.admin else f"team {who.team}"
+    reason = (f"held by {by}: it is not started until released (airflow-gpu release "
+              f"{job_id[:8]})")
+    with svc.sessions.begin() as s:
+        done = s.execute(_update(JobRow).where(JobRow.id == job_id,
+                                               JobRow.state == PENDING).values(
+            reason_code=code, reason=reason,
+            details={"hold": kind, "hold_by": who.team, "hold_at": utcnow().isoformat()},
+            eta_at=None, promised_at=None))
+        if done.rowcount != 1:
+            raise Conflict(f"job {job_id} is {s.get(JobRow, job_id).state}; only a pending "
+                           "job can be held")
+        svc._event(s, "held", reason, job=job_id)
+    svc.wake.set()
+    return svc.get(job_id)
+
+
+def release(svc: Service, job_id: str, who: Principal) -> JobRow:
+    row = svc._owned(job_id, who)
+    if not is_held(row):
+        if row.state == PENDING:
+            return row                    # not held: nothing to release
+        raise Conflict(f"job {job_id} is {row.state}; only a held pending job can be "
+                       "released")
+    if row.reason_code == "JobHeldAdmin" and not who.admin:
+        raise Forbidden(f"job {job_id} is held by an admin (JobHeldAdmin, "
+                        f"{(row.details or {}).get('hold_by')}); only an admin releases it")
+    with svc.sessions.begin() as s:
+        done = s.execute(_update(JobRow).where(
+            JobRow.id == job_id, JobRow.state == PENDING,
+            JobRow.reason_code == row.reason_code).values(
+            reason_code=None, reason=None, details={}, eta_at=None, promised_at=None))
+        if done.rowcount == 1:
+            svc._event(s, "released", f"released by {'admin ' if who.admin else 'team '}"
+                       f"{who.team}: it is scheduled again", job=job_id)
+    svc.wake.set()
+    return svc.get(job_id)
+
+
+# -- update ---------------------------------------------------------------------------------
+def update(svc: Service, job_id: str, who: Principal, priority: int | None = None,
+           time_limit: int | str | None = None) -> JobRow:
+    """Change a job's priority (pending jobs) or time limit. The new spec goes through
+    the same checks as at submit (the job class's and the policy's maximum time limit:
+    jobclasses.resolve). A live job's limit may be lowered by its team and raised by an
+    admin, never past a limit backfill cut."""
+    row = svc._owned(job_id, who)
+    if priority is None and time_limit is None:
+        raise InputError("update: give --priority and/or --time-limit")
+    if row.state not in (PENDING, *LIVE):
+        raise Conflict(f"job {job_id} is {row.state}; only pending or live jobs can be "
+                       "updated")
+    if priority is not None and row.state != PENDING:
+        raise Conflict(f"job {job_id} is {row.state}: priority orders pending jobs only; "
+                       "a live job's time limit may still be changed")
+    raw = dict(row.spec)
+    changes = []
+    if priority is not None:
+        raw["priority"] = priority
+        changes.append(f"priority {row.priority} -> {priority}")
+    limit = None
+    if time_limit is not None:
+        try:
+            limit = parse_duration(time_limit)
+        except (TypeError, ValueError) as exc:
+            raise InputError(f"time_limit: {exc}") from None
+        if not limit or limit <= 0:
+            raise InputError("time_limit: must be more than 0 (e.g. 2h)")
+        raw["time_limit"] = format_duration(limit)
+        expected = raw.get("expected_runtime")
+        if expected is not None and parse_duration(expected) > limit:
+            raw["expected_runtime"] = format_duration(limit)   # it cannot run longer
+    try:
+        spec = JobSpec.model_validate({**raw, "name": row.name})
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(exc, JobSpec)) from None
+    resolved = resolve(spec, svc.reg.job_classes, defaults=svc._policy().defaults)
+    values: dict = {"spec": {**spec.model_dump(mode="json", exclude_unset=True),
+                             "team": row.team, "name": row.name}}
+    if priority is not None:
+        values["priority"] = priority
+    guard = [JobRow.state == row.state]
+    if limit is not None:
+        old = _limit_of(row)
+        changes.append(f"time limit {format_duration(old) if old else 'none'} -> "
+                       f"{format_duration(resolved.time_limit)}")
+        if row.state in LIVE:
+            if row.limit_cut_by and limit > old:
+                raise Conflict(f"job {job_id}: its time limit was cut to "
+                               f"{format_duration(old)} by backfill, ahead of the "
+                               f"reservation of job {row.limit_cut_by}; it cannot be raised")
+            if old is not None and limit > old and not who.admin:
+                raise Forbidden(f"job {job_id} is {row.state}: only an admin may raise a "
+                                "running job's time limit (its team may lower it)")
+            values["deadline_at"] = datetime.fromtimestamp(
+                _ts(row.admitted_at) + resolved.time_limit, UTC)
+            guard.append(JobRow.attempt == row.attempt)
+    with svc.sessions.begin() as s:
+        done = s.execute(_update(JobRow).where(JobRow.id == job_id, *guard).values(**values))
+        if done.rowcount != 1:
+            raise Conflict(f"job {job_id} changed meanwhile (it is "
+                           f"{s.get(JobRow, job_id).state}); look again and retry")
+        svc._event(s, "updated", f"updated by {'admin ' if who.admin else 'team '}"
+                   f"{who.team}: " + ", ".join(changes), job=job_id)
+    svc.wake.set()
+    return svc.get(job_id)
+
+
+def _limit_of(row: JobRow) -> int | None:
+    """The job's time limit now: as admitted for a live job, else as asked."""
+    if row.state in LIVE and row.deadline_at is not None and row.admitted_at is not None:
+        return round(_ts(row.deadline_at) - _ts(row.admitted_at))
+    raw = (row.spec or {}).get("time_limit")
+    return parse_duration(raw) if raw is not None else None
+
+
+# -- requeue --------------------------------------------------------------------------------
+def requeue(svc: Service, job_id: str, who: Principal) -> JobRow:
+    """Stop a live job like a preempted one (its class's signal and grace) and put it back
+    in the queue under the same id once its launcher has stopped the replicas (or the
+    grace has passed). Its submit time and place in the queue stay."""
+    from .preemption import SLACK
+
+    row = svc._owned(job_id, who)
+    if row.state == "preempting":
+        return row                        # already stopping
+    if row.state not in ("admitted", "running"):
+        raise Conflict(f"job {job_id} is {row.state}; only an admitted or running job "
+                       "can be requeued")
+    policy = svc._policy()
+    try:
+        spec = JobSpec.model_validate({**row.spec, "name": row.id})
+        grace = stop_grace(spec, svc.reg.job_classes, policy.defaults)
+        _, sig, grace, _ = preempt_options(svc.reg.job_classes.get(spec.job_class or ""),
+                                           grace)
+    except ValueError:
+        sig, grace = "SIGTERM", float(policy.stop_grace)
+    now = utcnow()
+    why = (f"{REQUEUED}{'admin ' if who.admin else 'team '}{who.team} (airflow-gpu "
+           f"requeue): sending {sig}, SIGKILL after {format_duration(grace)}")
+    with svc.sessions.begin() as s:
+        done = s.execute(_update(JobRow).where(
+            JobRow.id == job_id, JobRow.state.in_(("admitted", "running")),
+            JobRow.attempt == row.attempt).values(
+            state="preempting", preempted_by=None, preempt_reason=why,
+            preempt_deadline_at=now + timedelta(seconds=grace + SLACK),
+            preempt_signal=sig, preempt_grace=round(grace)))
+        if done.rowcount != 1:
+            raise Conflict(f"job {job_id} is {s.get(JobRow, job_id).state} now; only an "
+                           "admitted or running job can be requeued")
+        svc._event(s, "requeue", f"{why}; back in the queue under the same id once its "
+                   "replicas have stopped", job=job_id)
+    svc.wake.set()
+    return svc.get(job_id)

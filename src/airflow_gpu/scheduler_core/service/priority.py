@@ -1,0 +1,197 @@
+"""The queue as the scheduler sees it, for Slurm's squeue, sprio and sshare habits.
+
+Each view builds the scheduler the way the next pass does (storepass.py): the fair-share
+usage of ended and live jobs (`past_usage`), the pending jobs that are not held queued with
+their specs (`_spec`), and asks it for its order and its terms (`Scheduler.priorities`,
+`JobQueue.terms`, `FairShare.terms`): no second formula."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+
+from ..engine.state import ClusterState
+from ..policy.jobqueue import QueuedJob
+from ..policy.scheduler import Scheduler
+from ..store.models import JobRow
+from .core import ENDED, LIVE, PENDING, Service, _ts, utcnow
+from .jobcontrol import HELD, blocker_ids, name_jobs, names_of
+from .storepass import _spec, past_usage
+
+
+@dataclass
+class Snapshot:
+    now: float
+    sched: Scheduler
+    pending: list[JobRow]                       # every pending job, submit order
+    live: list[JobRow]
+    skipped: dict[str, str] = field(default_factory=dict)   # job -> why it is not queued
+
+    def order(self) -> list[tuple[QueuedJob, bool, dict[str, float]]]:
+        return self.sched.priorities(self.now)
+
+
+def snapshot(svc: Service) -> Snapshot:
+    """The scheduler as the next pass builds it (without the cluster's state: the order
+    does not depend on it)."""
+    now = utcnow()
+    t_now = _ts(now)
+    policy = svc._policy()
+    sched = Scheduler(ClusterState(svc.cluster), policy, svc.reg, now=t_now)
+    with svc.reads() as s:
+        live = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
+        past_usage(svc, s, sched.fairshare, t_now, live)
+        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
+                                 .order_by(JobRow.submitted_at, JobRow.id)))
+    snap = Snapshot(t_now, sched, pending, live)
+    for row in pending:
+        if row.reason_code in HELD:
+            snap.skipped[row.id] = row.reason_code
+            continue
+        try:
+            sched.submit(_spec(svc, row, {}), _ts(row.submitted_at),
+                         preempted_by=frozenset(row.preemptors or ()))
+            if row.reason_code == "Preempting":     # the pass considers it first
+                sched.claims[row.id] = list(row.details.get("victims", ()))
+        except Exception as exc:     # rejected, or a spec the pass cannot read either
+            snap.skipped[row.id] = row.reason_code or type(exc).__name__
+    return snap
+
+
+def _num(x: float) -> float | None:
+    return round(x, 6) if math.isfinite(x) else None
+
+
+def priorities(svc: Service, team: str | None = None) -> dict:
+    """Each pending job's priority factors, in the order the scheduler considers them
+    (Slurm's sprio): its band (priority + job-class weight; strict) and its score within
+    the band (fair share + size + age points), whether it is protected by the wait
+    guarantee, then the held jobs and those the scheduler does not queue."""
+    snap = snapshot(svc)
+    cfg = snap.sched.config
+    rows = {r.id: r for r in snap.pending}
+    out = []
+    for rank, (job, protected, terms) in enumerate(snap.order(), 1):
+        row = rows[job.name]
+        if team and row.team != team:
+            continue
+        out.append({
+            "rank": rank, "id": row.id, "name": row.name, "team": row.team,
+            "job_class": job.job_class, "priority": job.spec.priority,
+            "class_weight": round(job.base - job.spec.priority, 6), "band": job.base,
+            "protected": protected, "preempting": job.name in snap.sched.claims,
+            "fairshare": round(terms["fairshare"], 6), "size_factor": round(job.size, 6),
+            "size": round(terms["size"], 6), "age_hours": round((snap.now - job.submit)
+                                                                / 3600.0, 6),
+            "age": round(terms["age"], 6), "score": round(terms["score"], 6),
+            "gpus": job.gpus, "expected_runtime_s": _num(job.runtime),
+            "time_limit_s": _num(job.limit),
+            "submitted_at": row.submitted_at, "code": row.reason_code})
+    later = [{"rank": None, "id": r.id, "name": r.name, "team": r.team,
+              "priority": r.priority, "code": snap.skipped[r.id],
+              "submitted_at": r.submitted_at}
+             for r in snap.pending if r.id in snap.skipped and (not team or r.team == team)]
+    return {"mode": cfg.mode,
+            "weights": {"fairshare": cfg.fairshare_weight, "size": cfg.size_weight
+                        if cfg.mode == "backfill" else 0.0, "age": cfg.age_weight},
+            "reserve_after_s": cfg.reserve_after, "jobs": out, "not_queued": later}
+
+
+def shares(svc: Service) -> list[dict]:
+    """Each team's fair share (Slurm's sshare): its configured and normalized share, its
+    decayed GPU usage and its part of all usage, the fair-share factor and the priority
+    points it gives its jobs, and its quota and what it holds (GET /api/v1/teams)."""
+    snap = snapshot(svc)
+    fs = snap.sched.fairshare
+    teams = svc.teams()
+    policy = snap.sched.config
+    queued = set(snap.sched.queue.teams)
+    # the teams the pass orders by give the normalization the pass uses
+    base = queued | set(fs.usage) | set(policy.teams)
+    terms = fs.terms(base)
+    for t in teams:
+        if t not in terms:      # not queued, no usage: as it would be with a job queued
+            terms[t] = fs.terms(base | {t})[t]
+    pending: dict[str, int] = {}
+    for r in snap.pending:
+        pending[r.team] = pending.get(r.team, 0) + 1
+    running: dict[str, int] = {}
+    for r in snap.live:
+        running[r.team] = running.get(r.team, 0) + 1
+    weight = policy.fairshare_weight
+    out = []
+    for name in sorted(set(teams) | set(terms)):
+        usage_share, share_norm, points = terms[name]
+        t = teams.get(name) or {"name": name, "share": policy.share(name),
+                                "quota_gpus": policy.quota(name), "borrow_gpus": None,
+                                "held_gpus": 0, "borrowed_gpus": 0, "lent_gpus": 0,
+                                "error": None}
+        out.append({**t, "share_norm": round(share_norm, 6),
+                    "usage_gpu_hours": round(fs.usage.get(name, 0.0) / 3600.0, 6),
+                    "usage_norm": round(usage_share, 6),
+                    "fairshare_factor": round(points / weight, 6) if weight else
+                    round(2.0 ** (-usage_share / share_norm), 6) if share_norm else 0.0,
+                    "fairshare_points": round(points, 6),
+                    "pending_jobs": pending.get(name, 0), "live_jobs": running.get(name, 0)})
+    return out
+
+
+def _iso(epoch: float | None) -> datetime | None:
+    return None if epoch is None else datetime.fromtimestamp(epoch, UTC)
+
+
+def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
+          team: str | None = None, limit: int = 1000) -> list[tuple[JobRow, dict]]:
+    """(job, what squeue shows beyond the job) in squeue's order: live jobs by start,
+    then pending jobs in the scheduler's order, the held ones, those it does not queue,
+    and with `all_jobs` (or an ended `state`) the ended jobs, newest first."""
+    snap = snapshot(svc)
+    rows = {r.id: r for r in snap.pending}
+    order = snap.order()
+    out: list[tuple[JobRow, dict]] = []
+    for r in sorted(snap.live, key=lambda r: (_ts(r.admitted_at) if r.admitted_at else 0,
+                                              r.id)):
+        out.append((r, {"rank": None}))
+    for rank, (job, _protected, terms) in enumerate(order, 1):
+        out.append((rows[job.name], {"rank": rank, "band": job.base,
+                                     "score": round(terms["score"], 6),
+                                     "limit": job.limit}))
+    out += [(r, {"rank": None}) for r in snap.pending if r.id in snap.skipped]
+    if all_jobs or (state and state not in (PENDING, *LIVE)):
+        with svc.reads() as s:
+            q = select(JobRow).where(JobRow.state.in_(ENDED)).order_by(
+                JobRow.finished_at.desc(), JobRow.id.desc()).limit(limit)
+            if state:
+                q = q.where(JobRow.state == state)
+            if team:
+                q = q.where(JobRow.team == team)
+            out += [(r, {"rank": None}) for r in s.scalars(q)]
+    out = [(r, x) for r, x in out if (not state or r.state == state)
+           and (not team or r.team == team)][:limit]
+    names = {i: f"{j.name} ({i[:8]})" for i, j in names_of(svc, [
+        b for r, _ in out if r.state == PENDING for b in blocker_ids(r.details or {})]).items()}
+    for r, extra in out:
+        _fill(r, extra, snap.now, names)
+    return out
+
+
+def _fill(r: JobRow, extra: dict, now: float, names: dict[str, str]) -> None:
+    """ETA (absolute and relative), elapsed and time limit: squeue's START_TIME, TIME and
+    TIME_LIMIT."""
+    limit = extra.pop("limit", None)
+    start = _ts(r.admitted_at) if r.admitted_at else None
+    end = _ts(r.finished_at) if r.finished_at else now
+    extra["elapsed_s"] = None if start is None else round(max(0.0, end - start))
+    if r.deadline_at and start is not None:
+        extra["time_limit_s"] = round(_ts(r.deadline_at) - start)
+    elif limit is not None:
+        extra["time_limit_s"] = _num(limit)
+    else:
+        extra["time_limit_s"] = None
+    pending = r.state == PENDING
+    extra["eta_at"] = _iso(r.eta_at) if pending else None
+    extra["eta_s"] = max(0, round(r.eta_at - now)) if pending and r.eta_at else None
+    extra["reason"] = name_jobs(r.reason, names) if pending else None

@@ -1,0 +1,222 @@
+"""Client commands for users coming from Slurm and Grid Engine (docs/service.md, "Coming
+from Slurm / Grid Engine"): `queue` (squeue, qstat), `prio` (sprio), `share` (sshare),
+`hold` / `release` (scontrol hold/release, qhold/qrls), `update` (scontrol update,
+qalter), `requeue` (scontrol requeue), `drain HOST --reason` (scontrol update
+State=DRAIN Reason=) and `cluster` (sinfo, qhost). Job arguments take an id, a unique id
+prefix (4 characters or more) or a job name: the service resolves them."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+
+from rich.table import Table
+
+from .scheduler_core.units import format_duration, format_size
+
+LIVE = ("admitted", "running", "preempting")
+
+
+def _dur(s: float | None) -> str:
+    return "-" if s is None else format_duration(max(0, s))
+
+
+def _short(job_id: str) -> str:
+    return job_id[:8]
+
+
+def _at(at: str | datetime | None) -> str:
+    """An absolute time, in UTC, to the minute (squeue's START_TIME)."""
+    if at is None:
+        return "-"
+    if isinstance(at, str):
+        at = datetime.fromisoformat(at.replace("Z", "+00:00"))
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return at.astimezone(UTC).strftime("%m-%d %H:%M")
+
+
+# -- queue (squeue) -------------------------------------------------------------------------
+def queue_table(jobs: list[dict]) -> Table:
+    t = Table(title="Queue: live jobs by start, then pending jobs in the scheduler's order",
+              title_justify="left")
+    for col in ("#", "id", "name", "team", "state", "prio", "elapsed", "time limit",
+                "ETA (UTC)", "in", "hosts / reason"):
+        t.add_column(col, overflow="fold")
+    for j in jobs:
+        hosts = ",".join(dict.fromkeys(r["host"] for r in j.get("replicas", [])
+                                       if r.get("live", True)))
+        pending = j["state"] == "pending"
+        code = (j.get("pending") or {}).get("code")
+        where = (f"{code}: {j.get('reason') or (j.get('pending') or {}).get('reason') or ''}"
+                 if pending and code else "-" if pending else hosts or "-")
+        notes = _notes(j)
+        t.add_row(str(j["rank"]) if j.get("rank") else "-", _short(j["id"]), j["name"],
+                  j["team"], j["state"], f"{j['band']:g}" if j.get("band") is not None
+                  else str(j["priority"]), _dur(j.get("elapsed_s")),
+                  _dur(j.get("time_limit_s")) if j.get("time_limit_s") else "none",
+                  _at(j.get("eta_at")), _dur(j.get("eta_s")) if j.get("eta_s") is not None
+                  else "-", where + (f" ({notes})" if notes else ""))
+    return t
+
+
+def _notes(j: dict) -> str:
+    notes = []
+    if j.get("borrowed") and j["state"] in LIVE:
+        notes.append("borrowed")
+    if j.get("preemptions"):
+        notes.append(f"preempted {j['preemptions']}x (last by "
+                     f"{(j.get('preempted_by') or '-')[:8]})")
+    if j.get("requeue_reason") and j["state"] == "pending":
+        notes.append(f"requeued: {j['requeue_reason']}")
+    return "; ".join(notes)
+
+
+# -- prio (sprio) ---------------------------------------------------------------------------
+def prio_table(d: dict) -> Table:
+    w = d["weights"]
+    t = Table(title=f"Pending jobs in scheduling order (mode {d['mode']}): band = priority + "
+              f"class weight (strict), then score = fair share (weight {w['fairshare']:g}) + "
+              f"size (weight {w['size']:g}) + age (weight {w['age']:g}/h)",
+              title_justify="left")
+    for col in ("#", "id", "name", "team", "priority", "class", "band", "fair share",
+                "size", "age", "score", "protected"):
+        t.add_column(col, justify="left" if col in ("id", "name", "team") else "right")
+    for j in d["jobs"]:
+        t.add_row(str(j["rank"]), _short(j["id"]), j["name"], j["team"], str(j["priority"]),
+                  f"{j['class_weight']:+g}", f"{j['band']:g}", f"{j['fairshare']:.2f}",
+                  f"{j['size']:.2f}", f"{j['age']:.2f}", f"{j['score']:.2f}",
+                  "yes" if j["protected"] else ("preempting" if j.get("preempting") else ""))
+    if d.get("not_queued"):
+        t.caption = "not considered: " + ", ".join(
+            f"{_short(j['id'])} {j['name']} ({j['code']})" for j in d["not_queued"])
+    return t
+
+
+# -- share (sshare) -------------------------------------------------------------------------
+def share_table(teams: list[dict]) -> Table:
+    t = Table(title="Fair share: usage decays with fairshare_half_life; factor = "
+              "2^(-usage/share); points = fairshare_weight x factor", title_justify="left")
+    for col in ("team", "share", "norm share", "usage GPU-h", "norm usage", "factor",
+                "points", "GPUs held", "quota", "borrowed", "lent", "pending", "live"):
+        t.add_column(col, justify="left" if col == "team" else "right")
+    for x in teams:
+        quota = "-" if x.get("quota_gpus") is None else str(x["quota_gpus"])
+        t.add_row(x["name"], f"{x['share']:g}", f"{x['share_norm']:.3f}",
+                  f"{x['usage_gpu_hours']:.1f}", f"{x['usage_norm']:.3f}",
+                  f"{x['fairshare_factor']:.3f}", f"{x['fairshare_points']:.2f}",
+                  str(x.get("held_gpus", 0)), quota, str(x.get("borrowed_gpus", 0)),
+                  str(x.get("lent_gpus", 0)), str(x.get("pending_jobs", 0)),
+                  str(x.get("live_jobs", 0)))
+    return t
+
+
+# -- hold, release, update, requeue ----------------------------------------------------------
+def job_line(j: dict) -> str:
+    p = j.get("pending") or {}
+    why = f" - {p['code']}: {p['reason']}" if p.get("code") else ""
+    return f"job {j['id']} ({j['name']}, team {j['team']}): {j['state']}{why}"
+
+
+def host_line(h: dict) -> str:
+    if h.get("drained"):
+        return f"{h['name']}: drained" + (f" (reason: {h['drain_reason']})"
+                                          if h.get("drain_reason") else "")
+    return f"{h['name']}: in service"
+
+
+# -- cluster (sinfo, qhost) ------------------------------------------------------------------
+def _mem(n: int) -> str:
+    return format_size(n) if n else "0"
+
+
+def cluster_table(c: dict) -> Table:
+    t = Table(title=f"Cluster {c['cluster']}: {c['gpus_allocated']} of {c['gpus_total']} "
+              f"GPUs allocated, {c.get('gpus_free', 0)} free, "
+              f"{c.get('gpus_unavailable', 0)} unavailable (drained, unreachable or "
+              "unhealthy)", title_justify="left")
+    for col in ("host", "model", "state", "GPUs", "free", "cores", "memory",
+                "per NUMA node", "GPU map", "jobs", "util % (per GPU)", "power"):
+        t.add_column(col, overflow="fold")
+    for h in c["hosts"]:
+        gmap = "".join("x" if not g["healthy"] else "#" if g["job"] else "."
+                       for g in h["gpus"])
+        held: dict[str, int] = {}
+        for g in h["gpus"]:
+            if g["job"]:
+                held[g["job"]] = held.get(g["job"], 0) + 1
+        util = [g.get("utilization_gpu") for g in h["gpus"]]
+        watts = [g["power_watts"] for g in h["gpus"] if g.get("power_watts") is not None]
+        if not h.get("reachable", True):
+            state = "unreachable"
+        elif h["drained"]:
+            state = "drained" + (f": {h['drain_reason']}" if h.get("drain_reason") else "")
+        else:
+            state = "ok"
+        numa = "\n".join(
+            f"{n['node']}: {n['gpus_allocated']}/{len(n['gpus'])} GPU "
+            f"{n['cpus_allocated']}/{n['cpus_total']} CPU "
+            f"{_mem(n['memory_allocated'])}/{_mem(n['memory_total'])}"
+            for n in h.get("numa", []) if n["gpus"] or n["cpus_allocated"]
+            or n["memory_allocated"])
+        t.add_row(h["name"], h["model"], state,
+                  f"{h.get('gpus_allocated', 0)}/{len(h['gpus'])}", str(h["free_gpus"]),
+                  f"{h.get('cpus_allocated', 0)}/{h.get('cpus_total', 0)}",
+                  f"{_mem(h.get('memory_allocated', 0))}/{_mem(h.get('memory_total', 0))}",
+                  numa or "-", gmap,
+                  "\n".join(f"{_short(j)} ({n})" for j, n in held.items()) or "-",
+                  " ".join("-" if u is None else f"{u:.0f}" for u in util)
+                  if any(u is not None for u in util) else "-",
+                  f"{sum(watts):.0f} W" if watts else "-")
+    t.caption = ("GPUs and cores: allocated/total; GPU map: # held, . free, x unhealthy; "
+                 "jobs: short id (GPUs held)")
+    return t
+
+
+# -- the parsers ------------------------------------------------------------------------------
+JOB_HELP = "job id, unique id prefix (4+ characters) or job name"
+
+
+def add_slurm_commands(sub, client: argparse.ArgumentParser, show) -> None:
+    """Register the commands; `show(call, table)` runs a client call and prints its
+    answer (service_cli._show)."""
+    def add(name: str, func, helptext: str, *args: tuple) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=helptext, description=helptext, parents=[client])
+        for flags, kw in args:
+            p.add_argument(*flags, **kw)
+        p.set_defaults(func=func)
+        return p
+
+    job = (("id",), {"help": JOB_HELP})
+    add("queue", show(lambda c, a: c.queue(a.all, a.state, a.team, a.limit), queue_table),
+        "pending and live jobs in the scheduler's order, with reason, ETA, elapsed and "
+        "time limit (squeue, qstat)",
+        (("--all",), {"action": "store_true", "help": "ended jobs too (newest first)"}),
+        (("--state",), {"help": "only jobs in this state (pending, running, ...)"}),
+        (("--team",), {"help": "only this team's jobs"}),
+        (("--limit",), {"type": int, "help": "at most this many jobs (default 1000)"}))
+    add("prio", show(lambda c, a: c.priorities(a.team), prio_table),
+        "pending jobs' priority factors as the scheduler computes them (sprio)",
+        (("--team",), {"help": "only this team's jobs"}))
+    add("share", show(lambda c, a: c.shares(), share_table),
+        "teams' shares, decayed usage, fair-share factor and quota use (sshare)")
+    add("hold", show(lambda c, a: c.hold(a.id), job_line),
+        "keep a pending job from starting until released (scontrol hold, qhold)", job)
+    add("release", show(lambda c, a: c.release(a.id), job_line),
+        "release a held job (scontrol release, qrls); an admin's hold only by an admin",
+        job)
+    add("requeue", show(lambda c, a: c.requeue(a.id), job_line),
+        "stop a running job and put it back in the queue under the same id (scontrol "
+        "requeue)", job)
+    add("update", show(lambda c, a: c.update(a.id, a.priority, a.time_limit), job_line),
+        "change a pending job's priority or a job's time limit (scontrol update, qalter)",
+        job, (("--priority",), {"type": int, "help": "new priority (pending jobs)"}),
+        (("--time-limit",), {"help": "new time limit, e.g. 2h (within the job class's and "
+                             "the policy's maximum; raising a running job's: admins)"}))
+    add("drain", show(lambda c, a: c.drain_host(a.host, a.reason), host_line),
+        "keep new work off a host, saying why (admin; scontrol update State=DRAIN)",
+        (("host",), {}), (("--reason",), {"help": "why: shown in `cluster` and in pending "
+                                          "reasons that name the host"}))
+    add("cluster", show(lambda c, a: c.cluster(), cluster_table),
+        "hosts: GPUs, cores and memory allocated per host and NUMA node, drain state and "
+        "reason (sinfo, qhost)")

@@ -1,0 +1,240 @@
+"""`airflow-gpu token list | create | revoke`: through the API with an admin token
+(`--url` / `--token` as the other client commands), or on the database directly with
+`--db URL` (to create the first admin token)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+from rich.table import Table
+
+from .scheduler_core.errors import InputError
+from .scheduler_core.units import parse_duration
+
+
+def expires(value: str | None) -> tuple[int | None, datetime | None]:
+    """--expires: a duration from now (`30d`, `12h`, seconds) or a time (ISO 8601, UTC
+    unless it says); (seconds, None) or (None, time)."""
+    if value is None:
+        return None, None
+    try:
+        seconds = parse_duration(value)
+    except ValueError:
+        try:
+            at = datetime.fromisoformat(value)
+        except ValueError:
+            raise InputError(f"--expires: {value!r} is neither a duration (30d, 12h, 90m) "
+                             "nor a time (2027-01-31 or 2027-01-31T12:00:00+00:00)") from None
+        return None, at if at.tzinfo else at.replace(tzinfo=UTC)
+    if seconds <= 0:
+        raise InputError(f"--expires: {value!r} is no time at all; give a duration such "
+                         "as 30d")
+    return seconds, None
+
+
+def _expires_at(args: argparse.Namespace) -> datetime | None:
+    from datetime import timedelta
+
+    seconds, at = expires(args.expires)
+    if seconds is not None:
+        return datetime.now(UTC) + timedelta(seconds=seconds)
+    return at
+
+
+def _role(args: argparse.Namespace) -> str:
+    return "agent" if args.agent else "admin" if args.admin else "team"
+
+
+def token_create(db_create: Callable[[argparse.Namespace], int]):
+    """`token create`: on the database with --db (`db_create`), else through the API."""
+    def run(args: argparse.Namespace) -> int:
+        from .service_cli import _check_team
+
+        expiry = expires(args.expires)          # bad input fails before anything else
+        if args.db:
+            args.expires_at = _expires_at(args)
+            return db_create(args)
+        if args.agent and not args.host:
+            raise InputError("--agent: name the host(s) the agent token is for: --host NAME "
+                             "(repeat it, or a glob pattern such as --host 'dgx-*')")
+        if args.host and not args.agent:
+            raise InputError("--host: only agent tokens are for hosts; add --agent")
+        if not args.agent and not args.team:
+            raise InputError("--team: a team or admin token needs a team (--team T)")
+        _check_team(args.team)
+        from .service_cli import _client
+
+        seconds, at = expiry
+        with _client(args) as c:
+            made = c.create_token(args.team, _role(args), args.host if args.agent else None,
+                                  seconds, at.isoformat() if at else None)
+        print(json.dumps(made, indent=2) if args.json else made["token"])
+        return 0
+    return run
+
+
+def token_revoke(db_revoke: Callable[[argparse.Namespace], int]):
+    """`token revoke ID | TOKEN | --team T`: on the database with --db (a token by its
+    secret through `db_revoke`), else through the API (by id)."""
+    def run(args: argparse.Namespace) -> int:
+        from .scheduler_core.service.auth import CACHE_SECONDS
+
+        target = args.target
+        if bool(target) == bool(args.team):
+            raise InputError("token revoke: give the token's id (airflow-gpu token list), "
+                             "or --team T for all of a team's tokens")
+        by_id = bool(target) and target.isascii() and target.isdigit()
+        if target and not by_id and not args.db:
+            raise InputError("token revoke: that is not a token id; through the API a token "
+                             "is revoked by its id (airflow-gpu token list shows them), by "
+                             "the token itself only with --db URL")
+        from .service_cli import _check_team
+
+        _check_team(args.team)
+        if args.db and not by_id:
+            args.token = target                 # the secret, or None with --team
+            return db_revoke(args)
+        if args.db:
+            gone = [_db_revoke_id(args, int(target))]
+        else:
+            from .service_cli import _client
+
+            with _client(args) as c:
+                gone = ([c.revoke_token(int(target))] if target
+                        else c.revoke_team_tokens(args.team))
+        if args.json:
+            print(json.dumps(gone, indent=2, default=str))
+            return 0
+        n = len(gone)
+        print(f"revoked {n} token{'' if n == 1 else 's'}"
+              + (f" ({', '.join(_describe(t) for t in gone)})" if gone else "")
+              + f"; the service refuses {'it' if n == 1 else 'them'} within "
+              f"{CACHE_SECONDS:g} s")
+        return 0
+    return run
+
+
+def _db_revoke_id(args: argparse.Namespace, token_id: int) -> dict:
+    from .scheduler_core.service.auth import revoke_token_id, token_view
+    from .scheduler_core.service.core import NotFound
+    from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
+
+    engine = open_database(args.db, create=args.create)
+    try:
+        with database_errors(args.db):
+            upgrade(engine)
+            try:
+                return token_view(revoke_token_id(sessions(engine), token_id))
+            except NotFound as exc:
+                raise InputError(f"token revoke: {exc}") from None
+    finally:
+        engine.dispose()
+
+
+def _describe(t: dict) -> str:
+    return f"id {t['id']}, {t['role']} token of team {t['team']}"
+
+
+def cmd_token_list(args: argparse.Namespace) -> int:
+    """`token list`: every token (of --team), never the secrets."""
+    from .service_cli import _check_team
+
+    _check_team(args.team)
+    if args.db:
+        from .scheduler_core.service.auth import list_tokens, token_view
+        from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
+
+        engine = open_database(args.db)
+        try:
+            with database_errors(args.db):
+                upgrade(engine)
+                tokens = [token_view(r) for r in list_tokens(sessions(engine), args.team)]
+        finally:
+            engine.dispose()
+    else:
+        from .service_cli import _client
+
+        with _client(args) as c:
+            tokens = c.tokens(args.team)
+    if args.json:
+        print(json.dumps(tokens, indent=2, default=str))
+    else:
+        from .cli import _console
+
+        _console().print(_tokens_table(tokens))
+    return 0
+
+
+def _tokens_table(tokens: list[dict]) -> Table:
+    t = Table(title="Tokens", title_justify="left")
+    for col in ("id", "team", "role", "hosts", "created", "expires", "token"):
+        t.add_column(col, overflow="fold")
+    for x in tokens:
+        exp = _when(x.get("expires_at"))
+        if x.get("expired"):
+            exp += " (expired)"
+        t.add_row(str(x["id"]), x["team"], x["role"], ", ".join(x.get("hosts") or []) or "-",
+                  _when(x.get("created_at")), exp if x.get("expires_at") else "never",
+                  x.get("hint") or "-")
+    return t
+
+
+def _when(at) -> str:
+    if at is None:
+        return "-"
+    if isinstance(at, str):
+        at = datetime.fromisoformat(at)
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def add_token_commands(sub, client: argparse.ArgumentParser,
+                       db_create: Callable[[argparse.Namespace], int],
+                       db_revoke: Callable[[argparse.Namespace], int]) -> None:
+    """The `token` commands; `client`: the client commands' parent parser (--url, --token,
+    --conn-id, --json); `db_create`, `db_revoke`: the --db paths of create and revoke."""
+    def db(p: argparse.ArgumentParser, create: bool = True) -> None:
+        p.add_argument("--db", help="work on this database directly (SQLAlchemy URL: "
+                       "sqlite:///FILE or postgresql+psycopg://...) instead of through the "
+                       "API: for the first admin token")
+        if create:
+            p.add_argument("--create", action="store_true",
+                           help="with --db, SQLite: create the database file when it does "
+                           "not exist (else refused, so a mistyped path does not start an "
+                           "empty database)")
+
+    tok = sub.add_parser("token", help="API tokens: list, create, revoke (admin token, or "
+                         "--db URL)")
+    tsub = tok.add_subparsers(dest="token_command", required=True)
+    tl = tsub.add_parser("list", parents=[client], help="every token: id, team, role, "
+                         "hosts, created, expires and its last characters (never the secret)")
+    tl.add_argument("--team", help="only this team's tokens")
+    db(tl, create=False)
+    tl.set_defaults(func=cmd_token_list)
+    tc = tsub.add_parser("create", parents=[client], help="create a token for a team, an "
+                         "admin or a node agent; prints it once")
+    tc.add_argument("--team", help="the team the token acts for (agent tokens: default "
+                    "'agents', a label only)")
+    tc.add_argument("--admin", action="store_true", help="may drain hosts and act for any team")
+    tc.add_argument("--agent", action="store_true",
+                    help="a node agent's token: it may only register and report the --host "
+                    "hosts (no jobs, teams or admin routes)")
+    tc.add_argument("--host", action="append", metavar="NAME",
+                    help="with --agent: a host the token is for, or a glob pattern "
+                    "('dgx-*'); repeat for several")
+    tc.add_argument("--expires", metavar="WHEN", help="refused after this long (30d, 12h) "
+                    "or from this time on (2027-01-31, ISO 8601, UTC unless it says); "
+                    "default never")
+    db(tc)
+    tc.set_defaults(func=token_create(db_create))
+    tr = tsub.add_parser("revoke", parents=[client], help="delete a token (or all of a "
+                         "team's); the service refuses it within a second")
+    tr.add_argument("target", nargs="?", metavar="ID",
+                    help="the token's id (token list); with --db also the token itself")
+    tr.add_argument("--team", help="revoke every token of this team instead")
+    db(tr)
+    tr.set_defaults(func=token_revoke(db_revoke))
