@@ -420,6 +420,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _options(p: argparse.ArgumentParser, positional: bool) -> argparse.ArgumentParser:
+    from .service_cli import service_args
+
     if positional:
         p.add_argument("jobfile", nargs="?")
     p.add_argument("--gpus", type=int, help="GPUs per replica (default 0)")
@@ -442,12 +444,7 @@ def _options(p: argparse.ArgumentParser, positional: bool) -> argparse.ArgumentP
                    help="first rendezvous port for the job class's framework (default 29500)")
     p.add_argument("--poll-interval", type=float, default=1.0,
                    help="seconds between looks at a pending job (default 1)")
-    p.add_argument("--url", help="the service (default $AIRFLOW_GPU_URL or "
-                   "http://127.0.0.1:8080)")
-    p.add_argument("--token", help="bearer token (default $AIRFLOW_GPU_TOKEN)")
-    p.add_argument("--conn-id", default="gpu_scheduler_default",
-                   help="inside Airflow, without --url/--token or the variables: the "
-                   "gpu_scheduler connection to read them from")
+    service_args(p)
     return p
 
 

@@ -86,10 +86,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_token_create(args: argparse.Namespace) -> int:
-    from .scheduler_core.service.auth import create_token
-    from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
-
+def check_token_args(args: argparse.Namespace) -> None:
+    """The role flags of `token create` (through the API or the database) fit together."""
     if args.agent and not args.host:
         raise InputError("--agent: name the host(s) the agent token is for: --host NAME "
                          "(repeat it, or a glob pattern such as --host 'dgx-*')")
@@ -98,6 +96,13 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     if not args.agent and not args.team:
         raise InputError("--team: a team or admin token needs a team (--team T)")
     _check_team(args.team)
+
+
+def cmd_token_create(args: argparse.Namespace) -> int:
+    from .scheduler_core.service.auth import create_token
+    from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
+
+    check_token_args(args)
     engine = open_database(args.db, create=args.create)
     try:
         with database_errors(args.db):
@@ -153,6 +158,16 @@ def cmd_db_upgrade(args: argparse.Namespace) -> int:
         engine.dispose()
     print(f"database at revision {revision} ({engine.url!r})")
     return 0
+
+
+def service_args(p: argparse.ArgumentParser) -> None:
+    """--url, --token, --conn-id: where the client commands find the service (_client)."""
+    p.add_argument("--url", help="the service (default $AIRFLOW_GPU_URL or "
+                   "http://127.0.0.1:8080)")
+    p.add_argument("--token", help="bearer token (default $AIRFLOW_GPU_TOKEN)")
+    p.add_argument("--conn-id", default="gpu_scheduler_default",
+                   help="inside Airflow, without --url/--token or the variables: the "
+                   "gpu_scheduler connection to read them from")
 
 
 def _client(args: argparse.Namespace):
@@ -384,12 +399,7 @@ def add_commands(sub) -> None:
     du.set_defaults(func=cmd_db_upgrade)
 
     client = argparse.ArgumentParser(add_help=False)
-    client.add_argument("--url", help="the service (default $AIRFLOW_GPU_URL or "
-                        "http://127.0.0.1:8080)")
-    client.add_argument("--token", help="bearer token (default $AIRFLOW_GPU_TOKEN)")
-    client.add_argument("--conn-id", default="gpu_scheduler_default",
-                        help="inside Airflow, without --url/--token or the variables: the "
-                        "gpu_scheduler connection to read them from")
+    service_args(client)
     client.add_argument("--json", action="store_true", help="print JSON")
     from .acct_cli import add_acct
     from .token_cli import add_token_commands

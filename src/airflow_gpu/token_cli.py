@@ -51,20 +51,13 @@ def _role(args: argparse.Namespace) -> str:
 def token_create(db_create: Callable[[argparse.Namespace], int]):
     """`token create`: on the database with --db (`db_create`), else through the API."""
     def run(args: argparse.Namespace) -> int:
-        from .service_cli import _check_team
+        from .service_cli import check_token_args
 
         expiry = expires(args.expires)          # bad input fails before anything else
         if args.db:
             args.expires_at = _expires_at(args)
             return db_create(args)
-        if args.agent and not args.host:
-            raise InputError("--agent: name the host(s) the agent token is for: --host NAME "
-                             "(repeat it, or a glob pattern such as --host 'dgx-*')")
-        if args.host and not args.agent:
-            raise InputError("--host: only agent tokens are for hosts; add --agent")
-        if not args.agent and not args.team:
-            raise InputError("--team: a team or admin token needs a team (--team T)")
-        _check_team(args.team)
+        check_token_args(args)
         from .service_cli import _client
 
         seconds, at = expiry

@@ -5,30 +5,13 @@ without a unit, yes/no counts and GPU constraints on roles without GPUs (never a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
+from tests.scheduler_core.test_input_errors import cli, one_line_error
 
 UNREACHABLE = "postgresql+psycopg://postgres:s3cret@127.0.0.1:1/test"
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
-
-
-def one_line_error(out: subprocess.CompletedProcess, *says: str) -> str:
-    err = out.stderr
-    assert out.returncode == 2, (out.returncode, err)
-    assert "Traceback" not in err and err.count("\n") == 1 and err.startswith("error: "), err
-    for text in says:
-        assert text in err, (text, err)
-    return err
 
 
 def sqlite(path: Path) -> str:

@@ -691,6 +691,7 @@ class Service:
 
         self.refresh_cluster()
         cluster, now = self.cluster, time.time()
+        at = datetime.fromtimestamp(now, UTC)     # the same instant, for wear's window
         with self.reads() as s:
             hosts = {h.name: h for h in s.scalars(select(HostRow).where(
                 *([HostRow.name == only] if only else [])))}
@@ -711,7 +712,7 @@ class Service:
                              "healthy": rec.healthy if rec else True,
                              "health_reason": rec.health_reason if rec else None,
                              # scored down for long jobs (wear.py), never excluded
-                             "worn": "; ".join(wear_reasons(rec, utcnow())) or None
+                             "worn": "; ".join(wear_reasons(rec, at)) or None
                              if rec and rec.healthy else None, "job": job,
                              "team": jobs[job].team if job in jobs else None,
                              **{k: getattr(rec, k) if rec else None for k in UTILIZATION}})

@@ -46,9 +46,9 @@ def threshold_of(svc, spec: dict) -> float:
     return rule_of(svc, spec).threshold
 
 
-def idle_since(s: Session, job_id: str, attempt: int) -> datetime | None:
+def idle_since(s: Session, job_id: str, attempt: int) -> tuple[datetime | None, int]:
     """Since when every GPU the job holds is under the threshold (None: one is not, or
-    has not reported)."""
+    has not reported), and how many GPUs it holds."""
     latest: dict[tuple, datetime | None] = {}
     for host, gpu, below in s.execute(
             select(UsageRow.host, UsageRow.gpu, UsageRow.below_since).where(
@@ -58,8 +58,8 @@ def idle_since(s: Session, job_id: str, attempt: int) -> datetime | None:
     held = s.scalar(select(func.count()).select_from(GpuHoldRow).where(
         GpuHoldRow.job_id == job_id))
     if not held or len(latest) < held or any(b is None for b in latest.values()):
-        return None
-    return max(latest.values())
+        return None, held
+    return max(latest.values()), held
 
 
 def message(rule: IdleRule, since: datetime, gpus: int) -> str:
@@ -79,7 +79,8 @@ def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
                                               JobRow.state.in_(("admitted", "running")))):
         rule = rule_of(svc, job.spec)
         # the policy off for this job: nothing to keep (and no queries per report)
-        since = idle_since(s, job.id, job.attempt) if rule.after is not None else None
+        since, gpus = (idle_since(s, job.id, job.attempt) if rule.after is not None
+                       else (None, 0))
         if since is None:
             if job.idle_since is not None:
                 if job.idle_flagged_at is not None:
@@ -88,8 +89,6 @@ def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
                 job.idle_since = job.idle_flagged_at = None
             continue
         job.idle_since = since
-        gpus = s.scalar(select(func.count()).select_from(GpuHoldRow).where(
-            GpuHoldRow.job_id == job.id))
         if job.idle_flagged_at is None:
             if _ts(now) - _ts(since) >= rule.after:
                 job.idle_flagged_at = now
