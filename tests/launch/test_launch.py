@@ -3,6 +3,7 @@ isolation on a machine that lacks the granted CPUs, and the cgroup v2 writer."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import pytest
@@ -14,9 +15,13 @@ from airflow_gpu.launch.handle import LaunchError
 from airflow_gpu.launch.local import isolation
 from airflow_gpu.launch.replica import Replica
 
+_JOBS = itertools.count(1)
+
 
 def replica(cpus, numa=(0,), gpus=(0, 1)) -> Replica:
-    return Replica("job-1", "worker", 0, 0, "dgx-a-01", "dgx-a-01", None, list(gpus),
+    """A replica of a job of its own: its cgroup (named by job and replica) is never
+    another test's, which a late cleanup of that test could remove under it."""
+    return Replica(f"job-{next(_JOBS)}", "worker", 0, 0, "dgx-a-01", "dgx-a-01", None, list(gpus),
                    list(cpus), list(numa), 2**30, ["mlx5_0"])
 
 

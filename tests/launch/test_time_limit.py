@@ -47,13 +47,18 @@ def test_a_job_that_ends_before_its_limit_is_not_stopped():
 
 
 class _Vanished:
-    """A replica whose exit code cannot be read (its container was removed meanwhile)."""
+    """A replica whose exit code cannot be read (its container was removed meanwhile),
+    once `after` (a replica beside it) has exited: the order the test asserts."""
     name = "gone"
+
+    def __init__(self, after):
+        self.after = after
 
     def lines(self):
         yield "last words"
 
     def wait(self) -> int:
+        self.after.proc.wait()
         raise RuntimeError("404 Client Error: No such container")
 
     def stop(self, grace=None) -> None:
@@ -62,5 +67,5 @@ class _Vanished:
 
 def test_a_replica_whose_exit_code_is_lost_does_not_hang_the_supervisor():
     h = start_command(replica([]), "echo fine", {})[0]
-    out = supervise([h, _Vanished()], logging.getLogger("test"))
+    out = supervise([h, _Vanished(h)], logging.getLogger("test"))
     assert not out.ok and out.failed == "gone" and out.codes == {h.name: 0, "gone": -1}
