@@ -28,6 +28,7 @@ from sqlalchemy import select, update  # noqa: E402
 
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions  # noqa: E402
 from airflow_gpu.scheduler_core.store.models import EventRow, JobRow  # noqa: E402
+from tests.plugin.bigstack import BigScheduler  # noqa: E402
 from tests.plugin.browser import Browser  # noqa: E402
 from tests.plugin.stack import AirflowApi, DemoScheduler, role  # noqa: E402
 
@@ -146,6 +147,34 @@ def main() -> None:
             if airflow:
                 airflow.stop()
             s.stop()
+        big_cluster_shots(Path(tmp) / "big", args)
+
+
+def big_cluster_shots(tmp: Path, args: argparse.Namespace) -> None:
+    """The compact view of a 128-host cluster (tests/plugin/bigstack.py), whole and
+    filtered, and a waiting gang's reservation."""
+    s = BigScheduler(tmp / "scheduler")
+    airflow = b = None
+    try:
+        s.populate()
+        airflow = AirflowApi(tmp, s.connection(), refresh=5, conn_id="gpu_scheduler_big")
+        b = Browser(args.width, 820)
+        login(b, airflow.url)
+        first = s.call("GET", "/api/v1/queue", params={"state": "pending"})[0]
+        for name, path in (("ui-cluster-compact.png", "/gpu/cluster"),
+                           ("ui-cluster-filtered.png", "/gpu/cluster?q=dgx-01&state=free"),
+                           ("ui-job-reservation.png", f"/gpu/jobs/{first['id']}")):
+            b.open(airflow.url + path)
+            b.wait("document.querySelector('main section, #compact, #why')")
+            b.screenshot(args.out / name, full_page=True)
+            shrink(args.out / name)
+            print(f"{args.out / name}: {(args.out / name).stat().st_size // 1024} KiB")
+    finally:
+        if b:
+            b.close()
+        if airflow:
+            airflow.stop()
+        s.stop()
 
 
 if __name__ == "__main__":

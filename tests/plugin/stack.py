@@ -174,7 +174,7 @@ class AirflowApi:
     """`airflow api-server` with the plugin (found through its entry point)."""
 
     def __init__(self, tmp: Path, connection: str, log: Path | None = None,
-                 refresh: int = 1):
+                 refresh: int = 1, conn_id: str = "gpu_scheduler_default"):
         self.home = tmp / "airflow-home"
         self.home.mkdir(parents=True, exist_ok=True)
         passwords = self.home / "passwords.json"
@@ -193,6 +193,7 @@ class AirflowApi:
             "AIRFLOW__API__BASE_URL": self.url,
             "AIRFLOW__API_AUTH__JWT_SECRET": "plugin-tests-secret-" + "0123456789abcdef" * 4,
             "AIRFLOW__GPU_SCHEDULER__UI_REFRESH_SECONDS": str(refresh),
+            "AIRFLOW__GPU_SCHEDULER__UI_CONN_ID": conn_id,
         }
         for name in ("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS",
                      "AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT"):   # the caller's would win
@@ -202,7 +203,7 @@ class AirflowApi:
         # in the metadata DB, as an admin would create it in the UI (the API server reads
         # it through its metastore secrets backend)
         subprocess.run([sys.executable, "-m", "airflow", "connections", "add",
-                        "gpu_scheduler_default", "--conn-json", connection], env=self.env,
+                        conn_id, "--conn-json", connection], env=self.env,
                        check=True, capture_output=True, timeout=120)
         self.log = log or tmp / "api-server.log"
         self.proc = subprocess.Popen(

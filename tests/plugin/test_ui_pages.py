@@ -103,7 +103,15 @@ def test_queue_page_orders_pending_jobs_and_says_why_they_wait(stack, browser):
     pending = stack.scheduler.call("GET", "/api/v1/jobs", params={"state": "pending"})
     by_name = {j["name"]: j for j in pending}
     names = cells(browser, "#pending tbody tr", "data-name")
-    assert names == ["urgent-eval", "llm-pretrain", "sweep-small"]   # by priority
+    # the scheduler's order (squeue's, `airflow-gpu queue`), rank by rank
+    queue = stack.scheduler.call("GET", "/api/v1/queue", params={"state": "pending"})
+    assert names == [j["name"] for j in queue] == ["urgent-eval", "llm-pretrain",
+                                                   "sweep-small"]
+    assert cells(browser, "#pending tbody tr", "data-rank") == [
+        str(j["rank"]) for j in queue]
+    band, score = browser.text("#pending tbody tr[data-name=llm-pretrain] .band").split(" / ")
+    # the score's age term grows by the second
+    assert float(band) == queue[1]["band"] and abs(float(score) - queue[1]["score"]) < 0.1
     llm = browser.text("#pending tbody tr[data-name=llm-pretrain]")
     assert "Resources" in llm and "under one switch" in llm
     assert "waits for vision_pipeline.train (8 GPUs)" in llm   # a name, not a job id

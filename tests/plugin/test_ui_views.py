@@ -54,8 +54,10 @@ LIVE = [{"id": "j1", "name": "train", "team": "vision", "state": "running", "pri
                                              "nics": ["mlx5_0"], "live": True}]}]
 
 
-def pending(name: str, priority: int, minutes_ago: float, **why) -> dict:
+def pending(name: str, priority: int, minutes_ago: float, rank: int | None = None,
+            band: float | None = None, score: float | None = None, **why) -> dict:
     return {"id": f"id-{name}", "name": name, "team": "nlp", "state": "pending",
+            "rank": rank, "band": band, "score": score,
             "priority": priority, "spec": {"roles": [{"name": "w", "gpus": 4}]},
             "submitted_at": at(minutes_ago), "admitted_at": None, "started_at": None,
             "finished_at": None, "replicas": [],
@@ -90,17 +92,109 @@ def test_nvlink_labels():
     assert nvlink_label(None, 2)["text"] == "NVLink: not reported"
 
 
-def test_queue_orders_by_priority_then_age_and_names_blockers():
-    page = queue_page([pending("low", 0, 50), pending("high", 9, 1), pending("old", 9, 5)],
-                      LIVE, NOW)
-    assert [p["name"] for p in page["pending"]] == ["old", "high", "low"]
+def test_queue_keeps_the_schedulers_order_and_names_blockers():
+    """The page shows the scheduler's rank (GET /api/v1/queue), not a sort of its own:
+    here the lowest priority is first (say, its band holds a job-class weight)."""
+    page = queue_page([pending("held", 9, 9, rank=None), pending("high", 9, 1, rank=2),
+                       pending("low", 0, 50, rank=1, band=20.0, score=0.5)], LIVE, NOW)
+    assert [p["name"] for p in page["pending"]] == ["low", "high", "held"]
+    assert [p["rank"] for p in page["pending"]] == [1, 2, None]
     first = page["pending"][0]
+    assert (first["band"], first["score"]) == (20.0, 0.5)
     assert first["reason"] == "held by train (2)"
     assert first["blockers"] == [{"id": "j1", "name": "train", "gpus": 2}]
-    assert first["eta"] == "in 10m" and first["waiting"] == "5m"
+    assert first["eta"] == "in 10m" and first["waiting"] == "50m"
     (live,) = page["live"]
     assert live["placement"] == [{"host": "a", "gpus": "GPU 0-1"}]
     assert (live["elapsed"], live["expected"], live["progress"]) == ("20m", "1h", 33)
+    body = client(FakeSource(pending=page_input())).get("/queue").text
+    assert body.index('data-name="low"') < body.index('data-name="high"')
+
+
+def page_input() -> list[dict]:
+    return [pending("high", 9, 1, rank=2), pending("low", 0, 50, rank=1, band=0.0,
+                                                   score=0.25)]
+
+
+def big_cluster(n: int) -> dict:
+    """n 4-GPU hosts, 8 per switch, 2 switches per rack."""
+    return {"cluster": "big", "hosts": [
+        host(f"n{i:03d}", f"r{i // 16}", f"s{i // 8}",
+             [gpu(0, 0, "j1" if i == 5 else None, "vision" if i == 5 else None),
+              gpu(1, 0), gpu(2, 1, healthy=i != 7), gpu(3, 1)], drained=i == 9)
+        for i in range(n)]}
+
+
+def test_compact_view_from_24_hosts_and_filters():
+    small = cluster_page(CLUSTER, LIVE)
+    assert small["view"] == "full" and not small["filtered"]
+    big = big_cluster(128)
+    page = cluster_page(big, LIVE)
+    assert page["view"] == "compact" and page["shown_hosts"] == 128
+    assert [r["name"] for r in page["racks"]] == [f"r{i}" for i in range(8)]
+    assert page["racks"][0]["n_hosts"] == 16 and page["racks"][0]["gpus_total"] == 64
+    assert cluster_page(big, LIVE, view="full")["view"] == "full"
+
+    def shown(**f) -> list[str]:
+        p = cluster_page(big, LIVE, **f)
+        assert p["summary"]["hosts"] == 128          # the summary stays the cluster's
+        return [h["name"] for r in p["racks"] for s in r["switches"] for h in s["hosts"]]
+
+    assert shown(q="N01") == [f"n{i:03d}" for i in range(10, 20)]   # case-insensitive
+    assert shown(q="train") == ["n005"] == shown(team="vision") == shown(state="held")
+    assert shown(state="unhealthy") == ["n007"] and shown(state="drained") == ["n009"]
+    assert shown(rack="r1") == [f"n{i:03d}" for i in range(16, 32)]
+    assert shown(rack="r1", q="n005") == [] and len(shown(state="free")) == 127
+    (cell,) = [g for r in page["racks"] for s in r["switches"] for h in s["hosts"]
+               if h["name"] == "n007" for n in h["numa"] for g in n["gpus"]
+               if g["state"] == "unhealthy"]
+    assert cell["index"] == 2
+
+
+def test_compact_view_renders_one_cell_per_gpu_and_keeps_the_filters():
+    class Big(FakeSource):
+        def cluster(self):
+            return big_cluster(40)
+
+    c = client(Big())
+    body = c.get("/cluster").text
+    assert 'id="compact"' in body and body.count('class="cg ') == 160
+    assert 'data-gpu="n005:0" data-state="held" data-job="j1"' in body
+    filtered = c.get("/cluster?q=n01&state=free").text
+    assert filtered.count('class="chost ') == 10 and "10 of 40 hosts match" in filtered
+    assert 'value="n01"' in filtered and '<option value="free" selected' in filtered
+    assert 'id="compact"' not in c.get("/cluster?view=full").text
+    assert c.get("/cluster?state=broken").status_code == 422
+    assert c.get("/cluster?view=tiny").status_code == 422
+    assert c.get("/api/cluster?team=vision").json()["shown_hosts"] == 1
+
+
+def test_a_long_list_of_blocking_jobs_is_cut():
+    held = {f"j{i}": 20 - i for i in range(15)}
+    (row,) = queue_page([pending("gang", 0, 5, rank=1, details={"held_by": held})], [],
+                        NOW)["pending"]
+    assert [b["id"] for b in row["blockers"]] == [f"j{i}" for i in range(12)]
+    assert row["blockers_more"] == 3
+    body = client(FakeSource(pending=[pending("gang", 0, 5, rank=1,
+                                              details={"held_by": held})])).get("/queue").text
+    assert "j11</a> (9 GPUs) and 3 more" in body
+
+
+def test_pending_job_page_shows_its_reservation():
+    job = pending("big", 5, 10, details={"held_by": {"j1": 2}, "reserved_hosts": ["a", "c"],
+                                         "reserved_gpus": {"a": [0, 1, 2], "c": [0]}},
+                  eta_seconds=5400)
+    explain = {"code": "Resources", "reason": "held by j1 (2)", "eta_seconds": 5400,
+               "details": job["pending"]["details"], "events": []}
+    page = job_page(job, explain, CLUSTER, LIVE, NOW)
+    assert page["reservation"] == {
+        "hosts": [{"host": "a", "rack": "r1", "switch": "s1", "gpus": "GPU 0-2",
+                   "held_by": [{"id": "j1", "name": "train"}]},
+                  {"host": "c", "rack": "r2", "switch": "s3", "gpus": "GPU 0",
+                   "held_by": []}],
+        "start": "2025-06-01 13:30 UTC", "in": "1h30m", "tier": None}
+    job["pending"]["details"] = explain["details"] = {"held_by": {"j1": 2}}
+    assert job_page(job, explain, CLUSTER, LIVE, NOW)["reservation"] is None
 
 
 @pytest.mark.parametrize(("key", "expected"), [
@@ -259,6 +353,9 @@ class FakeSource:
 
     def live_jobs(self):
         return self._answer(self.live)
+
+    def queue(self):
+        return self._answer(self.pending)
 
     def jobs(self, state=None, newest=False, limit=1000):
         if state == "pending":

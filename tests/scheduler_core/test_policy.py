@@ -98,6 +98,8 @@ def test_pending_reasons_name_the_reservation_and_the_eta():
     assert c.code == "Resources" and c.eta == 290
     assert "needs w 2x(8 GPUs" in c.message and "held by" in c.message
     assert sorted(c.details["reserved_hosts"]) == ["dgx-1", "dgx-2"]
+    # the GPUs it holds back there: both hosts whole (C's 2 replicas of 8)
+    assert c.details["reserved_gpus"] == {h: list(range(8)) for h in ("dgx-1", "dgx-2")}
     assert e.code == "Priority" and "'C'" in e.message and e.eta == 790
     # one protected job per band: C in band 10; D, the oldest of band 0, started
     assert [r.job.name for r in res.reservations] == ["C"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -30,6 +30,13 @@ JOB_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 Fragment = Annotated[bool, Query(description="only the page's <main>, for refreshes")]
 JobId = Annotated[str, Path(pattern=JOB_ID)]
 Window = Annotated[str, Query(pattern=r"^\d+[mhd]$", description="e.g. 1h, 6h, 7d")]
+Search = Annotated[str | None, Query(max_length=100, description="host, job, team or rack")]
+Name = Annotated[str | None, Query(max_length=200)]
+View = Annotated[Literal["full", "compact"] | None,
+                 Query(description="compact: one small cell per GPU (default from 24 hosts)")]
+# "": the filter form's "any state"
+GpuState = Annotated[Literal["", "free", "held", "unhealthy", "drained", "unreachable"] | None,
+                     Query(description="hosts with a GPU in this state")]
 # Pages load only their own files and may be framed only by the Airflow UI (same origin);
 # inline styles carry the team colours.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
@@ -50,9 +57,9 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
     def models(page: str, request: Request, **args: Any) -> dict[str, Any]:
         now = datetime.now(UTC)
         if page == "cluster":
-            return cluster_page(source.cluster(), source.live_jobs())
+            return cluster_page(source.cluster(), source.live_jobs(), **args)
         if page == "queue":
-            return queue_page(source.jobs("pending"), source.live_jobs(), now)
+            return queue_page(source.queue(), source.live_jobs(), now)
         if page == "teams":
             jobs = {j["id"]: j for j in [*source.jobs(newest=True, limit=HISTORY_JOBS),
                                          *source.jobs("pending"), *source.live_jobs()]}
@@ -99,8 +106,11 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
 
     @router.get("/", response_class=HTMLResponse)
     @router.get("/cluster", response_class=HTMLResponse)
-    def cluster(request: Request, fragment: Fragment = False):
-        return render("cluster", request, fragment)
+    def cluster(request: Request, fragment: Fragment = False, view: View = None,
+                q: Search = None, state: GpuState = None, rack: Name = None,
+                team: Name = None):
+        return render("cluster", request, fragment, view=view, q=q, state=state,
+                      rack=rack, team=team)
 
     @router.get("/queue", response_class=HTMLResponse)
     def queue(request: Request, fragment: Fragment = False):
@@ -116,8 +126,10 @@ def create_app(source: SchedulerSource | None = None) -> FastAPI:
                       window_name=window)
 
     @router.get("/api/cluster")
-    def cluster_json(request: Request):
-        return as_json("cluster", request)
+    def cluster_json(request: Request, view: View = None, q: Search = None,
+                     state: GpuState = None, rack: Name = None, team: Name = None):
+        return as_json("cluster", request, view=view, q=q, state=state, rack=rack,
+                       team=team)
 
     @router.get("/api/queue")
     def queue_json(request: Request):

@@ -96,6 +96,11 @@ class SchedulerSource:
         return self.get("/api/v1/jobs", state=state, limit=limit,
                         order="newest" if newest else None)
 
+    def queue(self) -> list[dict]:
+        """The pending jobs in the order the scheduler considers them (`rank`; held jobs
+        and those it does not queue last, rank None), as `airflow-gpu queue` lists them."""
+        return self.get("/api/v1/queue", state="pending", limit=10_000)
+
     def live_jobs(self) -> list[dict]:
         return self.jobs("admitted") + self.jobs("running") + self.jobs("preempting")
 

@@ -56,6 +56,15 @@
     } catch (e) { /* not reachable: follow the link inside the frame */ }
   });
 
+  // Filter forms apply a choice at once; their values live in the URL, which the
+  // refresh above reads again.
+  document.addEventListener("change", function (ev) {
+    const form = ev.target.form;
+    if (form && form.hasAttribute("data-autosubmit") && ev.target.tagName === "SELECT") {
+      form.requestSubmit();
+    }
+  });
+
   setInterval(refresh, every);
   document.addEventListener("visibilitychange", function () {
     if (!document.hidden) refresh();

@@ -1,4 +1,6 @@
-"""Cluster page: racks -> switches -> hosts -> NUMA nodes -> GPU cells."""
+"""Cluster page: racks -> switches -> hosts -> NUMA nodes -> GPU cells; from COMPACT_FROM
+hosts on, a compact view (one small cell per GPU, a row per host), and filters (search,
+GPU state, rack, team) carried in the URL so refreshes and links keep them."""
 
 from __future__ import annotations
 
@@ -10,26 +12,71 @@ from ..format import team_color
 # without an agent, or declared ones): shown when present, never required.
 UTIL_KEYS = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "power_watts",
              "temperature_c")
+# the full view's host cards fill a screen with about a dozen hosts
+COMPACT_FROM = 24
+STATES = ("free", "held", "unhealthy", "drained", "unreachable")
+VIEWS = ("full", "compact")
 
 
-def cluster_page(cluster: dict, live_jobs: list[dict]) -> dict[str, Any]:
-    """`cluster` is GET /api/v1/cluster; `live_jobs` the admitted and running jobs (names)."""
+def cluster_page(cluster: dict, live_jobs: list[dict], view: str | None = None,
+                 q: str | None = None, state: str | None = None, rack: str | None = None,
+                 team: str | None = None) -> dict[str, Any]:
+    """`cluster` is GET /api/v1/cluster; `live_jobs` the admitted and running jobs (names).
+    The summary counts the whole cluster; the filters pick the hosts shown."""
     names = {j["id"]: j["name"] for j in live_jobs}
-    racks: dict[str, dict[str, list[dict]]] = {}
     hosts = [host_cell(h, names) for h in cluster.get("hosts", [])]
-    for h in hosts:            # the cluster file's order, grouped by rack then switch
+    shown = [h for h in hosts if matches(h, q, state, rack, team)]
+    racks: dict[str, dict[str, list[dict]]] = {}
+    for h in shown:            # the cluster file's order, grouped by rack then switch
         racks.setdefault(h["rack"] or "(no rack)", {}).setdefault(
             h["switch"] or "(no switch)", []).append(h)
     teams = sorted({g["team"] for h in hosts for n in h["numa"] for g in n["gpus"]
                     if g["team"]})
+    filters = {"q": q or "", "state": state or "", "rack": rack or "", "team": team or ""}
     return {
         "cluster": cluster.get("cluster"),
         "summary": summary(hosts),
         "teams": [{"name": t, "color": team_color(t)} for t in teams],
-        "racks": [{"name": rack, "switches": [{"name": sw, "hosts": hs}
-                                              for sw, hs in switches.items()]}
-                  for rack, switches in racks.items()],
+        "view": view or ("compact" if len(hosts) >= COMPACT_FROM else "full"),
+        "filters": filters, "filtered": any(filters.values()), "shown_hosts": len(shown),
+        "options": {"states": STATES, "teams": teams, "views": VIEWS,
+                    "racks": list(dict.fromkeys(h["rack"] or "(no rack)" for h in hosts))},
+        "racks": [{"name": name, "switches": [
+            {"name": sw, "hosts": hs, **counts(hs)} for sw, hs in switches.items()],
+            **counts([h for hs in switches.values() for h in hs])}
+            for name, switches in racks.items()],
     }
+
+
+def matches(h: dict, q: str | None, state: str | None, rack: str | None,
+            team: str | None) -> bool:
+    """Search: host, model, rack or switch name, or a job name, id or team on its GPUs
+    (case-insensitive substring). State: a host with at least one GPU in that state."""
+    gpus = [g for n in h["numa"] for g in n["gpus"]]
+    if rack and (h["rack"] or "(no rack)") != rack:
+        return False
+    if team and not any(g["team"] == team for g in gpus):
+        return False
+    if state and not any(gpu_state(g) == state for g in gpus):
+        return False
+    if q:
+        needle = q.strip().lower()
+        words = [h["name"], h["model"], h["rack"], h["switch"],
+                 *(w for g in gpus for w in (g["job"], g["job_name"], g["team"]))]
+        return any(needle in str(w).lower() for w in words if w)
+    return True
+
+
+def gpu_state(g: dict) -> str:
+    """One word per GPU, as the filter and the compact cells use it."""
+    if not g["healthy"]:
+        return "unhealthy"
+    return "held" if g["job"] else g["idle"]
+
+
+def counts(hosts: list[dict]) -> dict[str, int]:
+    return {"n_hosts": len(hosts), "gpus_total": sum(h["gpus_total"] for h in hosts),
+            "gpus_free": sum(h["gpus_free"] for h in hosts)}
 
 
 def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
@@ -62,7 +109,7 @@ def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
 def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,
              idle: str = "free") -> dict:
     job = g.get("job")
-    return {
+    cell = {
         "idle": idle,
         "index": g["index"], "name": g.get("name"), "numa_node": g.get("numa_node"),
         "job": job, "job_name": names.get(job, job) if job else None,
@@ -73,6 +120,7 @@ def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,
         "nvlink_group": chr(ord("A") + group) if group is not None and n_groups > 1 else None,
         **{k: g.get(k) for k in UTIL_KEYS},
     }
+    return {**cell, "state": gpu_state(cell)}
 
 
 def nvlink_label(nvlink: dict | None, n_gpus: int) -> dict[str, Any]:

@@ -4,7 +4,7 @@ and the way back to the Airflow task instance."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -150,6 +150,29 @@ def accounting(usage: dict | None, error: str | None = None) -> dict[str, Any]:
     }
 
 
+def reservation(details: dict, eta: float | None, hosts: dict[str, dict],
+                names: dict[str, str], now: datetime) -> dict[str, Any] | None:
+    """The resources the scheduler holds back for a pending job, the jobs on them now, and
+    when it plans to start it there (the reason's `reserved_hosts`/`reserved_gpus` and
+    ETA); None without one."""
+    reserved = details.get("reserved_hosts")
+    if not reserved:
+        return None
+    gpus = details.get("reserved_gpus") or {}
+    start = None if eta is None else now + timedelta(seconds=eta)
+    rows = []
+    for name in reserved:
+        host = hosts.get(name, {})
+        mine = set(gpus.get(name) or [])
+        on = list(dict.fromkeys(g["job"] for g in host.get("gpus", [])
+                                if g.get("job") and (not mine or g["index"] in mine)))
+        rows.append({"host": name, "rack": host.get("rack"), "switch": host.get("switch"),
+                     "gpus": f"GPU {format_cpulist(sorted(mine))}" if mine else None,
+                     "held_by": [{"id": j, "name": names.get(j, j)} for j in on]})
+    return {"hosts": rows, "start": start.strftime("%Y-%m-%d %H:%M UTC") if start else None,
+            "in": None if eta is None else duration(eta), "tier": details.get("tier")}
+
+
 def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: datetime,
              airflow_root: str = "", pending: list[dict] = (), usage: dict | None = None,
              usage_error: str | None = None) -> dict[str, Any]:
@@ -183,11 +206,14 @@ def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: dat
         "waiting": duration(age(job["submitted_at"], now)),
         "exit_code": job.get("exit_code"),
         "reason": with_names(explain.get("reason") or why.get("reason"), names),
-        "blockers": blockers(explain.get("details") or {}, names),
+        **blockers(explain.get("details") or {}, names),
         "code": explain.get("code") or why.get("code"),
         "eta": None if explain.get("eta_seconds") is None
         else duration(explain["eta_seconds"]),
         "details": explain.get("details") or {},
+        "reservation": None if job["state"] != "pending" else reservation(
+            explain.get("details") or why.get("details") or {},
+            explain.get("eta_seconds", why.get("eta_seconds")), hosts, names, now),
         "victims": victims(explain.get("code") or why.get("code"),
                            explain.get("details") or why.get("details") or {}, names),
         "preemption": preemption(job, {**{j["id"]: j["name"] for j in pending}, **names},

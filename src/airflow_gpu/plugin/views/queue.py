@@ -10,6 +10,7 @@ from typing import Any
 from ...scheduler_core.plugins import default_registry
 from ..format import age, duration, format_cpulist, parse_time, seconds_of, team_color
 
+BLOCKERS_SHOWN = 12
 LIVE_STATES = ("admitted", "running", "preempting")     # the states that hold resources
 # what the service's requeue reasons mean, in words
 REQUEUE_LABELS = {"idle": "idle GPUs", "gpu_fault": "GPU fault"}
@@ -42,10 +43,13 @@ def with_names(reason: str | None, names: dict[str, str]) -> str | None:
     return reason
 
 
-def blockers(details: dict, names: dict[str, str]) -> list[dict[str, Any]]:
-    """The jobs holding the GPUs a pending job waits for (the reason's `held_by`)."""
-    held = details.get("held_by") or {}
-    return [{"id": j, "name": names.get(j, j), "gpus": n} for j, n in held.items()]
+def blockers(details: dict, names: dict[str, str]) -> dict[str, Any]:
+    """The jobs holding the GPUs a pending job waits for (the reason's `held_by`, largest
+    first), cut at BLOCKERS_SHOWN: a big gang can wait for a hundred jobs."""
+    held = list((details.get("held_by") or {}).items())
+    return {"blockers": [{"id": j, "name": names.get(j, j), "gpus": n}
+                         for j, n in held[:BLOCKERS_SHOWN]],
+            "blockers_more": max(0, len(held) - BLOCKERS_SHOWN)}
 
 
 def victims(code: str | None, details: dict, names: dict[str, str]) -> list[dict[str, Any]]:
@@ -75,18 +79,18 @@ def idle_stop(job: dict) -> bool:
         (job.get("preempt_reason") or "").startswith("idle")
 
 
-def pending_row(job: dict, position: int, now: datetime,
-                names: dict[str, str]) -> dict[str, Any]:
+def pending_row(job: dict, now: datetime, names: dict[str, str]) -> dict[str, Any]:
     why = job.get("pending") or {}
     details = why.get("details") or {}
     eta = why.get("eta_seconds")
     return {
-        "position": position, "id": job["id"], "name": job["name"], "team": job["team"],
+        "rank": job.get("rank"), "band": job.get("band"), "score": job.get("score"),
+        "id": job["id"], "name": job["name"], "team": job["team"],
         "color": team_color(job["team"]), "priority": job["priority"],
         "job_class": job["spec"].get("job_class"), "gpus": job_gpus(job["spec"]),
         "code": why.get("code"),
         "reason": with_names(why.get("reason"), names) or "waiting for the next pass",
-        "blockers": blockers(details, names),
+        **blockers(details, names),
         "victims": victims(why.get("code"), details, names),
         "requeued": requeued(job),
         "eta_seconds": eta, "eta": "unknown" if eta is None else
@@ -131,10 +135,9 @@ def live_row(job: dict, now: datetime, names: dict[str, str] | None = None
 
 
 def queue_page(pending: list[dict], live: list[dict], now: datetime) -> dict[str, Any]:
-    # The engine's full order also weighs job class, job size, the wait guarantee and the
-    # team's fair share; the API does not publish it, so the page orders by priority then
-    # submit time.
-    ordered = sorted(pending, key=lambda j: (-j["priority"], parse_time(j["submitted_at"])))
+    """`pending`: GET /api/v1/queue?state=pending, in the scheduler's order (its `rank`;
+    held jobs and those it does not queue come last, without one)."""
+    ordered = sorted(pending, key=lambda j: (j.get("rank") is None, j.get("rank") or 0))
     running = sorted(live, key=lambda j: parse_time(j.get("admitted_at")
                                                     or j["submitted_at"]))
     names = {j["id"]: j["name"] for j in live}
@@ -142,7 +145,7 @@ def queue_page(pending: list[dict], live: list[dict], now: datetime) -> dict[str
     preemptors = {j["id"]: j["name"] for j in pending
                   if (j.get("pending") or {}).get("code") == "Preempting"}
     return {
-        "pending": [pending_row(j, i + 1, now, names) for i, j in enumerate(ordered)],
+        "pending": [pending_row(j, now, names) for j in ordered],
         "live": [live_row(j, now, {**names, **preemptors}) for j in running],
         "pending_gpus": sum(job_gpus(j["spec"]) for j in pending),
         "live_gpus": sum(job_gpus(j["spec"]) for j in live),

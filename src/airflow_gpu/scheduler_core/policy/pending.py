@@ -68,6 +68,10 @@ class Reasons:
         if reserved is not None:
             why.eta = reserved.planned_start - p.now
             why.details["reserved_hosts"] = reserved.hosts
+            gpus: dict[str, list[int]] = {}
+            for a in reserved.allocations:
+                gpus.setdefault(a.host.name, []).extend(a.gpus)
+            why.details["reserved_gpus"] = {h: sorted(g) for h, g in gpus.items()}
         else:
             why.eta = self.eta(job)
             if p.mode == "backfill" and not protected:
