@@ -101,9 +101,11 @@ def test_compact_view_shows_every_gpu_by_rack_and_switch(big, b):
     for host, index, reason in BIG_UNHEALTHY:
         cell = f"[data-gpu={js(f'{host}:{index}')}]"
         assert reason in b.eval(f"document.querySelector({js(cell)}).title")
-    for host in BIG_DRAINED:
+    for host, reason in BIG_DRAINED.items():
         assert b.eval(f"document.querySelector('[data-host={host}]').dataset.status") == \
             "drained"
+        assert b.eval(f"document.querySelector('[data-host={host}]').title").endswith(
+            f"drained: {reason}")
     assert b.eval(f"document.querySelector('[data-host={BIG_UNREACHABLE}]')"
                   ".dataset.status") == "unreachable"
     # a held cell links to its job's page

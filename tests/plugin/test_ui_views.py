@@ -43,7 +43,8 @@ CLUSTER = {"cluster": "c", "hosts": [
                                utilization_memory=40.0, power_watts=250.0),
                            gpu(1, 0, "j1", "vision"), gpu(2, 1), gpu(3, 1, healthy=False)]),
     host("b", "r1", "s2", [gpu(0, 0), gpu(1, 0), gpu(2, 1), gpu(3, 1)], reachable=False),
-    host("c", "r2", "s3", [gpu(0, 0), gpu(1, 0), gpu(2, 1), gpu(3, 1)], drained=True),
+    host("c", "r2", "s3", [gpu(0, 0), gpu(1, 0), gpu(2, 1), gpu(3, 1)], drained=True,
+         drain_reason="PSU swap"),
 ]}
 LIVE = [{"id": "j1", "name": "train", "team": "vision", "state": "running", "priority": 0,
          "spec": {"roles": [{"name": "w", "gpus": 2}], "expected_runtime": "1h"},
@@ -76,6 +77,8 @@ def test_cluster_groups_racks_switches_hosts_and_numa_nodes():
     assert a["numa"][1]["gpus"][0]["nvlink_group"] == "B"
     assert a["status"] == "degraded" and b["status"] == "unreachable"
     assert page["racks"][1]["switches"][0]["hosts"][0]["status"] == "drained"
+    assert page["racks"][1]["switches"][0]["hosts"][0]["drain_reason"] == "PSU swap"
+    assert a["drain_reason"] is None
     assert page["summary"] == {"hosts": 3, "gpus_total": 12, "gpus_held": 2, "gpus_free": 1,
                                "gpus_unhealthy": 1, "hosts_drained": 1,
                                "hosts_unreachable": 1}
@@ -526,6 +529,7 @@ def test_cluster_page_renders_utilization_and_unreachable_hosts():
     assert 'data-host="b" data-status="unreachable"' in html
     assert "<em>87%</em>" in html and "memory 40%, 250 W" in html
     assert html.count('class="util"') == 1          # only GPUs with a sample show a bar
+    assert '<span class="drain-reason">PSU swap</span>' in html
 
 
 def test_pages_may_load_and_be_framed_only_from_their_own_origin():

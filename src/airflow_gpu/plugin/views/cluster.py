@@ -95,6 +95,7 @@ def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
     return {
         "name": h["name"], "model": h.get("model"), "rack": h.get("rack"),
         "switch": h.get("switch"), "drained": bool(h.get("drained")), "reachable": reachable,
+        "drain_reason": h.get("drain_reason") if h.get("drained") else None,
         "status": status,
         "nvlink": nvlink_label(h.get("nvlink"), len(gpus)),
         "numa": [{"node": n, "gpus": cells} for n, cells in numa.items()],
