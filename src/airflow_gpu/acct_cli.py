@@ -124,6 +124,7 @@ def add_acct(sub, client: argparse.ArgumentParser) -> None:
                    "time ago such as 12h or 30d (default: 7 days before --until)")
     p.add_argument("--until", "-E", help="end of the window (default: now)")
     p.add_argument("--team", help="only this team's jobs")
-    p.add_argument("--job", "-j", help="only this job (with its replicas)")
+    p.add_argument("--job", "-j", help="only this job (id, unique id prefix or name), with "
+                   "its replicas")
     p.add_argument("--csv", action="store_true", help="print CSV (one header line)")
     p.set_defaults(func=cmd_acct)

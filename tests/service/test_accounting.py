@@ -98,6 +98,14 @@ def test_an_energy_counter_wins_over_the_power_integral(api):
         time.sleep(0.05)
     use = api.get(f"/api/v1/jobs/{a['id']}/usage", headers=auth(api, "vision")).json()
     assert use["energy_joules"] == pytest.approx(246.0)
+    # sacct -j: a unique id prefix or the job's name, as everywhere else
+    for ref in (a["id"][:8], a["name"]):
+        rows = api.get("/api/v1/accounting", params={"job": ref},
+                       headers=auth(api, "vision")).json()["rows"]
+        assert [r["job"] for r in rows] == [a["id"]], ref
+    r = api.get("/api/v1/accounting", params={"job": "no-such-job"},
+                headers=auth(api, "vision"))
+    assert r.status_code == 404 and "no-such-job" in r.text
 
 
 def test_a_window_that_ends_before_it_starts_names_the_field(api):

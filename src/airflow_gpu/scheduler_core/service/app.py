@@ -215,9 +215,14 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     def accounting(_: Who, by: Literal["job", "team", "day"] = "job",
                    since: datetime | None = None, until: datetime | None = None,
                    team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
-                   job: Annotated[str | None, Query(max_length=36)] = None) -> dict:
+                   job: Annotated[str | None, Query(max_length=200)] = None) -> dict:
         """GPU accounting over a window (default: the last 7 days), per job, per team or
-        per day and team (Slurm's sacct, Grid Engine's qacct)."""
+        per day and team (Slurm's sacct, Grid Engine's qacct); `job` is an id, a unique
+        id prefix or a job name, as everywhere."""
+        if job:
+            from .jobcontrol import resolve_job
+
+            job = resolve_job(service, job)
         try:
             return acct.report(service, by, _aware(since), _aware(until), team, job,
                                utcnow())
