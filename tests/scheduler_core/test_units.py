@@ -1,6 +1,7 @@
 import pytest
 
 from airflow_gpu.scheduler_core.units import (
+    exact_size,
     format_duration,
     format_size,
     parse_duration,
@@ -51,3 +52,22 @@ def test_round_trip_formatting():
     assert parse_size(format_size(5 * 2**30)) == 5 * 2**30
     assert format_duration(5400) == "1h30m"
     assert parse_duration(format_duration(93784)) == 93784
+
+
+@pytest.mark.parametrize("text,stored", [
+    ("48GB", "48GB"), ("8G", "8GiB"), ("1.5GiB", "1536MiB"), ("44.7GiB", "47996259532B"),
+    ("3KB", "3KB"), ("4096B", "4KiB"), ("0", "0B")])
+def test_a_spec_stores_sizes_exactly(text, stored):
+    """What a saved spec says reads back to the same bytes (48GB is not 44.7GiB)."""
+    assert exact_size(parse_size(text)) == stored
+    assert parse_size(stored) == parse_size(text)
+
+
+def test_a_saved_spec_keeps_its_memory_sizes():
+    from airflow_gpu.scheduler_core.jobspec import JobSpec
+
+    spec = JobSpec.model_validate({"name": "j", "roles": [
+        {"name": "w", "gpus": 1, "memory": "48GB", "gpu": {"min_memory": "40GB"}}]})
+    again = JobSpec.model_validate(spec.model_dump(mode="json"))
+    assert again.roles[0].memory == 48 * 10**9
+    assert again.roles[0].gpu.min_memory == 40 * 10**9

@@ -126,6 +126,16 @@ def format_duration(s: int | float) -> str:
     return "".join(parts)
 
 
-Size = Annotated[int, BeforeValidator(parse_size), PlainSerializer(format_size, return_type=str)]
+def exact_size(n: int) -> str:
+    """A size as a spec stores it: the largest unit that holds it whole (48GB stays
+    48GB), so reading it back gives the same bytes; format_size is for people."""
+    for unit, factor in (("TiB", 2**40), ("GiB", 2**30), ("TB", 10**12), ("GB", 10**9),
+                         ("MiB", 2**20), ("MB", 10**6), ("KiB", 2**10), ("KB", 10**3)):
+        if n and n % factor == 0:
+            return f"{n // factor}{unit}"
+    return f"{n}B"
+
+
+Size = Annotated[int, BeforeValidator(parse_size), PlainSerializer(exact_size, return_type=str)]
 Duration = Annotated[int, BeforeValidator(parse_duration),
                      PlainSerializer(format_duration, return_type=str)]
