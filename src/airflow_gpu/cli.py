@@ -65,7 +65,8 @@ def _print_plan(result, cluster_name: str) -> None:
     for job, placed in result.admitted:
         for k, a in enumerate(placed.allocations):
             t.add_row(job.name if k == 0 else "", a.role, str(a.index), a.host.name,
-                      ",".join(map(str, a.gpus)) or "-", format_cpulist(a.cpus),
+                      ",".join(map(str, a.gpus)) or "; ".join(s.label for s in a.slices)
+                      or "-", format_cpulist(a.cpus),
                       ",".join(map(str, a.numa_nodes)), format_size(a.memory_bytes),
                       ",".join(a.nics) or "-")
         t.add_section()
@@ -255,7 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fifo | count | backfill (default), a comma-separated list, or all")
     s.add_argument("--policy-file", help="queue policy file (weights, teams, quotas)")
     s.add_argument("--locality-slowdown", default="1.0,1.1,1.3",
-                   help="runtime factor for one host, one switch, across switches")
+                   help="runtime factor for one host (or NVLink domain), one "
+                   "switch, across switches")
     s.add_argument("--limit", type=int, help="replay only the first N jobs")
     s.add_argument("--checkpoint-interval", default="30m",
                    help="how often jobs checkpoint, where their job class does not say: "

@@ -300,7 +300,8 @@ def _job_table(j: dict) -> Table:
     from .scheduler_core.engine.topology import format_cpulist
 
     for r in j.get("replicas", []):
-        t.add_row(r["role"], str(r["index"]), r["host"], ",".join(map(str, r["gpus"])) or "-",
+        gpus = ",".join(map(str, r["gpus"])) or "; ".join(m["label"] for m in r.get("mig", []))
+        t.add_row(r["role"], str(r["index"]), r["host"], gpus or "-",
                   format_cpulist(r["cpus"]), ",".join(r["nics"]) or "-")
     p = j.get("pending")
     if p and p.get("code"):

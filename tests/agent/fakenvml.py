@@ -8,7 +8,7 @@ info is an `nvmlPciInfo_t` whose bus id has NVML's 8-digit domain in upper case
 NVSwitch systems every NVLink's remote end is a switch (NVML_NVLINK_DEVICE_TYPE_SWITCH);
 event sets deliver the XIDs and ECC events a test injects; the energy counter (mJ), ECC
 and NVLink error counters and clock event reasons read what a test sets. What depends on the GPU's
-architecture does too: row remapping and MIG exist from Ampere on, pending page
+architecture does too: row remapping and MIG (fakemig.py) exist from Ampere on, pending page
 retirement only up to Volta, nvmlDeviceGetNumaNodeId not on x86.
 
 Constants and exception classes are pynvml's (`fake.NVML_TOPOLOGY_SINGLE is
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import pynvml
 
 from airflow_gpu.scheduler_core.engine.topology import Topology
+from tests.agent.fakemig import FakeMig
 from tests.agent.fakesysfs import FakePci
 
 MiB = 2**20
@@ -86,7 +87,7 @@ class _EventSet:
         self.queue: list[tuple[int, int, int]] = []   # (gpu, event type, data)
 
 
-class FakeNVML:
+class FakeNVML(FakeMig):
     def __init__(self, topo: Topology, pci: FakePci | None = None, missing: tuple = (),
                  driver: str = "550.54.15"):
         self.topo = topo
@@ -103,6 +104,7 @@ class FakeNVML:
         self._sets: dict[int, tuple[object, _EventSet]] = {}
         self._cond = threading.Condition()
         self.volta = any("V100" in g.name for g in self.gpus)
+        self._mig_init()          # no GPU in MIG mode until a test enables it (fakemig.py)
 
     def __getattr__(self, name: str):
         if name.startswith(_EXPORTED):
@@ -229,6 +231,10 @@ class FakeNVML:
         return self.gpus[self._gpu("nvmlDeviceGetName", handle)].name
 
     def nvmlDeviceGetUUID(self, handle) -> str:
+        mig = self._mig_device(handle)
+        if mig is not None:
+            self._call("nvmlDeviceGetUUID")
+            return mig.uuid
         return fake_uuid(self.topo.model, self._gpu("nvmlDeviceGetUUID", handle))
 
     def nvmlDeviceGetPciInfo(self, handle):
@@ -241,12 +247,6 @@ class FakeNVML:
         mem.used = self.state[i].memory_used
         mem.free = mem.total - mem.used
         return mem
-
-    def nvmlDeviceGetMigMode(self, handle):
-        self._gpu("nvmlDeviceGetMigMode", handle)
-        if self.volta:
-            raise pynvml.NVMLError_NotSupported()
-        return [pynvml.NVML_DEVICE_MIG_DISABLE, pynvml.NVML_DEVICE_MIG_DISABLE]
 
     # -- affinity and topology -----------------------------------------------------------
     def _socket_nodes(self, i: int) -> list:

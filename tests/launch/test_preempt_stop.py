@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -24,7 +23,6 @@ from airflow_gpu.launch.supervise import Interrupted, supervise
 from airflow_gpu.operators.bash import GpuBashOperator
 from airflow_gpu.scheduler_core.client import ApiError
 
-IMAGE = "airflow-gpu-test/busybox:1"
 KILLED = -signal.SIGKILL
 
 
@@ -118,16 +116,6 @@ def test_a_callable_gets_the_signal_and_sigkill_after_the_grace(tmp_path):
 
 
 # -- containers -----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def image():
-    try:
-        subprocess.run(["docker", "image", "inspect", IMAGE], check=True,
-                       capture_output=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        pytest.skip(f"no Docker engine with the test image {IMAGE} (scripts/ensure-docker.sh)")
-    return IMAGE
-
-
 def container(image: str, script: str, tmp_path: Path):
     launcher = DockerLauncher(image=image, command=["sh", "-c", script],
                               network_mode="none", mounts=[f"{tmp_path}:/out"],

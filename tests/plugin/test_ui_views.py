@@ -3,13 +3,10 @@ including parts the demo stack cannot produce (unreachable hosts, utilization)."
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
-from fastapi.testclient import TestClient
 
-from airflow_gpu.plugin.app import create_app
-from airflow_gpu.plugin.auth import require_login
 from airflow_gpu.plugin.source import SourceError
 from airflow_gpu.plugin.views.cluster import cluster_page, nvlink_label
 from airflow_gpu.plugin.views.job import job_page, task_instance, task_instance_url
@@ -17,53 +14,7 @@ from airflow_gpu.plugin.views.queue import queue_page
 from airflow_gpu.plugin.views.teams import borrow_label, limit_gpus, polyline, teams_page
 from airflow_gpu.plugin.views.usage_chart import nice_ceiling, usage_chart
 from airflow_gpu.plugin.views.usage_history import fair_shares, gpu_hours, usage_history
-
-NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
-
-
-def at(minutes_ago: float) -> str:
-    return (NOW - timedelta(minutes=minutes_ago)).isoformat()
-
-
-def gpu(index: int, numa: int, job: str | None = None, team: str | None = None,
-        healthy: bool = True, **extra) -> dict:
-    return {"index": index, "name": "NVIDIA A100", "numa_node": numa, "healthy": healthy,
-            "health_reason": None if healthy else "XID 79", "job": job, "team": team,
-            **extra}
-
-
-def host(name: str, rack: str, switch: str, gpus: list[dict], **extra) -> dict:
-    return {"name": name, "model": "dgx-1v", "rack": rack, "switch": switch,
-            "drained": False, "nvlink": {"fabric": "direct", "groups": [[0, 1], [2, 3]]},
-            "gpus": gpus, **extra}
-
-
-CLUSTER = {"cluster": "c", "hosts": [
-    host("a", "r1", "s1", [gpu(0, 0, "j1", "vision", utilization_gpu=87.4,
-                               utilization_memory=40.0, power_watts=250.0),
-                           gpu(1, 0, "j1", "vision"), gpu(2, 1), gpu(3, 1, healthy=False)]),
-    host("b", "r1", "s2", [gpu(0, 0), gpu(1, 0), gpu(2, 1), gpu(3, 1)], reachable=False),
-    host("c", "r2", "s3", [gpu(0, 0), gpu(1, 0), gpu(2, 1), gpu(3, 1)], drained=True,
-         drain_reason="PSU swap"),
-]}
-LIVE = [{"id": "j1", "name": "train", "team": "vision", "state": "running", "priority": 0,
-         "spec": {"roles": [{"name": "w", "gpus": 2}], "expected_runtime": "1h"},
-         "submitted_at": at(30), "admitted_at": at(20), "started_at": at(20),
-         "finished_at": None, "replicas": [{"role": "w", "index": 0, "host": "a",
-                                             "gpus": [0, 1], "cpus": [0, 1, 2, 3],
-                                             "memory_by_numa": {"0": 2**30},
-                                             "nics": ["mlx5_0"], "live": True}]}]
-
-
-def pending(name: str, priority: int, minutes_ago: float, rank: int | None = None,
-            band: float | None = None, score: float | None = None, **why) -> dict:
-    return {"id": f"id-{name}", "name": name, "team": "nlp", "state": "pending",
-            "rank": rank, "band": band, "score": score,
-            "priority": priority, "spec": {"roles": [{"name": "w", "gpus": 4}]},
-            "submitted_at": at(minutes_ago), "admitted_at": None, "started_at": None,
-            "finished_at": None, "replicas": [],
-            "pending": {"code": "Resources", "reason": "held by j1 (2)",
-                        "details": {"held_by": {"j1": 2}}, "eta_seconds": 600, **why}}
+from tests.plugin.viewdata import CLUSTER, LIVE, NOW, FakeSource, at, client, pending
 
 
 def test_cluster_groups_racks_switches_hosts_and_numa_nodes():
@@ -81,7 +32,7 @@ def test_cluster_groups_racks_switches_hosts_and_numa_nodes():
     assert a["drain_reason"] is None
     assert page["summary"] == {"hosts": 3, "gpus_total": 12, "gpus_held": 2, "gpus_free": 1,
                                "gpus_unhealthy": 1, "hosts_drained": 1,
-                               "hosts_unreachable": 1}
+                               "hosts_unreachable": 1, "mig_devices": 0, "mig_free": 0}
     assert page["teams"][0]["name"] == "vision"
 
 
@@ -117,59 +68,6 @@ def test_queue_keeps_the_schedulers_order_and_names_blockers():
 def page_input() -> list[dict]:
     return [pending("high", 9, 1, rank=2), pending("low", 0, 50, rank=1, band=0.0,
                                                    score=0.25)]
-
-
-def big_cluster(n: int) -> dict:
-    """n 4-GPU hosts, 8 per switch, 2 switches per rack."""
-    return {"cluster": "big", "hosts": [
-        host(f"n{i:03d}", f"r{i // 16}", f"s{i // 8}",
-             [gpu(0, 0, "j1" if i == 5 else None, "vision" if i == 5 else None),
-              gpu(1, 0), gpu(2, 1, healthy=i != 7), gpu(3, 1)], drained=i == 9)
-        for i in range(n)]}
-
-
-def test_compact_view_from_24_hosts_and_filters():
-    small = cluster_page(CLUSTER, LIVE)
-    assert small["view"] == "full" and not small["filtered"]
-    big = big_cluster(128)
-    page = cluster_page(big, LIVE)
-    assert page["view"] == "compact" and page["shown_hosts"] == 128
-    assert [r["name"] for r in page["racks"]] == [f"r{i}" for i in range(8)]
-    assert page["racks"][0]["n_hosts"] == 16 and page["racks"][0]["gpus_total"] == 64
-    assert cluster_page(big, LIVE, view="full")["view"] == "full"
-
-    def shown(**f) -> list[str]:
-        p = cluster_page(big, LIVE, **f)
-        assert p["summary"]["hosts"] == 128          # the summary stays the cluster's
-        return [h["name"] for r in p["racks"] for s in r["switches"] for h in s["hosts"]]
-
-    assert shown(q="N01") == [f"n{i:03d}" for i in range(10, 20)]   # case-insensitive
-    assert shown(q="train") == ["n005"] == shown(team="vision") == shown(state="held")
-    assert shown(state="unhealthy") == ["n007"] and shown(state="drained") == ["n009"]
-    assert shown(rack="r1") == [f"n{i:03d}" for i in range(16, 32)]
-    assert shown(rack="r1", q="n005") == [] and len(shown(state="free")) == 127
-    (cell,) = [g for r in page["racks"] for s in r["switches"] for h in s["hosts"]
-               if h["name"] == "n007" for n in h["numa"] for g in n["gpus"]
-               if g["state"] == "unhealthy"]
-    assert cell["index"] == 2
-
-
-def test_compact_view_renders_one_cell_per_gpu_and_keeps_the_filters():
-    class Big(FakeSource):
-        def cluster(self):
-            return big_cluster(40)
-
-    c = client(Big())
-    body = c.get("/cluster").text
-    assert 'id="compact"' in body and body.count('class="cg ') == 160
-    assert 'data-gpu="n005:0" data-state="held" data-job="j1"' in body
-    filtered = c.get("/cluster?q=n01&state=free").text
-    assert filtered.count('class="chost ') == 10 and "10 of 40 hosts match" in filtered
-    assert 'value="n01"' in filtered and '<option value="free" selected' in filtered
-    assert 'id="compact"' not in c.get("/cluster?view=full").text
-    assert c.get("/cluster?state=broken").status_code == 422
-    assert c.get("/cluster?view=tiny").status_code == 422
-    assert c.get("/api/cluster?team=vision").json()["shown_hosts"] == 1
 
 
 def test_a_long_list_of_blocking_jobs_is_cut():
@@ -337,56 +235,6 @@ def test_job_page_shows_who_preempted_it_and_how_it_stops():
     assert "get SIGUSR1, then SIGKILL after 1m" in html
 
 
-class FakeSource:
-    """What the scheduler would answer, for rendering without one (`usage` None: a
-    service older than accounting, which has no usage endpoint)."""
-
-    def __init__(self, fail: SourceError | None = None, live: list[dict] = LIVE,
-                 pending: list[dict] = (), job: dict = LIVE[0], usage: dict | None = None):
-        self.fail, self.live, self.pending, self.one = fail, live, list(pending), job
-        self.used = usage
-
-    def _answer(self, value):
-        if self.fail:
-            raise self.fail
-        return value
-
-    def cluster(self):
-        return self._answer(CLUSTER)
-
-    def live_jobs(self):
-        return self._answer(self.live)
-
-    def queue(self):
-        return self._answer(self.pending)
-
-    def jobs(self, state=None, newest=False, limit=1000):
-        if state == "pending":
-            return self._answer(self.pending)
-        return self._answer(self.live if state in (None, "running") else [])
-
-    def job(self, job_id):
-        return self._answer(self.one)
-
-    def usage(self, job_id):
-        if self.used is None:
-            raise SourceError(404, "Not Found")
-        return self._answer(self.used)
-
-    def explain(self, job_id):
-        return self._answer({"code": None, "reason": None, "eta_seconds": None,
-                             "details": {}, "events": []})
-
-    def teams(self):
-        return self._answer([{"name": "vision", "share": 1.0, "quota_gpus": None,
-                              "held_gpus": 2}])
-
-
-def client(source) -> TestClient:
-    app = create_app(source)
-    app.dependency_overrides[require_login] = lambda: None
-    return TestClient(app)
-
 
 SERIES = [{"at": at(2), "utilization_gpu": 0.0, "memory_used_bytes": 2**30,
            "power_watts": 100.0},
@@ -530,6 +378,12 @@ def test_cluster_page_renders_utilization_and_unreachable_hosts():
     assert "<em>87%</em>" in html and "memory 40%, 250 W" in html
     assert html.count('class="util"') == 1          # only GPUs with a sample show a bar
     assert '<span class="drain-reason">PSU swap</span>' in html
+    CLUSTER["hosts"][0]["nvlink_domain"] = "nvl-1"
+    try:
+        html = client(FakeSource()).get("/cluster").text
+    finally:
+        del CLUSTER["hosts"][0]["nvlink_domain"]
+    assert 'NVLink domain <b class="domain">nvl-1</b>' in html
 
 
 def test_pages_may_load_and_be_framed_only_from_their_own_origin():

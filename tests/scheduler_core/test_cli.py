@@ -47,7 +47,8 @@ def test_plan_table():
 def test_models_command():
     out = run("models", "--json")
     assert [m["model"] for m in json.loads(out.stdout)] == [
-        "dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200"]
+        "dgx-1v", "dgx-2", "dgx-a100", "dgx-a100-80gb", "dgx-b200", "dgx-h100", "dgx-h200",
+        "gb200-nvl72-tray"]
 
 
 GOOD_CLUSTER = "hosts:\n  - {name: 'h-[1-2]', model: dgx-h100, rack: r1, switch: s1}\n"

@@ -2,7 +2,8 @@
 built-in DGX files are, so the engine cannot tell a discovered host from a declared one.
 
 What comes from where:
-- GPUs (index, name, UUID, memory, PCI bus id, MIG mode), CPU affinity and NUMA node:
+- GPUs (index, name, UUID, memory, PCI bus id, MIG mode and MIG devices: mig.py), CPU
+  affinity and NUMA node:
   NVML; sysfs (`local_cpulist`, `numa_node`) where NVML does not say.
 - NVLink peers: NVML, per link (nvlink.py).
 - PCIe levels: NVML's common ancestor between GPUs, the sysfs PCI tree between GPUs and
@@ -27,6 +28,7 @@ from ..scheduler_core.engine.topology import (
 )
 from ..scheduler_core.errors import InputError
 from .hostinfo import read_host
+from .mig import read_mig
 from .nics import RdmaNic, read_nics
 from .nvlink import read_nvlinks
 from .nvmlcalls import mask_bits, optional, text
@@ -87,11 +89,14 @@ def _read_gpu(nvml, i: int, sysfs: Path, nodes: dict[int, list[int]]) -> _Gpu:
                          "mount the host's /sys into its container") from None
     numa, cpus = _affinity(nvml, h, pci, sysfs, nodes)
     mig = optional(nvml, nvml.nvmlDeviceGetMigMode, h)
+    total = nvml.nvmlDeviceGetMemoryInfo(h).total
     doc = {"index": i, "name": text(nvml.nvmlDeviceGetName(h)),
-           "memory_mb": nvml.nvmlDeviceGetMemoryInfo(h).total // MiB,
+           "memory_mb": total // MiB,
            "numa_node": numa, "cpu_affinity": format_cpulist(cpus),
            "uuid": text(nvml.nvmlDeviceGetUUID(h)), "pci_bus_id": bus_id,
            "mig_mode": bool(mig and mig[0] == nvml.NVML_DEVICE_MIG_ENABLE)}
+    if doc["mig_mode"]:
+        doc["mig_instances"] = read_mig(nvml, h, doc["name"], total)
     return _Gpu(i, h, pci, doc)
 
 

@@ -45,12 +45,24 @@ def topo_text(topo: Topology) -> str:
     gpus = {f"GPU{g.index}": g for g in topo.gpus}
     width = max(6, *(len(c) + 2 for c in [*columns, *rows]))
     head = "".ljust(width) + "".join(c.ljust(width) for c in columns)
-    lines = [f"{head}CPU Affinity".ljust(len(head) + 16) + "NUMA Affinity"]
+    # Grace systems expose each GPU's memory as a NUMA node: shown as nvidia-smi does
+    gpu_numa = any(g.gpu_numa_id is not None for g in topo.gpus)
+    lines = [f"{head}CPU Affinity".ljust(len(head) + 16) + "NUMA Affinity"
+             + ("   GPU NUMA ID" if gpu_numa else "")]
     for label, cells in rows.items():
         line = label.ljust(width) + "".join(c.ljust(width) for c in cells)
         g = gpus.get(label)
         if g is not None:
             line += format_cpulist(g.cpu_affinity).ljust(16) + str(g.numa_node)
+            if gpu_numa:
+                line = line.ljust(len(head) + 16 + 16) + (
+                    "N/A" if g.gpu_numa_id is None else str(g.gpu_numa_id))
         lines.append(line.rstrip())
     title = f"{topo.model}: {topo.variant}" if topo.variant else topo.model
-    return "\n".join([title, "", *lines, LEGEND])
+    out = [title, "", *lines]
+    nv = topo.nvlink
+    if nv.domain_gpus:
+        out += ["", f"NVLink {nv.generation or ''}: {nv.links_per_gpu} links per GPU into a "
+                f"{nv.domain_gpus}-GPU NVLink domain beyond this host (the cluster file's "
+                "nvlink_domain names which hosts share it)".replace("NVLink :", "NVLink:")]
+    return "\n".join([*out, LEGEND])

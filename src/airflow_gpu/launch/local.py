@@ -19,13 +19,14 @@ import sys
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..scheduler_core.engine.topology import format_cpulist
 from . import cgroups, devices
 from .handle import LaunchError, signal_of
+from .migdevices import parent_gpus, resolve_uuids
 from .replica import Replica
 
 STOP_GRACE = 10.0       # seconds between SIGTERM and SIGKILL
@@ -154,8 +155,11 @@ def isolation(r: Replica, strict: bool) -> Isolation:
                         "are not on this machine: memory is not bound to them")
     # the cpuset and memory limit where this machine has the CPUs and NUMA nodes; the
     # GPU device nodes always (a replica without GPUs may open none)
-    group = cgroups.create(f"{r.job_id}-{r.name}", cpus if mems else [], mems,
-                           r.memory_bytes, gpu_minors=devices.gpu_minors(r.gpus))
+    # one cgroup per admission: a late cleanup of the last attempt's cgroup cannot remove
+    # the one a requeued attempt's replica has just joined
+    group = cgroups.create(f"{r.job_id}-{r.attempt}-{r.name}", cpus if mems else [], mems,
+                           r.memory_bytes,
+                           gpu_minors=devices.gpu_minors(r.gpus or parent_gpus(r.mig)))
     warnings += group.warnings
     if not group.dirs:
         group = None
@@ -167,10 +171,21 @@ def isolation(r: Replica, strict: bool) -> Isolation:
     return Isolation(cpus, group, warnings)
 
 
+def with_mig_uuids(r: Replica) -> Replica:
+    """The replica with its MIG devices' UUIDs, resolved here (before any cgroup or fork)
+    where the cluster file declared the layout."""
+    if all(m.get("uuid") for m in r.mig):
+        return r
+    uuids = resolve_uuids(r.mig)
+    return replace(r, mig=[{**m, "uuid": u} for m, u in zip(r.mig, uuids, strict=True)])
+
+
 def process_env(r: Replica, extra: dict[str, str]) -> dict[str, str]:
-    # PCI bus order makes CUDA's device numbers match NVML's (and the scheduler's)
+    # PCI bus order makes CUDA's device numbers match NVML's (and the scheduler's); MIG
+    # devices are named by UUID (read from NVML here where the agent did not report it)
+    visible = resolve_uuids(r.mig) if r.mig else list(map(str, r.gpus))
     return {**os.environ, **r.env(), "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(map(str, r.gpus)), **extra}
+            "CUDA_VISIBLE_DEVICES": ",".join(visible), **extra}
 
 
 class ProcessHandle:
@@ -208,6 +223,7 @@ def start_command(r: Replica, command: str | list[str], env: dict[str, str],
                   cwd: str | None = None, strict: bool = False) -> tuple[ProcessHandle,
                                                                          list[str]]:
     """Start a shell command (str) or argv (list); returns the handle and the warnings."""
+    r = with_mig_uuids(r)
     iso = isolation(r, strict)
     try:
         proc = subprocess.Popen(command, shell=isinstance(command, str), cwd=cwd,
@@ -262,6 +278,7 @@ class CallableHandle(ProcessHandle):
 def start_callable(r: Replica, fn: Callable, args: tuple, kwargs: dict,
                    env: dict[str, str], strict: bool = False
                    ) -> tuple[CallableHandle, list[str]]:
+    r = with_mig_uuids(r)
     iso = isolation(r, strict)
     out_r, out_w = os.pipe()
     res_r, res_w = os.pipe()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..scheduler_core.engine.topology import format_cpulist
 
@@ -23,6 +23,8 @@ class Replica:
     nics: list[str]
     attempt: int = 1                   # the job's admission this replica belongs to
     requeue_reason: str | None = None  # why the last admission ended ("preempted", ...)
+    # MIG devices instead of whole GPUs: {gpu, index, profile, uuid, label} (migdevices.py)
+    mig: list[dict] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -38,6 +40,8 @@ class Replica:
                "AIRFLOW_GPU_MEMORY_BYTES": str(self.memory_bytes)}
         if self.nics:
             env["NCCL_IB_HCA"] = ",".join(self.nics)
+        if self.mig:
+            env["AIRFLOW_GPU_MIG_DEVICES"] = ";".join(m["label"] for m in self.mig)
         # a restarted job (preempted, GPU fault, lost lease) resumes from its checkpoint
         env["AIRFLOW_GPU_ATTEMPT"] = str(self.attempt)
         env["AIRFLOW_GPU_RESTARTED"] = "1" if self.attempt > 1 else "0"
@@ -46,7 +50,8 @@ class Replica:
         return env
 
     def describe(self) -> str:
-        return (f"{self.name} on {self.host}: GPUs {self.gpus or '-'}, CPUs "
+        mig = f", MIG {'; '.join(m['label'] for m in self.mig)}" if self.mig else ""
+        return (f"{self.name} on {self.host}: GPUs {self.gpus or '-'}{mig}, CPUs "
                 f"{format_cpulist(self.cpus)}, NUMA {self.numa_nodes}, memory "
                 f"{self.memory_bytes / 2**30:.1f} GiB, NICs {self.nics or '-'}")
 
@@ -61,5 +66,6 @@ def replicas_of(job: dict, hosts: dict[str, dict]) -> list[Replica]:
                            host.get("address") or r["host"], host.get("docker_url"),
                            list(r["gpus"]), list(r["cpus"]), numa,
                            sum(r["memory_by_numa"].values()), list(r["nics"]),
-                           job.get("attempt") or 1, job.get("requeue_reason")))
+                           job.get("attempt") or 1, job.get("requeue_reason"),
+                           list(r.get("mig") or [])))
     return out

@@ -35,7 +35,8 @@ Name = Annotated[str | None, Query(max_length=200)]
 View = Annotated[Literal["full", "compact"] | None,
                  Query(description="compact: one small cell per GPU (default from 24 hosts)")]
 # "": the filter form's "any state"
-GpuState = Annotated[Literal["", "free", "held", "unhealthy", "drained", "unreachable"] | None,
+GpuState = Annotated[Literal["", "free", "held", "mig", "unhealthy", "drained",
+                             "unreachable"] | None,
                      Query(description="hosts with a GPU in this state")]
 # Pages load only their own files and may be framed only by the Airflow UI (same origin);
 # inline styles carry the team colours.

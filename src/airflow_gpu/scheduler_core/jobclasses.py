@@ -70,6 +70,10 @@ class JobClass:
         if not self.gpu_roles and spec.total_gpus:
             problems.append(f"job class {self.name!r} is CPU-only but the job asks for "
                             f"{spec.total_gpus} GPUs; set gpus: 0 or use another class")
+        if not self.gpu_roles and spec.total_mig_devices:
+            problems.append(f"job class {self.name!r} is CPU-only but the job asks for "
+                            f"{spec.total_mig_devices} MIG devices; remove gpu.mig or use "
+                            "another class")
         if self.max_gpus is not None and spec.total_gpus > self.max_gpus:
             problems.append(f"job class {self.name!r} allows at most {self.max_gpus} GPUs per "
                             f"job, the job asks for {spec.total_gpus}; use class 'pytorch' "

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -31,6 +32,17 @@ MAX_ROLES = 64              # roles per job
 MAX_REPLICAS = 4096         # replicas per role, and all roles' replicas together
 MAX_MODELS = 32             # accepted GPU models per role
 MAX_TEXT = 200              # characters in a name, a class or a GPU model
+MAX_HOSTS = 4096            # names in placement.hosts
+
+
+def _one_or_many(v):
+    """One name where a list is asked (`model: A100`, `hosts: dgx-01`)."""
+    return [v] if isinstance(v, str) else v
+
+
+# a list of names, or one name for a list of one
+Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]],
+                  BeforeValidator(_one_or_many)]
 
 
 class _Spec(BaseModel):
@@ -45,17 +57,36 @@ def _no_bool(v, info: ValidationInfo):
     return v
 
 
+class MigRequest(_Spec):
+    profile: str = Field(max_length=MAX_TEXT, description="a MIG profile, e.g. 1g.10gb")
+    count: int = Field(1, ge=1, le=56, description="MIG devices of that profile per replica")
+
+    _count = field_validator("count", mode="before")(_no_bool)
+
+    @field_validator("profile")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        from .engine.mig import ALL_PROFILES, unknown_profile
+
+        if v not in ALL_PROFILES:
+            raise ValueError(unknown_profile(v))
+        return v
+
+
 class GpuConstraint(_Spec):
-    model: list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]] | None = Field(
+    model: Names | None = Field(
         None, max_length=MAX_MODELS, description=
         "accepted GPU models, matched as substrings of the GPU name "
         "(e.g. A100 matches 'NVIDIA A100-SXM4-40GB')")
     min_memory: Size | None = Field(None, description="minimum memory per GPU, e.g. 48GiB")
+    mig: MigRequest | None = Field(None, description=
+                                   "MIG devices instead of whole GPUs: a profile "
+                                   "(mig: 1g.10gb) or {profile: 3g.40gb, count: 2}")
 
-    @field_validator("model", mode="before")
+    @field_validator("mig", mode="before")
     @classmethod
-    def _one_or_many(cls, v):
-        return [v] if isinstance(v, str) else v
+    def _profile_only(cls, v):
+        return {"profile": v} if isinstance(v, str) else v
 
 
 class Role(_Spec):
@@ -72,6 +103,16 @@ class Role(_Spec):
 
     @model_validator(mode="after")
     def _gpu_needs_gpus(self) -> Role:
+        if self.gpu.mig is not None:
+            if self.gpus:
+                raise ValueError(f"gpu.mig: the role asks MIG devices ({self.gpu.mig.profile}) "
+                                 f"and {self.gpus} whole GPUs (gpus: {self.gpus}); a replica "
+                                 "gets one or the other: remove gpus, or remove gpu.mig")
+            if self.gpu.min_memory is not None:
+                raise ValueError(f"gpu.min_memory: a MIG device's memory is its profile's "
+                                 f"({self.gpu.mig.profile}); remove min_memory, or ask a "
+                                 "larger profile")
+            return self
         if self.gpus == 0 and (self.gpu.model is not None or self.gpu.min_memory is not None):
             asked = ", ".join(k for k in ("model", "min_memory")
                               if getattr(self.gpu, k) is not None)
@@ -98,14 +139,19 @@ class Role(_Spec):
 
 class Placement(_Spec):
     pack: bool = Field(True, description="concentrate replicas on as few hosts as possible")
-    locality: Literal["host", "switch", "rack", "any"] = Field(
-        "any", description="hard limit: all hosts of the job under one host|switch|rack")
+    locality: Literal["host", "nvlink_domain", "switch", "rack", "any"] = Field(
+        "any", description="hard limit: all hosts of the job under one "
+        "host|nvlink_domain|switch|rack; any: the tightest that holds it, in that order")
     affinity: Literal["strict", "preferred", "none"] = Field(
         "preferred", description="CPU cores and memory on the NUMA node(s) of the GPUs")
     nics: bool = Field(True, description="give GPU replicas the compute NICs behind their GPUs")
     cpu_allocation: Literal["core", "thread"] = Field(
         "core", description="core: whole physical cores (with their SMT siblings; a replica "
         "asking 3 CPUs gets 2 cores, 4 threads); thread: logical CPUs one by one")
+    hosts: Names | None = Field(
+        None, min_length=1, max_length=MAX_HOSTS, description=
+        "only these hosts (names from the cluster file) may hold the job's replicas, like "
+        "Slurm's --nodelist for one node; the local runner sets it to the worker's host")
 
 
 class JobSpec(_Spec):
@@ -158,6 +204,10 @@ class JobSpec(_Spec):
     @property
     def total_gpus(self) -> int:
         return sum(r.gpus * r.replicas for r in self.roles)
+
+    @property
+    def total_mig_devices(self) -> int:
+        return sum(r.gpu.mig.count * r.replicas for r in self.roles if r.gpu.mig)
 
 
 class JobsFile(_Spec):

@@ -14,7 +14,7 @@ UTIL_KEYS = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "powe
              "temperature_c")
 # the full view's host cards fill a screen with about a dozen hosts
 COMPACT_FROM = 24
-STATES = ("free", "held", "unhealthy", "drained", "unreachable")
+STATES = ("free", "held", "mig", "unhealthy", "drained", "unreachable")
 VIEWS = ("full", "compact")
 
 
@@ -24,14 +24,15 @@ def cluster_page(cluster: dict, live_jobs: list[dict], view: str | None = None,
     """`cluster` is GET /api/v1/cluster; `live_jobs` the admitted and running jobs (names).
     The summary counts the whole cluster; the filters pick the hosts shown."""
     names = {j["id"]: j["name"] for j in live_jobs}
-    hosts = [host_cell(h, names) for h in cluster.get("hosts", [])]
+    owners = {j["id"]: j.get("team") for j in live_jobs}
+    hosts = [host_cell(h, names, owners) for h in cluster.get("hosts", [])]
     shown = [h for h in hosts if matches(h, q, state, rack, team)]
     racks: dict[str, dict[str, list[dict]]] = {}
     for h in shown:            # the cluster file's order, grouped by rack then switch
         racks.setdefault(h["rack"] or "(no rack)", {}).setdefault(
             h["switch"] or "(no switch)", []).append(h)
-    teams = sorted({g["team"] for h in hosts for n in h["numa"] for g in n["gpus"]
-                    if g["team"]})
+    teams = sorted({t for h in hosts for n in h["numa"] for g in n["gpus"]
+                    for t in (g["team"], *(d["team"] for d in g["mig"])) if t})
     filters = {"q": q or "", "state": state or "", "rack": rack or "", "team": team or ""}
     return {
         "cluster": cluster.get("cluster"),
@@ -50,19 +51,21 @@ def cluster_page(cluster: dict, live_jobs: list[dict], view: str | None = None,
 
 def matches(h: dict, q: str | None, state: str | None, rack: str | None,
             team: str | None) -> bool:
-    """Search: host, model, rack or switch name, or a job name, id or team on its GPUs
-    (case-insensitive substring). State: a host with at least one GPU in that state."""
+    """Search: host, model, rack, switch or NVLink domain, or a job name, id or team on
+    its GPUs (case-insensitive substring). State: a host with at least one GPU in that state."""
     gpus = [g for n in h["numa"] for g in n["gpus"]]
     if rack and (h["rack"] or "(no rack)") != rack:
         return False
-    if team and not any(g["team"] == team for g in gpus):
+    if team and not any(team in (g["team"], *(d["team"] for d in g["mig"])) for g in gpus):
         return False
     if state and not any(gpu_state(g) == state for g in gpus):
         return False
     if q:
         needle = q.strip().lower()
-        words = [h["name"], h["model"], h["rack"], h["switch"],
-                 *(w for g in gpus for w in (g["job"], g["job_name"], g["team"]))]
+        words = [h["name"], h["model"], h["rack"], h["switch"], h["nvlink_domain"],
+                 *(w for g in gpus for w in (g["job"], g["job_name"], g["team"])),
+                 *(w for g in gpus for d in g["mig"] for w in (d["job"], d["job_name"],
+                                                              d["team"], d["profile"]))]
         return any(needle in str(w).lower() for w in words if w)
     return True
 
@@ -71,6 +74,8 @@ def gpu_state(g: dict) -> str:
     """One word per GPU, as the filter and the compact cells use it."""
     if not g["healthy"]:
         return "unhealthy"
+    if g["mig"]:                # split into MIG devices: never free or held whole
+        return "mig"
     return "held" if g["job"] else g["idle"]
 
 
@@ -79,13 +84,14 @@ def counts(hosts: list[dict]) -> dict[str, int]:
             "gpus_free": sum(h["gpus_free"] for h in hosts)}
 
 
-def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
+def host_cell(h: dict, names: dict[str, str], owners: dict[str, str] | None = None
+              ) -> dict[str, Any]:
     groups = (h.get("nvlink") or {}).get("groups") or []
     group_of = {g: i for i, members in enumerate(groups) for g in members}
     reachable = h.get("reachable", True) is not False
     # an idle GPU of a drained or unreachable host takes no work: it is not "free"
     idle = "unreachable" if not reachable else "drained" if h.get("drained") else "free"
-    gpus = [gpu_cell(g, names, group_of.get(g["index"]), len(groups), idle)
+    gpus = [gpu_cell(g, names, group_of.get(g["index"]), len(groups), idle, owners or {})
             for g in h.get("gpus", [])]
     numa: dict[int | None, list[dict]] = {}
     for g in gpus:
@@ -96,19 +102,24 @@ def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
         "name": h["name"], "model": h.get("model"), "rack": h.get("rack"),
         "switch": h.get("switch"), "drained": bool(h.get("drained")), "reachable": reachable,
         "drain_reason": h.get("drain_reason") if h.get("drained") else None,
+        # hosts sharing an NVLink fabric beyond the host (GB200 NVL72 trays of a rack)
+        "nvlink_domain": h.get("nvlink_domain"),
         "status": status,
         "nvlink": nvlink_label(h.get("nvlink"), len(gpus)),
         "numa": [{"node": n, "gpus": cells} for n, cells in numa.items()],
         "gpus_total": len(gpus),
         "gpus_held": sum(1 for g in gpus if g["job"]),
         "gpus_unhealthy": sum(1 for g in gpus if not g["healthy"]),
-        "gpus_free": 0 if idle != "free" else sum(1 for g in gpus
-                                                  if not g["job"] and g["healthy"]),
+        "gpus_free": 0 if idle != "free" else sum(1 for g in gpus if not g["job"]
+                                                  and g["healthy"] and not g["mig"]),
+        "mig_devices": sum(len(g["mig"]) for g in gpus),
+        "mig_free": 0 if idle != "free" else sum(1 for g in gpus if g["healthy"]
+                                                 for d in g["mig"] if not d["job"]),
     }
 
 
 def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,
-             idle: str = "free") -> dict:
+             idle: str = "free", owners: dict[str, str] | None = None) -> dict:
     job = g.get("job")
     cell = {
         "idle": idle,
@@ -120,8 +131,19 @@ def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,
         # a group letter only where the host has more than one group (DGX-1 quads)
         "nvlink_group": chr(ord("A") + group) if group is not None and n_groups > 1 else None,
         **{k: g.get(k) for k in UTIL_KEYS},
+        # a GPU in MIG mode: its devices, each held by a job or free
+        "mig": [mig_cell(d, names, owners or {}) for d in g.get("mig") or []],
     }
     return {**cell, "state": gpu_state(cell)}
+
+
+def mig_cell(d: dict, names: dict[str, str], owners: dict[str, str]) -> dict:
+    job = d.get("job")
+    team = owners.get(job) if job else None
+    return {"index": d.get("index"), "profile": d.get("profile"), "uuid": d.get("uuid"),
+            "label": d.get("label") or f"MIG {d.get('profile')} #{d.get('index')}",
+            "job": job, "job_name": names.get(job, job) if job else None, "team": team,
+            "color": team_color(team)}
 
 
 def nvlink_label(nvlink: dict | None, n_gpus: int) -> dict[str, Any]:
@@ -153,4 +175,6 @@ def summary(hosts: list[dict]) -> dict[str, int]:
         "gpus_unhealthy": sum(h["gpus_unhealthy"] for h in hosts),
         "hosts_drained": sum(1 for h in hosts if h["drained"]),
         "hosts_unreachable": sum(1 for h in hosts if not h["reachable"]),
+        "mig_devices": sum(h["mig_devices"] for h in hosts),
+        "mig_free": sum(h["mig_free"] for h in hosts),
     }

@@ -11,9 +11,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ..errors import InputError, load_yaml, validate
 from .hosttype import HostType, host_type
+from .migconfig import MigGroup, apply_groups
 from .topology import load_topology
 
 _RANGE_RE = re.compile(r"\[([^\]]+)\]")
+_DOMAIN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
 _DIGITS = re.compile(r"[0-9]{1,18}")
 # The most names one `name:` pattern may expand to: more hosts than any cluster has, and
 # few enough that a slip (`n[1-10000000]`) is refused at once instead of hanging.
@@ -73,15 +75,35 @@ class HostEntry(BaseModel):
     model: str = Field(description="built-in model name or path to a gpu-topology/v1 file")
     rack: str = "default"
     switch: str = Field("default", description="leaf / top-of-rack switch")
+    nvlink_domain: str | None = Field(None, description="multi-node NVLink domain (a GB200 "
+                                      "NVL72 rack): hosts naming the same one share an "
+                                      "NVLink fabric")
     docker_url: str | None = None
     address: str | None = Field(None, description="address other hosts reach this one at "
                                 "(rendezvous of distributed jobs); default: the host name")
     labels: dict[str, str] = {}
+    mig: list[MigGroup] | None = Field(None, description="GPUs in MIG mode and their "
+                                       "layout (migconfig.py), e.g. [{gpus: [0, 1], layout: "
+                                       "[3g.40gb, 2g.20gb, 2g.20gb]}]")
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         expand_hostnames(v)
+        return v
+
+    @field_validator("mig", mode="before")
+    @classmethod
+    def _one_group(cls, v):
+        return [v] if isinstance(v, dict) else v
+
+    @field_validator("nvlink_domain")
+    @classmethod
+    def _domain(cls, v: str | None) -> str | None:
+        if v is not None and not _DOMAIN_RE.fullmatch(v):
+            raise ValueError(f"{_show(v)} is not an NVLink domain name; use letters, digits "
+                             "and . _ : / - (at most 200), e.g. nvl72-rack-1, or leave "
+                             "nvlink_domain out for a host whose NVLink ends at the host")
         return v
 
 
@@ -102,6 +124,7 @@ class Host:
     docker_url: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     address: str | None = None
+    nvlink_domain: str | None = None     # hosts sharing one share an NVLink fabric
 
     @property
     def switch_key(self) -> tuple[str, str]:
@@ -118,11 +141,15 @@ class Cluster:
         self.by_name = {h.name: h for h in self.hosts}
         self.switches: dict[tuple[str, str], list[Host]] = {}
         self.racks: dict[str, list[Host]] = {}
+        # multi-node NVLink domains (only hosts that name one; others are their own)
+        self.nvlink_domains: dict[str, list[Host]] = {}
         self.max_host_gpus = max((h.type.n_gpus for h in self.hosts), default=0)
         self.total_gpus = sum(h.type.n_gpus for h in self.hosts)
         for h in self.hosts:
             self.switches.setdefault(h.switch_key, []).append(h)
             self.racks.setdefault(h.rack, []).append(h)
+            if h.nvlink_domain is not None:
+                self.nvlink_domains.setdefault(h.nvlink_domain, []).append(h)
 
 
 def build_cluster(spec: ClusterFile, base_dir: Path | None = None, source: str = "") -> Cluster:
@@ -130,9 +157,15 @@ def build_cluster(spec: ClusterFile, base_dir: Path | None = None, source: str =
     seen: set[str] = set()
     for i, entry in enumerate(spec.hosts):
         try:
-            htype = host_type(load_topology(entry.model, base_dir))
+            topo = load_topology(entry.model, base_dir)
         except InputError as exc:
             raise InputError(f"hosts[{i}].model: {exc}", source or None) from None
+        if entry.mig:
+            try:
+                topo = apply_groups(topo, entry.mig)
+            except ValueError as exc:
+                raise InputError(f"hosts[{i}].{exc}", source or None) from None
+        htype = host_type(topo)
         for name in expand_hostnames(entry.name):
             if name in seen:
                 raise InputError(f"hosts[{i}].name: host {name!r} is declared twice; "
@@ -140,8 +173,37 @@ def build_cluster(spec: ClusterFile, base_dir: Path | None = None, source: str =
             seen.add(name)
             hosts.append(Host(len(hosts), name, htype, entry.rack, entry.switch,
                               entry.docker_url, dict(entry.labels),
-                              entry.address))
-    return Cluster(spec.cluster, hosts)
+                              entry.address, entry.nvlink_domain))
+    cluster = Cluster(spec.cluster, hosts)
+    check_nvlink_domains(cluster, spec, source)
+    return cluster
+
+
+def check_nvlink_domains(cluster: Cluster, spec: ClusterFile, source: str = "") -> None:
+    """Each NVLink domain holds hosts whose model has NVLink beyond the host, and no more
+    GPUs than the smallest such model says a domain has."""
+    entry_of: dict[str, int] = {}
+    for i, entry in enumerate(spec.hosts):
+        for name in expand_hostnames(entry.name):
+            entry_of[name] = i
+    for domain, hosts in cluster.nvlink_domains.items():
+        for h in hosts:
+            if h.type.topo.nvlink.domain_gpus is None:
+                raise InputError(
+                    f"hosts[{entry_of[h.name]}].nvlink_domain: {domain!r} is set on host "
+                    f"{h.name!r}, but its model {h.type.model} has no NVLink beyond the host "
+                    "(nvlink.domain_gpus is not set); leave nvlink_domain out, or use a host "
+                    "model whose nvlink declares domain_gpus (e.g. gb200-nvl72-tray)",
+                    source or None)
+        limit = min(h.type.topo.nvlink.domain_gpus for h in hosts)
+        gpus = sum(h.type.n_gpus for h in hosts)
+        if gpus > limit:
+            last = hosts[-1]
+            raise InputError(
+                f"hosts[{entry_of[last.name]}].nvlink_domain: {domain!r} holds {gpus} GPUs on "
+                f"{len(hosts)} hosts, but an NVLink domain of {last.type.model} holds at most "
+                f"{limit}; split the hosts over more domains (e.g. one per rack)",
+                source or None)
 
 
 def builtin_cluster_path(name: str) -> Path | None:
@@ -181,14 +243,20 @@ def synthetic_cluster(n_hosts: int, models: str | tuple[str, ...] = "dgx-a100",
     return build_cluster(spec, source="--model")
 
 
-# Slowdown tiers of a placement: what the locality slowdown depends on (timemodel.py)
-TIERS = ("one host", "one switch", "across switches")
+# Slowdown tiers of a placement: what the locality slowdown depends on (timemodel.py).
+# Hosts of one multi-node NVLink domain talk over NVLink at the bandwidth GPUs of one host
+# have, so a gang inside one domain is on tier 0 like a gang on one host.
+TIERS = ("one host or NVLink domain", "one switch", "across switches")
 
 
 def tier_of_hosts(hosts: Iterable[Host]) -> int:
-    """0: one host (or none), 1: several hosts under one switch, 2: across switches."""
-    indexes, switches = set(), set()
+    """0: one host (or none) or one NVLink domain, 1: several hosts under one switch,
+    2: across switches."""
+    indexes, switches, domains = set(), set(), set()
     for h in hosts:
         indexes.add(h.index)
         switches.add(h.switch_key)
-    return 0 if len(indexes) <= 1 else 1 if len(switches) == 1 else 2
+        domains.add(h.nvlink_domain)
+    if len(indexes) <= 1 or (len(domains) == 1 and None not in domains):
+        return 0
+    return 1 if len(switches) == 1 else 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..units import format_size
+from . import migfit
 from .fit import Need, fit_replica
 from .state import HostState
 
@@ -23,6 +24,8 @@ def describe_need(n: Need) -> str:
             cons.append(f">={format_size(n.min_gpu_memory)}")
         parts.append(f"{n.gpus} GPU" + ("s" if n.gpus > 1 else "")
                      + (f" [{', '.join(cons)}]" if cons else ""))
+    if n.mig:
+        parts.append(migfit.describe(n))
     parts.append(f"{n.cpus} CPU" + ("s" if n.cpus > 1 else ""))
     parts.append(format_size(n.memory))
     return f"{n.role} {n.replicas}x({', '.join(parts)})"
@@ -44,18 +47,24 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
     """(code, message, details) for a job that cannot be placed now."""
     state, needs = trial.state, trial.needs
     what = describe_needs(needs) + (f" under {within}" if within else "")
+    if trial.only is not None:          # the local runner's worker host, or a host list
+        only = sorted(trial.only)
+        what += (f" on {', '.join(only[:5])}{' ...' if len(only) > 5 else ''} "
+                 "(placement.hosts)")
     gpu_need = next((n for n in needs if n.gpus), None)
     free = sum((hs.usable_gpus & gpu_need.eligible(h.type)).bit_count()
                for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)) if gpu_need else 0
     details: dict = {"needs_gpus": trial.total_gpus, "cluster_free_gpus": free}
     code = "Resources"
     whole = state.cluster.hosts
-    if (within in ("one switch", "one rack") and free >= trial.total_gpus
+    if (within in ("one switch", "one rack", "one NVLink domain") and free >= trial.total_gpus
             and trial.fill(whole, "the whole cluster")):
         code = "Locality"
     p = trial.progress
     if gpu_need and not free:
         best = "no eligible GPU is free"
+    elif within == "one NVLink domain":
+        best = _largest_free_domain(trial, gpu_need, details)
     elif p.score >= 0 and within != "one host":
         best = (f"best candidate {p.domain} holds {p.placed} of {p.wanted} '{p.role}' "
                 f"replicas ({p.free_gpus} eligible GPUs free on {p.hosts} hosts)")
@@ -76,7 +85,35 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
             details["held_by"] = dict(held)
             msg += "; held by " + ", ".join(f"{j} ({n})" for j, n in held[:3])
             msg += f" and {len(held) - 3} more jobs" if len(held) > 3 else ""
+    mig_need = next((n for n in needs if n.mig), None)
+    if mig_need:           # the MIG devices it waits for, named (GPU 2 MIG 1g.10gb #3)
+        note, more = migfit.pending_note(state, mig_need)
+        details.update(more)
+        msg = (f"{msg}; {note}" if gpu_need else f"needs {what}; {note}"
+               + (f", but not under {within}" if code == "Locality" else ""))
     return code, msg, details
+
+
+def _largest_free_domain(trial: _Trial, gpu_need: Need | None, details: dict) -> str:
+    """The NVLink domain with the most eligible GPUs free now (Slurm's topology/block
+    says the same of blocks)."""
+    state = trial.state
+    domains = state.cluster.nvlink_domains
+    if not domains:
+        h = _best_host(trial, gpu_need)
+        free = _host_free(state, trial.needs, h) if h is not None else "nothing usable"
+        return ("no host is in a multi-node NVLink domain (cluster file: nvlink_domain), so "
+                f"it must fit one host; the best host {h.name if h else '-'} has {free}")
+
+    def free_of(hosts) -> int:
+        return sum((state.hosts[h.index].usable_gpus & gpu_need.eligible(h.type)).bit_count()
+                   for h in hosts) if gpu_need else 0
+
+    name, hosts = max(domains.items(), key=lambda kv: free_of(kv[1]))   # ties: first
+    n = free_of(hosts)
+    details.update(best=name, best_free_gpus=n)
+    return (f"the largest free NVLink domain, {name}, has {n} eligible GPU"
+            f"{'s' if n != 1 else ''} free on {len(hosts)} hosts")
 
 
 def _best_host(trial: _Trial, gpu_need: Need | None):
@@ -113,6 +150,8 @@ def why_never(trial: _Trial, within: str) -> str:
     cluster = trial.state.cluster
     types = {id(h.type): h.type for h in cluster.hosts}.values()
     for n in trial.needs:
+        if n.mig and (why := migfit.never_reason(cluster, n)):
+            return why
         if not n.gpus:
             continue
         counts = {t.model: n.eligible(t).bit_count() for t in types}
@@ -126,6 +165,10 @@ def why_never(trial: _Trial, within: str) -> str:
                     f"has {max(counts.values())} such GPUs; use more replicas with fewer GPUs")
     for n in trial.needs:
         hosts = [h for h in cluster.hosts if trial.allowed(n, h)]
+        if not hosts and trial.only is not None:
+            return (f"role '{n.role}': no host of placement.hosts ({', '.join(sorted(trial.only))}"
+                    f") can hold a replica ({describe_needs([n])}) even when idle; the job may "
+                    "use no other host: add hosts to placement.hosts or shrink the role")
         if not hosts:
             return f"role '{n.role}': every host is excluded by a placement filter"
         samples = list({id(h.type): h for h in hosts}.values())
@@ -133,8 +176,9 @@ def why_never(trial: _Trial, within: str) -> str:
             continue
         biggest = max(samples, key=lambda h: (h.type.total_cpus, h.type.total_mem))
         loose = Need(n.role, 1, n.gpus, n.cpus, n.memory, n.models, n.min_gpu_memory,
-                     "none", False, n.whole_cores)
-        if n.gpus and any(fit_replica(h.type, HostState.empty(h), loose) for h in samples):
+                     "none", False, n.whole_cores, n.mig, n.slices)
+        if (n.gpus or n.mig) and any(fit_replica(h.type, HostState.empty(h), loose)
+                                     for h in samples):
             local_cpus = max(h.type.numa_cpus[h.type.gpu_numa[0]].bit_count() for h in samples)
             local_mem = max(h.type.numa_mem[h.type.gpu_numa[0]] for h in samples)
             return (f"role '{n.role}': placement.affinity '{n.affinity}' needs {n.cpus} CPUs "
@@ -149,8 +193,26 @@ def why_never(trial: _Trial, within: str) -> str:
         return (f"the whole job ({describe_needs(trial.needs)}) must fit {within}, and even "
                 f"an empty {within.removeprefix('one ')} cannot hold it: "
                 f"{_largest_domain(trial, within)}; relax placement.locality or shrink the job")
+    if trial.only is not None:
+        only = [h for h in cluster.hosts if h.name in trial.only]
+        return (f"the job does not fit even on the idle hosts of placement.hosts "
+                f"({', '.join(sorted(trial.only))}): needs {describe_needs(trial.needs)}, "
+                f"they have {_eligible_total(trial, only)} eligible GPUs; add hosts to "
+                "placement.hosts or shrink the job")
     return ("the job does not fit even on the empty cluster: "
             f"needs {describe_needs(trial.needs)}, the cluster has {_totals(trial)}")
+
+
+def unknown_hosts(names, cluster) -> str | None:
+    """placement.hosts naming hosts the cluster lacks: which, and the names it has."""
+    unknown = sorted(set(names) - cluster.by_name.keys())
+    if not unknown:
+        return None
+    known = sorted(cluster.by_name)
+    shown = ", ".join(known[:12]) + (" ..." if len(known) > 12 else "")
+    return (f"placement.hosts: {', '.join(repr(u) for u in unknown[:8])} "
+            f"{'is no host' if len(unknown) == 1 else 'are no hosts'} of the cluster "
+            f"'{cluster.name}' (its hosts: {shown}); use the names of the cluster file")
 
 
 def _constraint(n: Need) -> str:
@@ -178,7 +240,11 @@ def _largest_domain(trial: _Trial, within: str) -> str:
         h = max(c.hosts, key=lambda h: (_eligible_total(trial, [h]), h.type.total_cpus))
         return (f"the largest host {h.name} has {_eligible_total(trial, [h])} eligible GPUs, "
                 f"{h.type.total_cpus} CPUs, {format_size(h.type.total_mem)}")
-    groups = c.switches if within == "one switch" else c.racks
+    groups = {"one switch": c.switches, "one rack": c.racks,
+              "one NVLink domain": c.nvlink_domains}[within]
+    if not groups:      # no multi-node NVLink domain: each host is one
+        return ("no host is in a multi-node NVLink domain (cluster file: nvlink_domain); "
+                + _largest_domain(trial, "one host"))
     key, hosts = max(groups.items(), key=lambda kv: (_eligible_total(trial, kv[1]), len(kv[1])))
     name = key[1] if isinstance(key, tuple) else key
     return (f"the largest, {name}, has {_eligible_total(trial, hosts)} eligible GPUs on "

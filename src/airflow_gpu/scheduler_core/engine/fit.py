@@ -22,15 +22,20 @@ class Need:
     affinity: str                       # strict | preferred | none
     nics: bool
     whole_cores: bool = True            # cores with all their SMT threads, never halves
-    _eligible: dict[int, int] = field(default_factory=dict)
+    mig: str | None = None              # MIG profile asked instead of whole GPUs
+    slices: int = 0                     # MIG devices of that profile per replica
+    _eligible: dict = field(default_factory=dict)
 
     def eligible(self, t: HostType) -> int:
-        """Bitmask of the GPUs of this host type that meet the model/memory constraint."""
+        """Bitmask of the GPUs of this host type that meet the model/memory constraint
+        (never GPUs in MIG mode: they are handed out only as MIG devices)."""
         found = self._eligible.get(id(t))
         if found is None:
             found = 0
             models = [m.lower() for m in self.models] if self.models else None
             for i in range(t.n_gpus):
+                if t.mig_gpus >> i & 1:
+                    continue
                 name = t.gpu_name[i].lower()
                 if t.gpu_mem[i] >= self.min_gpu_memory and (
                         models is None or any(m in name for m in models)):
@@ -40,6 +45,10 @@ class Need:
 
     def upper_bound(self, t: HostType, hs: HostState) -> int:
         """Replicas that could fit on the host by counts alone (exact fit may give fewer)."""
+        if self.mig:
+            from .migfit import upper_bound
+
+            return upper_bound(t, hs, self)
         n = 1 << 30
         if self.gpus:
             n = (hs.usable_gpus & self.eligible(t)).bit_count() // self.gpus
@@ -117,7 +126,12 @@ def _pools(t: HostType, hs: HostState, local: list[int], widen: bool) -> list[in
 
 
 def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
-    """(gpu_mask, cpu_take, mem_take) for one replica on this host, best choice first; or None."""
+    """(gpu_mask, cpu_take, mem_take) for one replica on this host, best choice first; or None.
+    For a need of MIG devices, the first is the mask of MIG slots (migfit.fit_slices)."""
+    if need.mig:
+        from .migfit import fit_slices
+
+        return fit_slices(t, hs, need)
     cores = t.numa_cores if need.whole_cores else None
     if need.gpus == 0:
         if hs.drained:
@@ -200,7 +214,11 @@ def allocate_replica(t: HostType, hs: HostState, need: Need, job: str, index: in
     if got is None:
         return None
     gset, cpu_take, mem_take = got
-    alloc = ReplicaAllocation(job, need.role, index, host, gset, cpu_take, mem_take,
-                              nics_for(t, gset) if need.nics and gset else [])
+    if need.mig:
+        alloc = ReplicaAllocation(job, need.role, index, host, 0, cpu_take, mem_take,
+                                  slice_mask=gset)
+    else:
+        alloc = ReplicaAllocation(job, need.role, index, host, gset, cpu_take, mem_take,
+                                  nics_for(t, gset) if need.nics and gset else [])
     take(hs, alloc)
     return alloc

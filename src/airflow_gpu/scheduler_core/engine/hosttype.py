@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .mig import MigLayout, compile_mig
 from .topology import Topology
 
 GiB = 2**30
@@ -122,6 +123,8 @@ class HostType:
     # (free_mask, count[, worn_mask]) -> GPU sets best first; shared by all hosts of this
     # model. The worn mask (within free) is in the key only when it is not empty.
     _ranked: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
+    # GPUs in MIG mode and their MIG devices (mig.py); None: no GPU in MIG mode
+    mig: MigLayout | None = None
 
     def ranked_gpu_sets(self, free: int, count: int, worn: int = 0) -> tuple[int, ...]:
         worn &= free
@@ -138,7 +141,14 @@ class HostType:
     def describe(self) -> str:
         mem = self.gpu_mem[0] // GiB if self.n_gpus else 0
         name = self.gpu_name[0] if self.n_gpus else "no GPU"
-        return f"{self.model} ({self.n_gpus}x {name}, {mem} GiB each)"
+        mig = (f"; GPU {','.join(map(str, bits(self.mig_gpus)))} in MIG mode, "
+               f"{len(self.mig.slices)} MIG devices" if self.mig else "")
+        return f"{self.model} ({self.n_gpus}x {name}, {mem} GiB each{mig})"
+
+    @property
+    def mig_gpus(self) -> int:
+        """The GPUs in MIG mode: only their MIG devices are handed out, never them whole."""
+        return self.mig.gpus if self.mig is not None else 0
 
 
 def _build_tree(topo: Topology, numa_pos: dict[int, int]) -> TreeNode:
@@ -218,6 +228,7 @@ def _compile(topo: Topology) -> HostType:
         numa_mem=[int(nn.memory_gb * GiB) for nn in topo.host.numa_nodes],
         numa_gpus=numa_gpus,
         tree=_build_tree(topo, pos),
+        mig=compile_mig(topo, [pos[g.numa_node] for g in gpus]),
         all_gpus=(1 << n) - 1,
         total_cpus=sum(m.bit_count() for m in numa_cpus),
         total_mem=sum(int(nn.memory_gb * GiB) for nn in topo.host.numa_nodes),

@@ -3,9 +3,12 @@
 Rules, in order of weight:
 1. All replicas or none (the trial works on copies; nothing changes unless it succeeds).
 2. Locality is hard: with `locality: switch|rack|host` every host of the job shares
-   one switch|rack, or the job runs on one host.
-3. Fewest hosts (`pack: true`): the whole job on one host if any can hold it, else
-   the fewest hosts; then hosts sharing a switch, then a rack (`locality: any`).
+   one switch|rack, or the job runs on one host; with `nvlink_domain`, one multi-node
+   NVLink domain (a host without one is a domain of its own).
+3. Fewest hosts (`pack: true`): the whole job on one host if any can hold it; else
+   inside one NVLink domain if one can hold it (its hosts talk over NVLink, as GPUs of
+   one host do); else the fewest hosts, then hosts sharing a switch, then a rack
+   (`locality: any`): the tiers host < nvlink_domain < switch < rack < cluster.
 4. Tight fit: the host (and switch) with the fewest free GPUs that still fits, so
    whole hosts stay free for big jobs.
 5. CPU-only roles (parameter servers) go onto the hosts of the job's GPU roles,
@@ -26,13 +29,18 @@ from ..jobspec import JobSpec
 from ..plugins import Registry
 from .cluster import Host
 from .fit import Need, allocate_replica
+from .migfit import host_order, mig_eligible
 from .state import ClusterState, HostState, ReplicaAllocation, tier_of
 
-TIERS = {"host": ("host",), "switch": ("switch",), "rack": ("rack",),
-         "any": ("switch", "rack", "cluster")}
-# the locality that keeps a placement within a slowdown tier (0 one host, 1 one switch)
-_WITHIN = {0: "host", 1: "switch"}
-_STRICTNESS = {"host": 0, "switch": 1, "rack": 2, "any": 3}
+TIERS = {"host": ("host",), "nvlink_domain": ("nvlink_domain",), "switch": ("switch",),
+         "rack": ("rack",), "any": ("nvlink_domain", "switch", "rack", "cluster")}
+# the locality that keeps a placement within a slowdown tier (0 one host or NVLink domain,
+# 1 one switch); tier 0 is one host where the cluster has no NVLink domains
+_WITHIN = {0: "nvlink_domain", 1: "switch"}
+_STRICTNESS = {"host": 0, "nvlink_domain": 1, "switch": 2, "rack": 3, "any": 4}
+# how a pending reason names the domain a hard locality asks for
+WITHIN_LABEL = {"host": "one host", "nvlink_domain": "one NVLink domain",
+                "switch": "one switch", "rack": "one rack"}
 # After a domain fits, look at this many more domains of the tier for a better one.
 _EXTRA_DOMAINS = 3
 
@@ -42,9 +50,13 @@ def compile_needs(job: JobSpec) -> list[Need]:
     p = job.placement
     needs = [Need(r.name, r.replicas, r.gpus, r.cpus, r.booked_memory(),
                   tuple(r.gpu.model) if r.gpu.model else None,
-                  r.gpu.min_memory or 0, p.affinity, p.nics, p.cpu_allocation == "core")
+                  r.gpu.min_memory or 0, p.affinity, p.nics, p.cpu_allocation == "core",
+                  r.gpu.mig.profile if r.gpu.mig else None,
+                  r.gpu.mig.count if r.gpu.mig else 0)
              for r in job.roles]
-    return sorted(needs, key=lambda n: (n.gpus == 0, -n.gpus, -n.cpus))
+    # MIG roles go with the GPU roles (before CPU-only ones: they stay near them)
+    return sorted(needs, key=lambda n: (n.gpus == 0 and not n.mig, -n.gpus, -n.slices,
+                                        -n.cpus))
 
 
 @dataclass
@@ -57,7 +69,8 @@ class Placed:
 
     @property
     def tier(self) -> int:
-        """0: one host, 1: one switch, 2: across switches (what the slowdown depends on)."""
+        """0: one host or NVLink domain, 1: one switch, 2: across switches (what the
+        slowdown depends on)."""
         return tier_of(self.allocations)
 
 
@@ -122,10 +135,16 @@ class _Trial:
             self.max_score = sum(s.max_score for s in self.scorers)
         self._allowed: dict[tuple[str, int], bool] = {}
         self.progress = _Progress()
+        # placement.hosts: the only hosts the job may use (the local runner's worker host)
+        self.only = frozenset(job.placement.hosts) if job.placement.hosts else None
 
     def allowed(self, need: Need, host: Host) -> bool:
-        """Static per-host checks: eligible GPUs exist, plugin filters pass."""
+        """Static per-host checks: placement.hosts, eligible GPUs exist, plugin filters."""
+        if self.only is not None and host.name not in self.only:
+            return False
         if need.gpus and need.eligible(host.type).bit_count() < need.gpus:
+            return False
+        if need.mig and mig_eligible(host.type, need).bit_count() < need.slices:
             return False
         if not self.reg.filters:
             return True
@@ -159,6 +178,14 @@ class _Trial:
         bucket that holds the job; with `max_score` known, later buckets are searched
         for a better-scored host until one reaches it (ties: the tighter host)."""
         hosts = self.state.cluster.hosts
+        if not self.scorers and not self.total_gpus and any(n.mig for n in self.needs):
+            # MIG devices only: hosts whose MIG GPUs are partly used first (migfit)
+            need = next(n for n in self.needs if n.mig)
+            for h in host_order(self.state, need):
+                got = self.on_one_host(h)
+                if got is not None:
+                    return got
+            return None
         if not self.scorers:
             for bucket in self.state.by_free[self.total_gpus:]:
                 # by host index: the same state gives the same choice, whatever order
@@ -270,8 +297,10 @@ class _Trial:
                                       len(domain), placed_total)
 
     def domains(self, tier: str) -> list[tuple[str, list[Host]]]:
-        """Domains of a tier that could hold the job's GPUs, fullest first."""
+        """Domains of a tier that could hold the job's GPUs, tightest first."""
         c, s = self.state.cluster, self.state
+        if tier == "nvlink_domain":
+            return self.nvlink_domains()
         if tier == "switch":
             free, groups, name = s.switch_free, c.switches, lambda k: f"switch {k[1]}"
         elif tier == "rack":
@@ -281,6 +310,30 @@ class _Trial:
         keys = [k for k in groups if free[k] >= self.total_gpus]
         keys.sort(key=lambda k: (free[k], str(k)))
         return [(name(k), groups[k]) for k in keys]
+
+    def nvlink_domains(self) -> list[tuple[str, list[Host]]]:
+        """Multi-node NVLink domains that could hold the job's GPUs, tightest first; under
+        a hard `switch` or `rack` locality (a narrowed search), each domain's part under
+        one switch or rack."""
+        c, s = self.state.cluster, self.state
+        hard = self.job.placement.locality
+        out = []
+        for key, hosts in c.nvlink_domains.items():
+            if s.domain_free[key] < self.total_gpus:
+                continue
+            if hard in ("switch", "rack"):
+                parts: dict = {}
+                for h in hosts:
+                    parts.setdefault(h.switch_key if hard == "switch" else h.rack, []).append(h)
+                groups = list(parts.values())
+            else:
+                groups = [hosts]
+            for g in groups:
+                free = sum(s.hosts[h.index].usable_gpus.bit_count() for h in g)
+                if free >= self.total_gpus:
+                    out.append((free, key, g))
+        out.sort(key=lambda x: (x[0], x[1]))
+        return [(f"NVLink domain {key}", g) for _, key, g in out]
 
 
 def place(job: JobSpec, state: ClusterState, reg: Registry,
@@ -293,8 +346,10 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
     locality = p.locality
     if within in _WITHIN and _STRICTNESS[_WITHIN[within]] < _STRICTNESS[locality]:
         locality = _WITHIN[within]
+        if locality == "nvlink_domain" and not state.cluster.nvlink_domains:
+            locality = "host"         # no multi-node domain: tier 0 is one host
     replicas = sum(n.replicas for n in needs)
-    if p.pack or replicas == 1 or locality == "host":
+    if p.pack or replicas == 1 or locality in ("host", "nvlink_domain"):
         got = trial.single_host()
         if got:
             return Placed(got)
@@ -311,7 +366,9 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
             hosts = {a.host.index for a in got}
             switches = {a.host.switch_key for a in got}
             leftover = sum(state.hosts[i].usable_gpus.bit_count() for i in hosts)
-            key = (len(hosts) if p.pack else 0, rank, len(switches), leftover - trial.total_gpus)
+            # a placement inside one NVLink domain beats any other (tier 0 slowdown)
+            key = (tier != "nvlink_domain", len(hosts) if p.pack else 0, rank, len(switches),
+                   leftover - trial.total_gpus)
             if best is None or key < best[0]:
                 best = (key, got)
             if p.pack and len(hosts) == lower_bound:
@@ -319,21 +376,24 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
             extra = _EXTRA_DOMAINS if extra is None else extra - 1
             if extra <= 0:
                 break
-        if best is not None and (not p.pack or best[0][0] == lower_bound):
+        if best is not None and (tier == "nvlink_domain" or not p.pack
+                                 or best[0][1] == lower_bound):
             break
     if best is not None:
         return Placed(best[1])
-    return Unplaced(trial, {"switch": "one switch", "rack": "one rack"}.get(locality, ""))
+    return Unplaced(trial, WITHIN_LABEL.get(locality, ""))
 
 
 def never_fits(job: JobSpec, empty: ClusterState, reg: Registry,
                needs: list[Need] | None = None) -> str | None:
     """None if the job fits the empty cluster, else why it never can."""
+    from .explain import unknown_hosts, why_never
+
+    if job.placement.hosts and (why := unknown_hosts(job.placement.hosts, empty.cluster)):
+        return why          # a misspelt host name: never wait for it
     needs = needs or compile_needs(job)
     if isinstance(place(job, empty, reg, needs), Placed):
         return None
-    from .explain import why_never
 
-    within = {"host": "one host", "switch": "one switch", "rack": "one rack"}.get(
-        job.placement.locality, "")
+    within = WITHIN_LABEL.get(job.placement.locality, "")
     return why_never(_Trial(job, needs, empty, reg), within)

@@ -18,32 +18,45 @@ class HostState:
     """Free GPUs (bitmask), free logical CPUs per NUMA position (bitmasks), free memory per NUMA.
 
     `bad_gpus` (hard faults) are never handed out; `worn_gpus` (rising error counts,
-    thermal throttling) stay usable, but placement prefers the others.
+    thermal throttling) stay usable, but placement prefers the others. GPUs in MIG mode
+    are never free whole: their MIG devices are (`free_slices`, bits of the host type's
+    `mig` slots; `bad_slices`: those of bad GPUs).
     """
 
-    __slots__ = ("free_gpus", "bad_gpus", "free_cpus", "free_mem", "drained", "worn_gpus")
+    __slots__ = ("free_gpus", "bad_gpus", "free_cpus", "free_mem", "drained", "worn_gpus",
+                 "free_slices", "bad_slices")
 
     def __init__(self, free_gpus: int, free_cpus: list[int], free_mem: list[int],
-                 bad_gpus: int = 0, drained: bool = False, worn_gpus: int = 0):
+                 bad_gpus: int = 0, drained: bool = False, worn_gpus: int = 0,
+                 free_slices: int = 0, bad_slices: int = 0):
         self.free_gpus = free_gpus
         self.bad_gpus = bad_gpus
         self.free_cpus = free_cpus
         self.free_mem = free_mem
         self.drained = drained
         self.worn_gpus = worn_gpus
+        self.free_slices = free_slices
+        self.bad_slices = bad_slices
 
     @classmethod
     def empty(cls, host: Host) -> HostState:
         t = host.type
-        return cls(t.all_gpus, list(t.numa_cpus), list(t.numa_mem))
+        slices = t.mig.all if t.mig is not None else 0
+        return cls(t.all_gpus & ~t.mig_gpus, list(t.numa_cpus), list(t.numa_mem),
+                   free_slices=slices)
 
     def copy(self) -> HostState:
         return HostState(self.free_gpus, list(self.free_cpus), list(self.free_mem),
-                         self.bad_gpus, self.drained, self.worn_gpus)
+                         self.bad_gpus, self.drained, self.worn_gpus, self.free_slices,
+                         self.bad_slices)
 
     @property
     def usable_gpus(self) -> int:
         return 0 if self.drained else self.free_gpus & ~self.bad_gpus
+
+    @property
+    def usable_slices(self) -> int:
+        return 0 if self.drained else self.free_slices & ~self.bad_slices
 
     def n_cpus(self) -> int:
         return sum(m.bit_count() for m in self.free_cpus)
@@ -61,6 +74,13 @@ class ReplicaAllocation:
     cpu_masks: list[tuple[int, int]]     # (NUMA position, CPU bitmask)
     mem: list[tuple[int, int]]           # (NUMA position, bytes)
     nics: list[str] = field(default_factory=list)
+    slice_mask: int = 0                  # MIG devices (slots of the host type's `mig`)
+
+    @property
+    def slices(self) -> list:
+        """The MIG devices granted (mig.Slice), in slot order."""
+        mig = self.host.type.mig
+        return [s for s in mig.slices if self.slice_mask >> s.slot & 1] if mig else []
 
     @property
     def gpus(self) -> list[int]:
@@ -86,6 +106,7 @@ class ReplicaAllocation:
             "gpus": self.gpus, "cpus": self.cpus, "numa_nodes": self.numa_nodes,
             "memory_bytes": self.memory_bytes, "nics": list(self.nics),
             "memory_by_numa": {str(ids[p]): b for p, b in self.mem if b},
+            **({"mig": [s.to_dict() for s in self.slices]} if self.slice_mask else {}),
         }
 
 
@@ -96,6 +117,7 @@ def tier_of(allocations: Iterable[ReplicaAllocation]) -> int:
 
 def take(hs: HostState, a: ReplicaAllocation) -> None:
     hs.free_gpus &= ~a.gpu_mask
+    hs.free_slices &= ~a.slice_mask
     for p, m in a.cpu_masks:
         hs.free_cpus[p] &= ~m
     for p, b in a.mem:
@@ -104,6 +126,7 @@ def take(hs: HostState, a: ReplicaAllocation) -> None:
 
 def give_back(hs: HostState, a: ReplicaAllocation) -> None:
     hs.free_gpus |= a.gpu_mask
+    hs.free_slices |= a.slice_mask
     for p, m in a.cpu_masks:
         hs.free_cpus[p] |= m
     for p, b in a.mem:
@@ -136,6 +159,7 @@ class ClusterState:
         # usable GPUs per switch and per rack, kept current, to rank domains without a scan
         self.switch_free: dict[tuple[str, str], int] = {}
         self.rack_free: dict[str, int] = {}
+        self.domain_free: dict[str, int] = {}        # per multi-node NVLink domain
         # host -> {GPU index: why it is worn} (set_degraded_gpus), and whether any GPU is:
         # without worn GPUs the engine skips every wear preference
         self.worn_reasons: dict[str, dict[int, str]] = {}
@@ -146,6 +170,8 @@ class ClusterState:
         for h in cluster.hosts:
             self.switch_free.setdefault(h.switch_key, 0)
             self.rack_free.setdefault(h.rack, 0)
+            if h.nvlink_domain is not None:
+                self.domain_free.setdefault(h.nvlink_domain, 0)
             self.by_free[0][h.index] = None
             self._reindex(h.index)
 
@@ -160,6 +186,8 @@ class ClusterState:
         h = self.cluster.hosts[i]
         self.switch_free[h.switch_key] += n - old
         self.rack_free[h.rack] += n - old
+        if h.nvlink_domain is not None:
+            self.domain_free[h.nvlink_domain] += n - old
         self.usable_total += n - old
 
     def commit(self, job: str, allocs: list[ReplicaAllocation], start: float = 0.0,
@@ -216,6 +244,8 @@ class ClusterState:
     def set_unhealthy_gpus(self, host: str, gpus: list[int]) -> None:
         h = self.cluster.by_name[host]
         self.hosts[h.index].bad_gpus = sum(1 << g for g in gpus)
+        mig = h.type.mig
+        self.hosts[h.index].bad_slices = mig.of_gpus(sum(1 << g for g in gpus)) if mig else 0
         self._reindex(h.index)
         self.epoch += 1
 

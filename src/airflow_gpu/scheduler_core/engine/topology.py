@@ -99,6 +99,10 @@ class NvLink(_Model):
     switches: int | None = None
     links_per_gpu: int = 0
     generation: int | None = None
+    # GPUs of the multi-node NVLink domain this host's GPUs join through NVLink switches
+    # outside the host (GB200 NVL72: 72, one rack); None: NVLink stays inside the host.
+    # Which hosts share a domain is the cluster file's `nvlink_domain`.
+    domain_gpus: int | None = Field(None, ge=1)
 
 
 class PcieSwitch(_Model):
@@ -106,6 +110,17 @@ class PcieSwitch(_Model):
     numa_node: int | None = None
     parent: str | None = None
     members: list[str] = []
+
+
+class MigInstance(_Model):
+    """One MIG device of a GPU: a GPU instance (and its compute instance), in NVML's
+    order of MIG devices (nvmlDeviceGetMigDeviceHandleByIndex)."""
+
+    profile: str = Field(min_length=1, max_length=40)   # e.g. 1g.10gb
+    start: int | None = Field(None, ge=0, le=7)         # first memory slice (placement)
+    uuid: str | None = Field(None, max_length=100)      # MIG-..., where NVML reported it
+    gpu_instance: int | None = Field(None, ge=0)
+    compute_instance: int | None = Field(None, ge=0)
 
 
 class Gpu(_Model):
@@ -119,6 +134,11 @@ class Gpu(_Model):
     uuid: str | None = None
     pci_bus_id: str | None = None
     mig_mode: bool | None = None     # discovered hosts: MIG enabled on this GPU
+    # its MIG devices (reported by the node agent, or declared in the cluster file)
+    mig_instances: list[MigInstance] = Field([], max_length=16)   # NVML: at most 7 today
+    # NUMA node of the GPU's own memory where the OS exposes it as one (Grace systems:
+    # nvidia-smi topo -m's "GPU NUMA ID"); not a node of host.numa_nodes, never booked.
+    gpu_numa_id: int | None = Field(None, ge=0)
 
 
 class Nic(_Model):
@@ -185,6 +205,11 @@ class Topology(_Model):
                     raise ValueError(f"gpus[{g.index}].nvlink_peers: {g.index}->{peer} has "
                                      f"{links} links but {peer}->{g.index} has {back}; "
                                      "NVLink peers must be symmetric")
+        domain = self.nvlink.domain_gpus
+        if domain is not None and domain < len(indexes):
+            raise ValueError(f"nvlink.domain_gpus: {domain} is fewer than the host's own "
+                             f"{len(indexes)} GPUs; give the GPUs of the whole NVLink domain "
+                             "(e.g. 72 for a GB200 NVL72 rack) or leave it out")
         for nic in self.nics:
             for gi in nic.pix_gpus + nic.pxb_gpus:
                 if gi not in indexes:
@@ -221,6 +246,8 @@ class Topology(_Model):
                                               for g in doc["host"]["thread_siblings"]]
         for g in doc["gpus"]:
             g["cpu_affinity"] = format_cpulist(g["cpu_affinity"])
+            if not g.get("mig_instances"):     # GPUs without MIG read as before
+                g.pop("mig_instances", None)
         return doc
 
     def gpu_local_nics(self, gpu: int, role: str = "compute") -> list[str]:

@@ -36,8 +36,11 @@ def job_shape(spec: JobSpec) -> tuple:
     """What placement sees of a job: equal shapes fit (or fail) on the same state alike."""
     p = spec.placement
     roles = tuple((r.name, r.replicas, r.gpus, tuple(r.gpu.model or ()), r.gpu.min_memory or 0,
-                   r.cpus, r.booked_memory()) for r in spec.roles)
-    return roles, p.pack, p.locality, p.affinity, p.nics, p.cpu_allocation
+                   r.cpus, r.booked_memory(),
+                   (r.gpu.mig.profile, r.gpu.mig.count) if r.gpu.mig else None)
+                  for r in spec.roles)
+    return (roles, p.pack, p.locality, p.affinity, p.nics, p.cpu_allocation,
+            tuple(p.hosts or ()))
 
 
 def size_factor(gpus: int, runtime: float) -> float:

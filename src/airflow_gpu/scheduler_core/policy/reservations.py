@@ -55,6 +55,15 @@ class Reservation:
             mine[a.host.index] = (g | a.gpu_mask, cpus)
         return mine
 
+    @functools.cached_property
+    def _held_slices(self) -> dict[int, int]:
+        """Per host index: the MIG devices it holds."""
+        mine: dict[int, int] = {}
+        for a in self.allocations:
+            if a.slice_mask:
+                mine[a.host.index] = mine.get(a.host.index, 0) | a.slice_mask
+        return mine
+
     def overlaps(self, allocs: list[ReplicaAllocation]) -> bool:
         """Whether `allocs` take any GPU or core this reservation holds."""
         mine = self._held
@@ -63,6 +72,8 @@ class Reservation:
                 continue
             g, cpus = mine[a.host.index]
             if a.gpu_mask & g or any(m & cpus.get(p, 0) for p, m in a.cpu_masks):
+                return True
+            if a.slice_mask & self._held_slices.get(a.host.index, 0):
                 return True
         return False
 
@@ -75,6 +86,8 @@ class Reservation:
             hs = state.hosts[i]
             gpus = sum(a.gpu_mask for a in allocs)
             if gpus & ~hs.usable_gpus:
+                return False
+            if sum(a.slice_mask for a in allocs) & ~hs.usable_slices:
                 return False
             cpus: dict[int, int] = {}
             mem: dict[int, int] = {}
@@ -93,28 +106,32 @@ class Hold:
     """Takes a reservation's resources from the state as they come free; `drop` returns them."""
 
     def __init__(self, allocations: list[ReplicaAllocation]):
-        # still to take, per host and replica: [alloc, gpu mask, {numa: cpus}, {numa: bytes}]
+        # still to take, per host and replica:
+        # [alloc, gpu mask, {numa: cpus}, {numa: bytes}, MIG slot mask]
         self.want: dict[int, list[list]] = {}
         for a in allocations:
             self.want.setdefault(a.host.index, []).append(
-                [a, a.gpu_mask, dict(a.cpu_masks), dict(a.mem)])
+                [a, a.gpu_mask, dict(a.cpu_masks), dict(a.mem), a.slice_mask])
         self.pieces: list[ReplicaAllocation] = []
 
     def grab(self, state: ClusterState, host: int | None = None) -> None:
         for wants in self.want.values() if host is None else (self.want.get(host, ()),):
             for w in wants:
-                a, gpus, cpus, mem = w
+                a, gpus, cpus, mem, slots = w
                 hs = state.hosts[a.host.index]
                 g = gpus & hs.free_gpus
+                sl = slots & hs.free_slices
                 c = [(p, m & hs.free_cpus[p]) for p, m in cpus.items() if m & hs.free_cpus[p]]
                 b = [(p, min(n, hs.free_mem[p])) for p, n in mem.items()
                      if n and hs.free_mem[p] > 0]
-                if not (g or c or b):
+                if not (g or c or b or sl):
                     continue
-                piece = ReplicaAllocation(a.job, a.role, a.index, a.host, g, c, b)
+                piece = ReplicaAllocation(a.job, a.role, a.index, a.host, g, c, b,
+                                          slice_mask=sl)
                 state.hold(piece)
                 self.pieces.append(piece)
                 w[1] = gpus & ~g
+                w[4] = slots & ~sl
                 for p, m in c:
                     cpus[p] &= ~m
                 for p, n in b:

@@ -21,6 +21,8 @@ from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster, Host
 from ..engine.hosttype import HostType, host_type
+from ..engine.mig import has_mig_report, mig_slots, with_layout
+from ..engine.migconfig import declared_layouts
 from ..engine.state import ClusterState
 from ..engine.topology import Topology
 from ..errors import InputError
@@ -72,15 +74,28 @@ def compose(file: Cluster, rows, models: dict[str, Topology]) -> Cluster:
     hosts: list[Host] = []
     for h in file.hosts:
         r = regs.pop(h.name, None)
-        htype = host_type(models[r.topology_hash]) if r else h.type
+        htype = _registered_type(h, models[r.topology_hash]) if r else h.type
         hosts.append(Host(len(hosts), h.name, htype, h.rack, h.switch,
                           h.docker_url or (r and r.docker_url),
                           {**((r and r.labels) or {}), **h.labels},
-                          h.address or (r and r.address)))
+                          h.address or (r and r.address), h.nvlink_domain))
     for name, r in sorted(regs.items()):
         hosts.append(Host(len(hosts), name, host_type(models[r.topology_hash]), r.rack,
                           r.switch, r.docker_url, dict(r.labels or {}), r.address))
     return Cluster(file.name, hosts)
+
+
+def _registered_type(h: Host, topo: Topology) -> HostType:
+    """A file host's registered model: the agent's wins, but one that says nothing of
+    MIG (an agent in declared mode) keeps the cluster file's MIG layout."""
+    declared = declared_layouts(h.type.topo)
+    if declared and not has_mig_report(topo):
+        try:
+            topo = with_layout(topo, declared)
+        except ValueError as exc:
+            log.error("host %s: the cluster file's MIG layout does not fit the model its "
+                      "agent registered (%s); scheduling it without MIG", h.name, exc)
+    return host_type(topo)
 
 
 def _misfit(t: HostType, live: list[AllocationRow]) -> str | None:
@@ -92,10 +107,12 @@ def _misfit(t: HostType, live: list[AllocationRow]) -> str | None:
         gpus = [g for g in a.gpus if g >= t.n_gpus]
         lost = [c for c in a.cpus if not cpus >> c & 1]
         numa = [n for n in a.memory_by_numa if int(n) not in t.numa_ids]
-        if gpus or lost or numa:
+        mig = [m["label"] for m in a.mig or () if not mig_slots(t.mig, [m])]
+        if gpus or lost or numa or mig:
             return (f"job {a.job_id} holds " + ", ".join(
                 f"{what} {','.join(map(str, xs))}" for what, xs in
-                (("GPUs", gpus), ("CPUs", lost), ("NUMA nodes", numa)) if xs)
+                (("GPUs", gpus), ("CPUs", lost), ("NUMA nodes", numa),
+                 ("MIG devices", mig)) if xs)
                 + " that the new model does not have")
     return None
 

@@ -68,3 +68,13 @@ def add_allocation(svc, view: dict) -> dict:
                         "since": h.get("drained_at"), "by": h.get("drained_by")}
                        for h in hosts if h["drained"]])
     return view
+
+
+def mig_view(t, gpu: int, host: str, holds: dict) -> dict:
+    """A GPU in MIG mode in the cluster view: its MIG devices and who holds each (it is
+    never free whole); {} for a GPU that is not."""
+    if not t.mig_gpus >> gpu & 1:
+        return {}
+    return {"mig_mode": True, "mig": [
+        {**s.to_dict(), "job": holds.get((host, gpu, s.index))}
+        for s in t.mig.slices if s.gpu == gpu]}

@@ -44,6 +44,7 @@ from ..store.models import (
     GpuRow,
     HostRow,
     JobRow,
+    MigHoldRow,
     TeamRow,
 )
 
@@ -619,6 +620,7 @@ class Service:
     @staticmethod
     def _release(s: Session, job_id: str) -> None:
         s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == job_id))
+        s.execute(delete(MigHoldRow).where(MigHoldRow.job_id == job_id))
         s.execute(delete(CpuHoldRow).where(CpuHoldRow.job_id == job_id))
         s.execute(_update(AllocationRow).where(AllocationRow.job_id == job_id,
                                                AllocationRow.live.is_(True))
@@ -697,7 +699,11 @@ class Service:
                 *([HostRow.name == only] if only else [])))}
             health = {(g.host, g.index): g for g in s.scalars(select(GpuRow))}
             holds = {(g.host, g.gpu): g.job_id for g in s.scalars(select(GpuHoldRow))}
+            mig_holds = {(m.host, m.gpu, m.device): m.job_id
+                         for m in s.scalars(select(MigHoldRow))}
             jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(LIVE)))}
+        from .clusterview import mig_view
+
         out = []
         for h in cluster.hosts:
             if only and h.name != only:
@@ -715,10 +721,12 @@ class Service:
                              "worn": "; ".join(wear_reasons(rec, at)) or None
                              if rec and rec.healthy else None, "job": job,
                              "team": jobs[job].team if job in jobs else None,
-                             **{k: getattr(rec, k) if rec else None for k in UTILIZATION}})
+                             **{k: getattr(rec, k) if rec else None for k in UTILIZATION},
+                             **mig_view(h.type, g, h.name, mig_holds)})
             up = not (row and row.drained) and reachable(row, self.settings.host_timeout, now)
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
-                        "switch": h.switch, "docker_url": h.docker_url,
+                        "switch": h.switch, "nvlink_domain": h.nvlink_domain,
+                        "docker_url": h.docker_url,
                         "address": h.address or h.name, "drained": bool(row and row.drained),
                         "drain_reason": row.drain_reason if row and row.drained else None,
                         "drained_at": row.drained_at if row and row.drained else None,
@@ -730,8 +738,8 @@ class Service:
                                    "groups": nvlink_groups(h.type.links)},
                         "gpus": gpus,
                         # drained and unreachable hosts' GPUs are never free
-                        "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"])
-                        if up else 0})
+                        "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"]
+                                         and not x.get("mig_mode")) if up else 0})
         from .clusterview import add_allocation
 
         return add_allocation(self, {"cluster": cluster.name, "hosts": out,

@@ -1,7 +1,7 @@
 """What differs between two models of one host, in the terms its jobs were placed in: GPU
-names and memory, NUMA nodes (ids, CPUs, memory) and NICs (names, which GPUs they serve).
-A host with live allocations keeps the model it is scheduled with while any of these
-would change (agents.py)."""
+names and memory, MIG layouts, NUMA nodes (ids, CPUs, memory) and NICs (names, which
+GPUs they serve). A host with live allocations keeps the model it is scheduled with while
+any of these would change (agents.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def changes(old: HostType, new: HostType) -> list[str]:
     out = []
     out += _per_gpu("GPU", old.gpu_name, new.gpu_name, str)
     out += _per_gpu("GPU memory of GPU", old.gpu_mem, new.gpu_mem, _size)
+    out += _per_gpu("MIG layout of GPU", _mig(old), _mig(new), str)
     numa_old, numa_new = _numa(old), _numa(new)
     if numa_old != numa_new:
         out.append(f"NUMA nodes: {numa_old} -> {numa_new}")
@@ -42,6 +43,15 @@ def _per_gpu(what: str, old: list, new: list, show) -> list[str]:
             label = f"{what} {i}" if i == j else f"{what}s {i}-{j}"
             out.append(f"{label}: {a} -> {b}")
         i = j + 1
+    return out
+
+
+def _mig(t: HostType) -> list[str]:
+    """Per GPU: `whole`, or `MIG` and its devices' profiles."""
+    out = ["whole"] * t.n_gpus
+    if t.mig is not None:
+        for g in bits(t.mig.gpus):
+            out[g] = "MIG [" + ", ".join(s.profile for s in t.mig.slices if s.gpu == g) + "]"
     return out
 
 

@@ -36,6 +36,16 @@ class FinishRequest(_In):
                                 "launcher started; finishing a later one answers 409")
 
 
+class MigDeviceOut(BaseModel):
+    gpu: int
+    index: int = Field(description="its position among the GPU's MIG devices")
+    profile: str
+    start: int | None = None
+    uuid: str | None = Field(None, description="MIG-...; None where only the cluster file "
+                             "declares the layout (the launcher asks NVML on the host)")
+    label: str = Field(description="e.g. GPU 2 MIG 1g.10gb #3")
+
+
 class ReplicaOut(BaseModel):
     role: str
     index: int
@@ -45,11 +55,14 @@ class ReplicaOut(BaseModel):
     memory_by_numa: dict[str, int]
     nics: list[str]
     live: bool
+    mig: list[MigDeviceOut] = Field(default_factory=list, description=
+                                    "MIG devices granted instead of whole GPUs")
 
     @classmethod
     def of(cls, a: AllocationRow) -> ReplicaOut:
         return cls(role=a.role, index=a.replica, host=a.host, gpus=a.gpus, cpus=a.cpus,
-                   memory_by_numa=a.memory_by_numa, nics=a.nics, live=a.live)
+                   memory_by_numa=a.memory_by_numa, nics=a.nics, live=a.live,
+                   mig=a.mig or [])
 
 
 class ReasonOut(BaseModel):

@@ -13,10 +13,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster
+from ..engine.mig import mig_slots
 from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
 from ..policy.scheduler import Rejected, Scheduler
-from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, GpuRow, HostRow, JobRow
+from ..store.models import (
+    AllocationRow,
+    CpuHoldRow,
+    GpuHoldRow,
+    GpuRow,
+    HostRow,
+    JobRow,
+    MigHoldRow,
+)
 from ..units import format_duration
 from . import passerrors
 from .agents import silent_hosts
@@ -199,7 +208,7 @@ def _to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:
     mem = [(t.numa_ids.index(int(n)), b) for n, b in a.memory_by_numa.items()]
     return ReplicaAllocation(a.job_id, a.role, a.replica, host,
                              sum(1 << g for g in a.gpus), sorted(cpu_masks.items()),
-                             sorted(mem), list(a.nics))
+                             sorted(mem), list(a.nics), mig_slots(t.mig, a.mig))
 
 
 def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation],
@@ -209,8 +218,10 @@ def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation],
         s.add(AllocationRow(job_id=job_id, role=a.role, replica=a.index, host=a.host.name,
                             gpus=d["gpus"], cpus=d["cpus"],
                             memory_by_numa=d["memory_by_numa"], nics=d["nics"],
-                            live=True, granted_at=now))
+                            mig=d.get("mig"), live=True, granted_at=now))
         s.add_all(GpuHoldRow(host=a.host.name, gpu=g, job_id=job_id) for g in a.gpus)
+        s.add_all(MigHoldRow(host=a.host.name, gpu=m.gpu, device=m.index, job_id=job_id)
+                  for m in a.slices)
         s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
     s.flush()   # the hold keys are checked here, inside the pass's transaction
 

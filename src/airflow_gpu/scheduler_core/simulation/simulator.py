@@ -22,8 +22,9 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..engine.cluster import Cluster
+from ..engine.cluster import Cluster, tier_of_hosts
 from ..engine.state import ClusterState
+from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig
 from ..policy.scheduler import PassResult, Rejected, Scheduler
@@ -44,6 +45,13 @@ class SimOptions:
     # preemption loses is the work since the last one (None or 0: no checkpoints, all)
     checkpoint_interval: float | None = 1800
     high_priority: int = 100          # jobs of this priority or more: the `hi_*` metrics
+    # a trace job's spec, where the caller gives its own (e.g. MIG devices for some jobs;
+    # bench/mig.py); None: trace.job_spec
+    spec_of: Callable[[TraceJob], JobSpec] | None = None
+    # the hardware jobs really run on, where the scheduler is shown another view of it
+    # (bench/nvlink_domain.py: placement blind to NVLink domains); hosts are matched by
+    # name and the slowdown tier is taken on these. None: the scheduler's own cluster.
+    true_cluster: Cluster | None = None
 
 
 @dataclass
@@ -187,7 +195,8 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
         while i < n and trace[i].submit == now:
             t = trace[i]
             i += 1
-            spec = job_spec(t, host_gpus, options.cpus_per_gpu, options.memory_per_gpu)
+            spec = (options.spec_of(t) if options.spec_of is not None else
+                    job_spec(t, host_gpus, options.cpus_per_gpu, options.memory_per_gpu))
             try:
                 checkpoints(sched.submit(spec, now, t.expected_runtime or t.duration))
                 ids[spec.name] = t.job_id
@@ -210,7 +219,11 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             rec = records[ids[job.name]]
             hosts = {a.host.index for a in placed.allocations}
             switches = {a.host.switch_key for a in placed.allocations}
-            factor = options.slowdown[0 if len(hosts) <= 1 else 1 if len(switches) == 1 else 2]
+            # one host or one NVLink domain / one switch / across switches (tier_of_hosts)
+            real = options.true_cluster
+            factor = options.slowdown[tier_of_hosts(
+                real.by_name[a.host.name] if real is not None else a.host
+                for a in placed.allocations)]
             if rec.start is None:
                 rec.start = now
             rec.hosts, rec.switches = len(hosts), len(switches)

@@ -150,6 +150,8 @@ class AllocationRow(Base):
     cpus: Mapped[list[Any]] = mapped_column()
     memory_by_numa: Mapped[dict[str, Any]] = mapped_column()
     nics: Mapped[list[Any]] = mapped_column()
+    # MIG devices held ([{gpu, index, profile, start, uuid, label}]); None: none
+    mig: Mapped[list[Any] | None] = mapped_column(nullable=True)
     live: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
     # when the grant began and ended: GPU-seconds granted, for accounting
     granted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
@@ -160,6 +162,16 @@ class GpuHoldRow(Base):
     __tablename__ = "gpu_holds"
     host: Mapped[str] = mapped_column(ForeignKey("hosts.name"), primary_key=True)
     gpu: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+
+
+class MigHoldRow(Base):
+    """A MIG device held: (host, GPU, its position among the GPU's MIG devices)."""
+
+    __tablename__ = "mig_holds"
+    host: Mapped[str] = mapped_column(ForeignKey("hosts.name"), primary_key=True)
+    gpu: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device: Mapped[int] = mapped_column(Integer, primary_key=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
 
 
