@@ -1,9 +1,7 @@
-"""`airflow-gpu demo`: the example pipeline as a real Airflow run on a simulated cluster.
-
-It starts the scheduler-core (SQLite, the built-in `demo` cluster: four DGX hosts under two
-switches), migrates a throw-away Airflow home, runs `dags_examples/gpu_training_pipeline.py`
-with `dag.test()` and the local-process runner (every replica prints the GPUs, cores and
-NUMA node it was given), then prints the placements and the outcome. No GPU, no Docker.
+"""`airflow-gpu demo`: three teams share the built-in demo cluster through a running
+Airflow (scheduler with LocalExecutor, triggerer, dag-processor, API server) and the
+scheduler-core, with local processes for replicas: no GPU, no Docker. demo_run.py runs
+the story; `dag_test` below runs one DAG with `dag.test()` (the e2e tests use it).
 """
 
 from __future__ import annotations
@@ -11,17 +9,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
-import httpx
+from .demo_stack import free_port  # noqa: F401  (the tests' servers use it from here)
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "dags_examples" / "gpu_training_pipeline.py"
 RESULT = "DAG-RESULT "
 
 
@@ -52,138 +43,33 @@ def _returned(dag_id: str, run_id: str) -> dict:
         return {r.task_id: XComModel.deserialize_value(r) for r in rows}
 
 
-def free_port() -> int:
-    """A free loopback port (the demo's and the tests' servers)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _cli(*args: str) -> str:
-    return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], check=True,
-                          capture_output=True, text=True).stdout.strip()
-
-
 def run_demo(args: argparse.Namespace) -> int:
-    from rich.console import Console
-    from rich.table import Table
-
     from .scheduler_core.errors import InputError
 
     if importlib.util.find_spec("airflow") is None:
         raise InputError("the demo runs Apache Airflow, which is not installed here: "
                          "pip install 'airflow-provider-gpu[airflow]' (make demo does)")
-    if not Path(args.dag_file).is_file():
-        raise InputError(f"--dag-file: {args.dag_file} does not exist; point it at "
-                         "dags_examples/gpu_training_pipeline.py of a source checkout")
+    if args.speed <= 0:
+        raise InputError(f"--speed: {args.speed} is not a positive factor; give e.g. 1 "
+                         "(the default) or 2 for replicas that run twice as long")
+    from rich.console import Console
 
-    console = Console(width=None if sys.stdout.isatty() else 120)
-    work = Path(tempfile.mkdtemp(prefix="airflow-gpu-demo-"))
-    db, port = f"sqlite:///{work}/scheduler.db", free_port()
-    url = f"http://127.0.0.1:{port}"
-    console.print(f"[bold]scheduler-core[/] on {url} (cluster {args.cluster!r}, {db})")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db, "--create",
-         "--cluster", args.cluster, "--port", str(port), "--interval", "0.5",
-         "--log-level", "warning"],
-        stdout=subprocess.DEVNULL, stderr=open(work / "scheduler.log", "w"))  # noqa: SIM115
-    try:
-        _wait_healthy(url, server)
-        token = _cli("token", "create", "--team", "vision", "--db", db).splitlines()[-1]
-        home = work / "airflow"
-        env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-               "AIRFLOW__CORE__DAGS_FOLDER": str(Path(args.dag_file).resolve().parent),
-               "AIRFLOW_GPU_EXAMPLE_RUNNER": "local", "AIRFLOW_GPU_EXAMPLE_WORK": "sleep 1",
-               # every simulated host is this machine: the local runner may start them all
-               "AIRFLOW__GPU_SCHEDULER__LOCAL_HOST": "*",
-               "AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT": json.dumps({
-                   "conn_type": "gpu_scheduler", "host": "127.0.0.1", "port": port,
-                   "password": token})}
-        console.print(f"[bold]Airflow[/] home {home}: migrating the metadata database")
-        subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], env=env,
-                       check=True, capture_output=True)
-        console.print(f"[bold]dag.test()[/] {args.dag_file} (full log: {work}/airflow.log)\n"
-                      "  replicas run as local processes; the hosts are simulated "
-                      "([gpu_scheduler] local_host = *: every host is this machine), so CPU "
-                      "binding and cgroups apply only where this machine has the CPUs "
-                      "(warnings in the log)")
-        result = _run_pipeline(args.dag_file, args.dag_id, env, work / "airflow.log", console)
-        _print_placements(console, url, token, Table)
-        ok = result.get("state") == "success"
-        console.print(f"[bold]outcome:[/] DAG run {result.get('state')}; tasks "
-                      + ", ".join(f"{t} {s}" for t, s in result.get("tasks", {}).items()),
-                      style="green" if ok else "red")
-        return 0 if ok else 1
-    finally:
-        server.terminate()
-        server.wait(10)
+    from . import demo_run
 
-
-def _wait_healthy(url: str, server: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise SystemExit("the scheduler-core did not start; see its log")
-        try:
-            httpx.get(f"{url}/healthz", timeout=2).raise_for_status()
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit("the scheduler-core did not answer within 60 s")
-
-
-def _run_pipeline(dag_file: str, dag_id: str, env: dict, log: Path, console) -> dict:
-    """dag.test() in a child process; show what the replicas say, keep the rest in a file."""
-    proc = subprocess.Popen([sys.executable, "-m", "airflow_gpu.demo", "--dag-test",
-                             dag_file, dag_id], env=env, text=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    result: dict = {}
-    with open(log, "w") as out:
-        for line in proc.stdout:
-            out.write(line)
-            if line.startswith(RESULT):
-                result = json.loads(line.removeprefix(RESULT))
-            elif "[DAG TEST] starting task_id=" in line:
-                console.print(f"[bold cyan]task {line.split('task_id=')[1].split()[0]}[/]")
-            elif any(k in line for k in ("waiting for GPUs", " granted ", "] exited with",
-                                         " on dgx-", "Task failed", "Error")):
-                console.print("  " + _message(line), highlight=False, markup=False)
-    proc.wait()
-    if not result:
-        console.print(f"[red]dag.test() did not finish[/]; the end of {log}:\n"
-                      + "".join(log.read_text().splitlines(True)[-30:]), highlight=False)
-    return result
-
-
-def _message(line: str) -> str:
-    """The log record's message, without the timestamp and logger columns."""
-    text = line.split("] ", 1)[1] if "] " in line else line
-    return text.split(" [airflow.", 1)[0].strip()
-
-
-def _print_placements(console, url: str, token: str, Table) -> None:
-    http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"})
-    table = Table(title="Placements", title_justify="left")
-    for col in ("job", "state", "replica", "host", "GPUs", "CPUs", "NUMA", "NICs"):
-        table.add_column(col)
-    from .scheduler_core.engine.topology import format_cpulist
-
-    for j in http.get("/api/v1/jobs").json():
-        job = http.get(f"/api/v1/jobs/{j['id']}").json()
-        for r in job["replicas"]:
-            table.add_row(job["name"].split(".", 1)[-1], job["state"],
-                          f"{r['role']}-{r['index']}", r["host"],
-                          ",".join(map(str, r["gpus"])) or "-", format_cpulist(r["cpus"]),
-                          ",".join(r["memory_by_numa"]), ",".join(r["nics"]) or "-")
-    console.print(table)
+    console = Console(width=None if sys.stdout.isatty() else 120, highlight=False)
+    return demo_run.run(args, console)
 
 
 def add_command(sub) -> None:
-    d = sub.add_parser("demo", help="run the example pipeline through Airflow on a "
-                       "simulated DGX cluster (local processes, no GPU needed)")
-    d.add_argument("--cluster", default="demo", help="cluster file or built-in name")
-    d.add_argument("--dag-file", default=str(EXAMPLE))
-    d.add_argument("--dag-id", default="gpu_training_pipeline")
+    d = sub.add_parser("demo", help="three teams share a simulated DGX cluster through a "
+                       "running Airflow: deferral, backfill and priority, then a timeline "
+                       "(local processes, no GPU or Docker needed)")
+    d.add_argument("--out", default="demo-output", help="folder for demo-story.json and "
+                   "demo-timeline.png (default ./demo-output)")
+    d.add_argument("--keep", action="store_true", help="keep the whole stack (and the "
+                   "Airflow UI with its GPU pages) up after the story, until Ctrl-C")
+    d.add_argument("--speed", type=float, default=1.0, help="factor on how long the "
+                   "replicas run (default 1)")
     d.set_defaults(func=run_demo)
 
 

@@ -1,12 +1,16 @@
-"""The example DAGs import cleanly, and `airflow-gpu demo` (what `make demo` runs) takes
-the example pipeline through real Airflow on the simulated cluster."""
+"""The example DAGs (and the demo's, test_demo_story.py runs them) import cleanly, and
+the example pipeline runs through Airflow (`dag.test()`, local processes) on the built-in
+demo cluster."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
+from tests.e2e.conftest import airflow_env, create_token
 from tests.helpers import REPO
+from tests.service.servers import Server
 
 
 def test_example_dags_import_without_errors():
@@ -24,14 +28,37 @@ def test_example_dags_import_without_errors():
                                                                "train_pytorch"}
 
 
-def test_demo_runs_the_pipeline_through_airflow():
-    out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "demo"], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-2000:]
-    assert "outcome: DAG run success" in out.stdout
-    for task in ("etl", "train_tensorflow", "train_pytorch", "validate"):
-        assert f"task {task}" in out.stdout
-    # every replica printed its grant, e.g. "[worker-9] worker-9 on dgx-h-02: GPUs [1] ..."
-    lines = [x for x in out.stdout.splitlines() if "] worker-" in x and " GPUs [" in x]
-    assert len(lines) == 12                     # 10 TensorFlow + 2 PyTorch workers
-    assert "Placements" in out.stdout
+def test_demo_dags_import_without_errors():
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "src" / "airflow_gpu" / "demo_dags"))
+    assert bag.import_errors == {}
+    assert sorted(bag.dags) == ["demo_nlp_finetune", "demo_nlp_sweep", "demo_research_eval",
+                                "demo_research_pretrain", "demo_vision_retrain"]
+    assert bag.dags["demo_research_pretrain"].task_dict["pretrain"].roles[0]["replicas"] == 4
+
+
+def test_example_pipeline_runs_through_airflow(airflow_home, tmp_path):
+    server = Server(f"sqlite:///{tmp_path}/scheduler.db", "demo", interval=0.2,
+                    log=tmp_path / "server.log")
+    try:
+        conn = json.dumps({"conn_type": "gpu_scheduler", "host": "127.0.0.1",
+                           "port": server.port, "password": create_token(server.db, "vision")})
+        out = subprocess.run(
+            [sys.executable, "-m", "airflow_gpu.demo", "--dag-test",
+             str(REPO / "dags_examples" / "gpu_training_pipeline.py"), "gpu_training_pipeline"],
+            cwd=REPO, capture_output=True, text=True, timeout=300, env=airflow_env(
+                airflow_home, AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT=conn,
+                AIRFLOW__CORE__DAGS_FOLDER=str(REPO / "dags_examples"),
+                AIRFLOW_GPU_EXAMPLE_RUNNER="local", AIRFLOW_GPU_EXAMPLE_WORK="sleep 1"))
+    finally:
+        server.stop()
+    lines = [x for x in out.stdout.splitlines() if x.startswith("DAG-RESULT ")]
+    assert lines, out.stdout[-4000:] + out.stderr[-2000:]
+    result = json.loads(lines[-1].removeprefix("DAG-RESULT "))
+    assert result["state"] == "success", result
+    assert set(result["tasks"].values()) == {"success"}
+    # every GPU worker got its own grant: 10 TensorFlow workers and 2 PyTorch workers
+    workers = [r for task in ("train_tensorflow", "train_pytorch")
+               for r in result["returned"][task]["replicas"] if r["role"] == "worker"]
+    assert len(workers) == 12 and all(r["gpus"] for r in workers)
