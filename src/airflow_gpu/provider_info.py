@@ -37,11 +37,22 @@ PROVIDER_INFO = {
                                "docker_gpu_mode = env; empty: the engine's default.",
                 "version_added": "0.1.0", "type": "string", "example": "nvidia",
                 "default": ""},
+            "docker_conn_id": {
+                "description": "The Airflow connection (type docker) of each host's Docker "
+                               "engine: address, TLS or SSH, registry login. {host} is the "
+                               "host name with characters other than letters, digits and _ "
+                               "as _. With the default, a host without such a connection "
+                               "uses its docker_url; any other pattern must name connections "
+                               "that exist. See docs/docker-connections.md.",
+                "version_added": "0.1.0", "type": "string", "example": "dgx_engine_{host}",
+                "default": "docker_{host}"},
             "local_host": {
                 "description": "This worker machine's host name in the GPU cluster. The local "
                                "runner (GpuBashOperator, @task.gpu, GpuGangOperator(runner="
-                               "\"local\")) fails a task whose replicas were granted on "
-                               "another host. Empty: $AIRFLOW_GPU_LOCAL_HOST, else the "
+                               "\"local\")) asks the scheduler for this host only and "
+                               "fails a task on a worker that is no cluster host, on another "
+                               "host's queue, or whose replicas were granted on another "
+                               "host. Empty: $AIRFLOW_GPU_LOCAL_HOST, else the "
                                "machine's host name (full or short). * accepts every host: "
                                "only for a simulated cluster whose hosts are all this machine.",
                 "version_added": "0.1.0", "type": "string", "example": "dgx-a-01",

@@ -5,7 +5,7 @@ NUMA memory nodes and memory limit from the placement, labels naming job, DAG an
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import docker
@@ -15,6 +15,7 @@ from requests.exceptions import RequestException
 
 from ..scheduler_core.engine.topology import format_cpulist
 from .handle import LaunchError, signal_of
+from .migdevices import cdi_names, toolkit_ids
 from .replica import Replica
 
 GPU_MODES = ("device-request", "cdi", "env")
@@ -32,19 +33,21 @@ def parse_mount(spec: str | Mount) -> Mount:
                  read_only=len(parts) == 3 and parts[2] == "ro")
 
 
-def gpu_options(mode: str, gpus: list[int], runtime: str | None) -> dict:
-    """The create_container arguments that hand these GPUs to the container."""
+def gpu_options(mode: str, gpus: list[int], runtime: str | None,
+                mig: list[dict] | None = None) -> dict:
+    """The create_container arguments that hand these GPUs (or MIG devices) to the
+    container: MIG devices by UUID, or GPU:INDEX where no UUID is known (migdevices.py)."""
     if mode not in GPU_MODES:
         raise ValueError(f"gpu_mode: {mode!r} is not one of {', '.join(GPU_MODES)}")
-    if not gpus:
+    if not gpus and not mig:
         return {"runtime": runtime} if runtime else {}
-    ids = [str(g) for g in gpus]
+    ids = [str(g) for g in gpus] + toolkit_ids(mig or [])
     if mode == "device-request":
         return {"device_requests": [DeviceRequest(driver="nvidia", device_ids=ids,
                                                   capabilities=[["gpu"]])]}
     if mode == "cdi":
         return {"device_requests": [DeviceRequest(driver="cdi", device_ids=[
-            f"nvidia.com/gpu={g}" for g in ids])]}
+            f"nvidia.com/gpu={g}" for g in gpus] + cdi_names(mig or []))]}
     # env: the NVIDIA container runtime (or the engine's default runtime, where the
     # NVIDIA toolkit is configured as default) reads NVIDIA_VISIBLE_DEVICES
     return {"runtime": runtime} if runtime else {}
@@ -61,14 +64,18 @@ class DockerLauncher:
     default_url: str | None = None         # engine for hosts without a docker_url
     labels: dict[str, str] = field(default_factory=dict)
     shm_size: str | None = "1g"            # NCCL and data loaders need more than 64 MiB
+    # the host's engine through its Airflow connection (hooks/docker_engine.py): TLS, SSH,
+    # registry login; None: docker_url / default_url / DOCKER_HOST without credentials
+    connect: Callable[[Replica], docker.DockerClient] | None = None
 
     def create(self, r: Replica, env: dict[str, str]):
         """The container for a replica, created but not started."""
-        client = engine(r, self.default_url)
+        client = self.connect(r) if self.connect else engine(r, self.default_url)
         env = {**r.env(), **env}
-        if self.gpu_mode == "env" and r.gpus:
-            env["NVIDIA_VISIBLE_DEVICES"] = ",".join(map(str, r.gpus))
-        elif not r.gpus:
+        if self.gpu_mode == "env" and (r.gpus or r.mig):
+            env["NVIDIA_VISIBLE_DEVICES"] = ",".join([*map(str, r.gpus),
+                                                      *toolkit_ids(r.mig)])
+        elif not r.gpus and not r.mig:
             # CUDA base images set NVIDIA_VISIBLE_DEVICES=all: where the NVIDIA runtime
             # runs the container (the engine's default), a CPU-only replica would get
             # every GPU; "void" gives it none
@@ -82,7 +89,7 @@ class DockerLauncher:
             cpuset_mems=",".join(map(str, r.numa_nodes)) or None,
             mem_limit=r.memory_bytes, network_mode=self.network_mode,
             mounts=[parse_mount(m) for m in self.mounts], shm_size=self.shm_size,
-            detach=True, **gpu_options(self.gpu_mode, r.gpus, self.runtime))
+            detach=True, **gpu_options(self.gpu_mode, r.gpus, self.runtime, r.mig))
         try:
             try:
                 return client.containers.create(**kwargs)
@@ -92,7 +99,8 @@ class DockerLauncher:
         except NotFound as exc:
             raise LaunchError(f"{r.name}: image {self.image!r} is not on host {r.host}'s "
                               f"Docker engine and cannot be pulled ({exc.explanation}); "
-                              "load it on the host or push it to a reachable registry") from None
+                              "load it on the host, or push it to a registry the host's Docker "
+                              "connection logs in to (docs/docker-connections.md)") from None
         except APIError as exc:
             raise LaunchError(f"{r.name}: the Docker engine of host {r.host} refused the "
                               f"container: {exc.explanation or exc}") from None
