@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench clean airflow-standalone
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,9 +18,20 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed
 	scripts/ensure-postgres.sh
 	scripts/ensure-docker.sh
+	scripts/ensure-redis.sh
+	scripts/ensure-docker-remote.sh
 	scripts/ensure-chromium.sh
 	$(BIN)/ruff check src tests bench
 	$(BIN)/pytest -q
+
+# Airflow on this machine (SQLite, LocalExecutor; AIRFLOW_HOME, default ~/airflow).
+# `airflow standalone` starts its scheduler, dag-processor, triggerer and API server as
+# `airflow ...` looked up on PATH: this venv's bin goes first, so they are this Airflow
+# with this provider, whatever PATH holds.
+airflow-standalone: $(BIN)/.installed
+	PATH="$(abspath $(BIN)):$$PATH" \
+	AIRFLOW__CORE__LOAD_EXAMPLES="$${AIRFLOW__CORE__LOAD_EXAMPLES:-False}" \
+	$(BIN)/airflow standalone
 
 bench: $(BIN)/.installed
 	command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null || true
@@ -28,6 +39,9 @@ bench: $(BIN)/.installed
 	$(BIN)/python bench/scheduling_pass.py
 	$(BIN)/python bench/replay.py --jobs 2
 	$(BIN)/python bench/preemption.py
+	$(BIN)/python bench/nvlink_domain.py
+	$(BIN)/python bench/mig.py
+	$(BIN)/python bench/mig.py --validation-per-hour 300 --out bench/results/mig-300
 	$(BIN)/python bench/report_cost.py
 	$(BIN)/python bench/api_load.py
 

@@ -25,11 +25,11 @@ def job(name: str, *roles: dict, **fields) -> JobSpec:
     return JobSpec.model_validate({"name": name, "roles": list(roles), **fields})
 
 
-def until(check, what: str, timeout: float = 20):
-    """Poll `check` until it returns something true (that is returned); fail naming
-    `what` after `timeout` seconds."""
+def until(check, what: str, timeout: float = 20, every: float = 0.05):
+    """Poll `check` every `every` seconds until it returns something true (that is
+    returned); fail naming `what` after `timeout` seconds."""
     end = time.monotonic() + timeout
     while not (got := check()):
-        assert time.monotonic() < end, what
-        time.sleep(0.05)
+        assert time.monotonic() < end, f"timed out after {timeout:g}s waiting for {what}"
+        time.sleep(every)
     return got

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,7 +20,7 @@ import pytest
 import yaml
 
 from airflow_gpu.scheduler_core.engine.topology import format_cpulist
-from tests.helpers import REPO
+from tests.helpers import REPO, until
 from tests.service.servers import Server
 
 IMAGE = "airflow-gpu-test/busybox:1"
@@ -125,13 +124,7 @@ class Scheduler:
             "events"]
 
     def wait_for(self, predicate, timeout: float = 60, what: str = "condition"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = predicate()
-            if found:
-                return found
-            time.sleep(0.2)
-        raise AssertionError(f"timed out waiting for {what}")
+        return until(predicate, what, timeout, every=0.2)
 
     def stop(self) -> None:
         self.http.close()

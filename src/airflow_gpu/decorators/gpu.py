@@ -25,6 +25,7 @@ class GpuPythonOperator(GpuBaseOperator):
     another host than this machine (`[gpu_scheduler] local_host`) fails the task."""
 
     template_fields: Sequence[str] = ("op_args", "op_kwargs", "expected_runtime", "time_limit")
+    starts_here = True
 
     def __init__(self, *, python_callable: Callable, op_args: Sequence | None = None,
                  op_kwargs: dict | None = None, strict_isolation: bool = False,

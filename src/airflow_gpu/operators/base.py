@@ -13,13 +13,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import BaseOperator, Context, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
 from ..hooks.scheduler import GpuSchedulerHook
 from ..launch.handle import Handle, LaunchError
 from ..launch.lease import Lease, beat_interval, monotonic_at
+from ..launch.local import local_host
 from ..launch.replica import Replica, replicas_of
 from ..launch.supervise import Outcome, stop_all, supervise
 from ..scheduler_core.client import ApiError
@@ -29,6 +30,7 @@ from ..scheduler_core.jobspec import JobSpec
 from ..scheduler_core.units import parse_duration
 from ..triggers.admission import AdmissionTrigger
 from .links import GpuJobLink
+from .routing import pinned_refusal, worker_host
 
 LIVE = ("admitted", "running")
 HOLDING = (*LIVE, "preempting")   # states whose replicas may still run (stopping)
@@ -60,6 +62,8 @@ class GpuBaseOperator(BaseOperator):
 
     :param gpus: GPUs per replica. :param gpu_model: accepted GPU models (substrings of
     the GPU name, e.g. "A100"). :param gpu_memory: minimum memory per GPU ("48GiB").
+    :param mig: MIG devices instead of whole GPUs: a profile ("1g.10gb") or
+        {"profile": "3g.40gb", "count": 2} (the job spec's `gpu.mig`).
     :param cpus: logical CPUs per replica. :param memory: host memory per replica (booked
     and its limit; default: per GPU and per CPU, from the job class or the queue policy).
     :param job_class: e.g. pytorch, tensorflow-ps, etl, validation.
@@ -77,6 +81,7 @@ class GpuBaseOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("expected_runtime", "time_limit")
     ui_color = "#76b900"
+    starts_here = False     # the local runner: replicas start on the worker's machine
     operator_extra_links = (GpuJobLink(),)
 
     def __init__(self, *, gpus: int = 0, gpu_model: str | list[str] | None = None,
@@ -89,9 +94,10 @@ class GpuBaseOperator(BaseOperator):
                  gpu_scheduler_conn_id: str = GpuSchedulerHook.default_conn_name,
                  poll_interval: float = 5.0, admission_timeout: float | None = None,
                  admission_grace: float = 1.0, roles: list[dict] | None = None,
-                 **kwargs) -> None:
+                 mig: str | dict | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
-        gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory)) if v}
+        gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory),
+                                 ("mig", mig)) if v}
         self.roles = roles or [{"name": "main", "gpus": gpus, "cpus": cpus,
                                 **({"memory": memory} if memory is not None else {}),
                                 **({"gpu": gpu} if gpu else {})}]
@@ -109,13 +115,14 @@ class GpuBaseOperator(BaseOperator):
 
     # -- the job spec ---------------------------------------------------------------------
     def _spec(self, name: str, team: str | None = None,
-              runtime: str | int | None = None) -> dict:
+              runtime: str | int | None = None, host: str | None = None) -> dict:
         spec: dict[str, Any] = {"name": name, "priority": self.priority,
                                 "roles": [split_role(r)[0] for r in self.roles]}
+        placement = {**self.placement, "hosts": [host]} if host else self.placement
         for key, value in (("team", team or self.team), ("job_class", self.job_class),
                            ("expected_runtime", runtime or self.expected_runtime),
                            ("time_limit", self.time_limit),
-                           ("placement", self.placement)):
+                           ("placement", placement)):
             if value:
                 spec[key] = value
         try:
@@ -159,12 +166,14 @@ class GpuBaseOperator(BaseOperator):
         with self.hook.get_conn() as client:
             team = self.team or self.hook.get_connection(
                 self.gpu_scheduler_conn_id).extra_dejson.get("team")
-            spec = self._spec(name, team, self._runtime(client, name))
+            host = self._worker_host(client)
+            spec = self._spec(name, team, self._runtime(client, name), host)
             try:
                 job = client.submit(spec, idempotency_key(ti))
             except ApiError as exc:
                 if exc.status == 422:
-                    raise AirflowFailException(f"the GPU scheduler refused the job: "
+                    raise AirflowFailException(pinned_refusal(host, str(exc)) if host else
+                                               f"the GPU scheduler refused the job: "
                                                f"{exc}") from None
                 raise AirflowException(f"submitting the GPU job failed: {exc}") from None
             ti.xcom_push(key="gpu_job_id", value=job["id"])
@@ -175,6 +184,16 @@ class GpuBaseOperator(BaseOperator):
         if job["state"] != "pending":
             raise AirflowException(f"GPU job {job['id']} is already {job['state']}")
         self._defer(job)
+
+    def _worker_host(self, client) -> str | None:
+        """The local runner asks only for the host of the worker that runs the task (it
+        starts processes here); None: any host (the Docker runner, a simulated cluster)."""
+        if not self.starts_here:
+            return None
+        cluster = client.cluster()
+        here = local_host(conf.get("gpu_scheduler", "local_host", fallback=""))
+        return worker_host(here, [h["name"] for h in cluster["hosts"]],
+                           cluster.get("cluster", "?"), self.task_id, self.queue)
 
     def _grace(self, client, job: dict) -> dict:
         """On a cluster with room the next pass admits within a moment: wait that long
@@ -257,7 +276,8 @@ class GpuBaseOperator(BaseOperator):
         return {"job_id": self._job_id,
                 "replicas": [{"role": r.role, "index": r.index, "host": r.host,
                               "gpus": r.gpus, "cpus": r.cpus, "numa_nodes": r.numa_nodes,
-                              "nics": r.nics} for r in replicas]}
+                              "nics": r.nics, **({"mig": r.mig} if r.mig else {})}
+                             for r in replicas]}
 
     @staticmethod
     def _beat_interval(job: dict) -> float:

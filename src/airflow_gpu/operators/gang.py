@@ -9,7 +9,8 @@ from collections.abc import Sequence
 
 from airflow.sdk import Context, conf
 
-from ..launch.docker import GPU_MODES, DockerLauncher, engine, reap_orphans
+from ..hooks.docker_engine import DEFAULT_PATTERN, DockerEngines, check_pattern
+from ..launch.docker import GPU_MODES, DockerLauncher, reap_orphans
 from ..launch.handle import Handle
 from ..launch.local import local_host, refuse_other_hosts, start_command
 from ..launch.replica import Replica
@@ -39,6 +40,10 @@ class GpuGangOperator(GpuBaseOperator):
         `[gpu_scheduler] docker_runtime`).
     :param mounts: "source:target[:ro]" strings or docker Mounts.
     :param docker_url: engine for hosts without a docker_url in the cluster file.
+    :param docker_conn_id: the Airflow connection (type docker) of each host's engine: TLS,
+        SSH, registry login; `{host}` stands for the host name with other characters than
+        letters, digits and `_` as `_` (default: `[gpu_scheduler] docker_conn_id`, else
+        `docker_{host}`, which a host may lack; docs/docker-connections.md).
     :param strict_isolation: local runner: fail instead of warning when CPU binding or the
         cgroup cannot be applied as granted.
     """
@@ -52,12 +57,16 @@ class GpuGangOperator(GpuBaseOperator):
                  base_port: int = 29500, gpu_mode: str | None = None,
                  docker_runtime: str | None = None, network_mode: str = "host",
                  mounts: list | None = None, docker_url: str | None = None,
-                 cwd: str | None = None, strict_isolation: bool = False, **kwargs) -> None:
+                 docker_conn_id: str | None = None, cwd: str | None = None,
+                 strict_isolation: bool = False, **kwargs) -> None:
         super().__init__(roles=roles, **kwargs)
         gpu_mode = gpu_mode or conf.get("gpu_scheduler", "docker_gpu_mode",
                                         fallback="device-request")
         docker_runtime = docker_runtime or conf.get("gpu_scheduler", "docker_runtime",
                                                     fallback="") or None
+        self.docker_conn_id = check_pattern(
+            docker_conn_id or conf.get("gpu_scheduler", "docker_conn_id", fallback="")
+            or DEFAULT_PATTERN)
         if runner not in RUNNERS:
             raise ValueError(f"runner: {runner!r} is not one of {', '.join(RUNNERS)}")
         if gpu_mode not in GPU_MODES:
@@ -65,6 +74,7 @@ class GpuGangOperator(GpuBaseOperator):
         if framework is not None and framework not in FRAMEWORKS:
             raise ValueError(f"framework: {framework!r} is not one of {', '.join(FRAMEWORKS)}")
         self.runner, self.image, self.command = runner, image, command
+        self.starts_here = runner == "local"
         self.environment = environment or {}
         self.framework = framework or BY_CLASS.get(self.job_class or "", "none")
         self.base_port, self.gpu_mode, self.docker_runtime = base_port, gpu_mode, docker_runtime
@@ -109,12 +119,18 @@ class GpuGangOperator(GpuBaseOperator):
         return DockerLauncher(image=image or self.image, command=command,
                               gpu_mode=self.gpu_mode, runtime=self.docker_runtime,
                               network_mode=self.network_mode, mounts=self.mounts,
-                              default_url=self.docker_url, labels=labels)
+                              default_url=self.docker_url, labels=labels,
+                              connect=self._engines().client)
+
+    def _engines(self) -> DockerEngines:
+        if getattr(self, "_docker_engines", None) is None:   # one connection lookup per host
+            self._docker_engines = DockerEngines(self.docker_conn_id, self.docker_url)
+        return self._docker_engines
 
     def _reap(self, replicas: list[Replica]) -> None:
         engines = {}
         for r in replicas:
-            engines.setdefault(r.docker_url or self.docker_url, r)
+            engines.setdefault((self._engines().conn_id(r), r.docker_url or self.docker_url), r)
         with self.hook.get_conn() as client:
             def is_live(job_id: str) -> bool:
                 try:
@@ -123,5 +139,5 @@ class GpuGangOperator(GpuBaseOperator):
                 except ApiError as exc:
                     return exc.status != 404
             for r in engines.values():
-                reap_orphans(engine(r, self.docker_url), is_live, self.log)
+                reap_orphans(self._engines().client(r), is_live, self.log)
 
