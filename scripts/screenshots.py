@@ -30,7 +30,7 @@ from airflow_gpu.scheduler_core.store.db import make_engine, sessions  # noqa: E
 from airflow_gpu.scheduler_core.store.models import EventRow, JobRow  # noqa: E402
 from tests.plugin.bigstack import BigScheduler  # noqa: E402
 from tests.plugin.browser import Browser  # noqa: E402
-from tests.plugin.stack import AirflowApi, DemoScheduler, role  # noqa: E402
+from tests.plugin.stack import AirflowApi, DemoScheduler, Stack, role  # noqa: E402
 
 # (team, name, GPUs, started h ago, ran h): finished jobs that make the history
 PAST = [("nlp", "embeddings-nightly", 4, 5.2, 1.4), ("vision", "hpo-trial-1", 4, 4.5, 1.5),
@@ -130,17 +130,7 @@ def main() -> None:
                 ("ui-teams.png", "/gpu/teams?window=6h", True),
             ]
             for name, path, full in shots:
-                b.open(airflow.url + path)
-                if path.startswith("/plugin/"):
-                    b.wait("(f => f && f.contentDocument && "
-                           "f.contentDocument.querySelector('[data-host]'))"
-                           "(document.querySelector('iframe'))")
-                    time.sleep(1.5)          # the Airflow UI's own requests settle
-                else:
-                    b.wait("document.querySelector('main section')")
-                b.screenshot(args.out / name, full_page=full)
-                shrink(args.out / name)
-                print(f"{args.out / name}: {(args.out / name).stat().st_size // 1024} KiB")
+                capture(b, airflow.url + path, args.out / name, full)
         finally:
             if b:
                 b.close()
@@ -150,31 +140,40 @@ def main() -> None:
         big_cluster_shots(Path(tmp) / "big", args)
 
 
+def capture(b: Browser, url: str, png: Path, full: bool = True) -> None:
+    """A page once its content is there (inside the Airflow UI's frame: once that frame's
+    page is), as a PNG of 256 colours."""
+    b.open(url)
+    if "/plugin/" in url:
+        b.wait("(f => f && f.contentDocument && "
+               "f.contentDocument.querySelector('[data-host]'))"
+               "(document.querySelector('iframe'))")
+        time.sleep(1.5)          # the Airflow UI's own requests settle
+    else:
+        b.wait("document.querySelector('main section, #compact')")
+    b.screenshot(png, full_page=full)
+    shrink(png)
+    print(f"{png}: {png.stat().st_size // 1024} KiB")
+
+
 def big_cluster_shots(tmp: Path, args: argparse.Namespace) -> None:
     """The compact view of a 128-host cluster (tests/plugin/bigstack.py), whole and
     filtered, and a waiting gang's reservation."""
-    s = BigScheduler(tmp / "scheduler")
-    airflow = b = None
+    stack = Stack(tmp, BigScheduler(tmp / "scheduler"), conn_id="gpu_scheduler_big",
+                  refresh=5)
+    b = None
     try:
-        s.populate()
-        airflow = AirflowApi(tmp, s.connection(), refresh=5, conn_id="gpu_scheduler_big")
         b = Browser(args.width, 820)
-        login(b, airflow.url)
-        first = s.call("GET", "/api/v1/queue", params={"state": "pending"})[0]
+        login(b, stack.url)
+        first = stack.scheduler.call("GET", "/api/v1/queue", params={"state": "pending"})[0]
         for name, path in (("ui-cluster-compact.png", "/gpu/cluster"),
                            ("ui-cluster-filtered.png", "/gpu/cluster?q=dgx-01&state=free"),
                            ("ui-job-reservation.png", f"/gpu/jobs/{first['id']}")):
-            b.open(airflow.url + path)
-            b.wait("document.querySelector('main section, #compact, #why')")
-            b.screenshot(args.out / name, full_page=True)
-            shrink(args.out / name)
-            print(f"{args.out / name}: {(args.out / name).stat().st_size // 1024} KiB")
+            capture(b, stack.url + path, args.out / name)
     finally:
         if b:
             b.close()
-        if airflow:
-            airflow.stop()
-        s.stop()
+        stack.stop()
 
 
 if __name__ == "__main__":

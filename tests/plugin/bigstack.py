@@ -5,17 +5,12 @@ node agent fell silent."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 
-from airflow_gpu.scheduler_core.service.auth import create_token
-from airflow_gpu.scheduler_core.store.db import make_engine, sessions
-from tests.plugin.stack import HOST_MODELS, HOST_TIMEOUT, role
-from tests.service.servers import Server
+from tests.plugin.stack import HOST_MODELS, Scheduler, role
 
 RACKS, SWITCHES_PER_RACK, HOSTS_PER_SWITCH = 8, 2, 8
 BIG_UNHEALTHY = [("dgx-017", 3, "XID 79: GPU has fallen off the bus"),
@@ -60,32 +55,12 @@ def big_jobs() -> list[tuple[str, dict]]:
     return jobs
 
 
-class BigScheduler:
-    """The scheduler-core with the 128-host cluster, filled. Leases last an hour."""
+class BigScheduler(Scheduler):
+    """The scheduler-core with the 128-host cluster, filled; the first waiting job gets a
+    reservation (reserve_after 0)."""
 
     def __init__(self, tmp: Path):
-        tmp.mkdir(parents=True, exist_ok=True)
-        cluster = tmp / "cluster.yaml"
-        cluster.write_text(yaml.safe_dump(big_cluster()))
-        policy = tmp / "policy.yaml"          # the first waiting gang gets a reservation
-        policy.write_text(yaml.safe_dump({"reserve_after": 0}))
-        self.db = f"sqlite:///{tmp}/scheduler.db"
-        self.server = Server(self.db, cluster, lease_ttl=3600, log=tmp / "scheduler.log",
-                             interval=0.2, args=("--host-timeout", str(HOST_TIMEOUT),
-                                                 "--policy-file", str(policy)))
-        self.url = self.server.url
-        engine = make_engine(self.db)
-        made = sessions(engine)
-        self.tokens = {t: create_token(made, t) for t in (*TEAMS, "airflow-ui")}
-        self.tokens["admin"] = create_token(made, "ops", admin=True)
-        engine.dispose()
-        self.http = httpx.Client(base_url=self.url, timeout=30)
-
-    def call(self, method: str, path: str, who: str = "admin", **kw) -> dict | list:
-        r = self.http.request(method, path, headers={
-            "Authorization": f"Bearer {self.tokens[who]}"}, **kw)
-        assert r.status_code < 400, f"{method} {path}: {r.status_code} {r.text}"
-        return r.json()
+        super().__init__(tmp, big_cluster(), {"reserve_after": 0}, TEAMS, interval=0.2)
 
     def populate(self) -> None:
         for host, index, reason in BIG_UNHEALTHY:
@@ -115,15 +90,3 @@ class BigScheduler:
         queue = self.call("GET", "/api/v1/queue", params={"state": "pending"})
         return all((j.get("pending") or {}).get("code") for j in queue) and bool(
             queue and queue[0]["pending"]["details"].get("reserved_hosts"))
-
-    def host(self, name: str) -> dict:
-        return next(h for h in self.call("GET", "/api/v1/cluster")["hosts"]
-                    if h["name"] == name)
-
-    def connection(self) -> str:
-        return json.dumps({"conn_type": "gpu_scheduler", "host": "127.0.0.1",
-                           "port": self.server.port, "password": self.tokens["airflow-ui"]})
-
-    def stop(self) -> None:
-        self.http.close()
-        self.server.stop()

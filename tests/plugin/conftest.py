@@ -7,28 +7,13 @@ from __future__ import annotations
 import pytest
 
 from tests.plugin.browser import Browser, chromium_path
-from tests.plugin.stack import USERS, AirflowApi, DemoScheduler
-
-
-class Stack:
-    def __init__(self, tmp):
-        self.scheduler = DemoScheduler(tmp)
-        try:
-            self.scheduler.populate()
-            self.airflow = AirflowApi(tmp, self.scheduler.connection())
-        except BaseException:
-            self.scheduler.stop()
-            raise
-        self.url = self.airflow.url
-
-    def stop(self) -> None:
-        self.airflow.stop()
-        self.scheduler.stop()
+from tests.plugin.stack import USERS, DemoScheduler, Stack
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
-    s = Stack(tmp_path_factory.mktemp("ui-stack"))
+    tmp = tmp_path_factory.mktemp("ui-stack")
+    s = Stack(tmp, DemoScheduler(tmp))
     yield s
     s.stop()
 

@@ -80,33 +80,55 @@ POLICY = {"stop_grace": 3600,           # a victim's grace (its class sets none)
           "preemption": {"min_run_time": 0}}
 
 
-class DemoScheduler:
-    """The scheduler-core with the demo cluster and jobs. Leases last an hour, so admitted
-    jobs stay admitted for the whole session."""
+class Scheduler:
+    """A scheduler-core server on a cluster and a policy, with a token per team (and
+    `airflow-ui`, `admin`). Leases last an hour, so admitted jobs stay admitted for the
+    whole session."""
 
-    def __init__(self, tmp: Path):
-        cluster = tmp / "cluster.yaml"
-        cluster.write_text(yaml.safe_dump(CLUSTER))
-        policy = tmp / "policy.yaml"
-        policy.write_text(yaml.safe_dump(POLICY))
+    def __init__(self, tmp: Path, cluster: dict, policy: dict, teams: tuple[str, ...],
+                 interval: float = 0.1):
+        tmp.mkdir(parents=True, exist_ok=True)
+        cluster_file, policy_file = tmp / "cluster.yaml", tmp / "policy.yaml"
+        cluster_file.write_text(yaml.safe_dump(cluster))
+        policy_file.write_text(yaml.safe_dump(policy))
         self.db = f"sqlite:///{tmp}/scheduler.db"
-        self.server = Server(self.db, cluster, lease_ttl=3600, log=tmp / "scheduler.log",
-                             interval=0.1, args=("--host-timeout", str(HOST_TIMEOUT),
-                                                 "--policy-file", str(policy)))
+        self.server = Server(self.db, cluster_file, lease_ttl=3600,
+                             log=tmp / "scheduler.log", interval=interval,
+                             args=("--host-timeout", str(HOST_TIMEOUT),
+                                   "--policy-file", str(policy_file)))
         self.url = self.server.url
         engine = make_engine(self.db)
         made = sessions(engine)
-        self.tokens = {t: create_token(made, t) for t in ("vision", "nlp", "airflow-ui")}
+        self.tokens = {t: create_token(made, t) for t in (*teams, "airflow-ui")}
         self.tokens["admin"] = create_token(made, "ops", admin=True)
         engine.dispose()
-        self.http = httpx.Client(base_url=self.url, timeout=10)
-        self.ids: dict[str, str] = {}
+        self.http = httpx.Client(base_url=self.url, timeout=30)
 
     def call(self, method: str, path: str, who: str = "admin", **kw) -> dict | list:
         r = self.http.request(method, path, headers={
             "Authorization": f"Bearer {self.tokens[who]}"}, **kw)
         assert r.status_code < 400, f"{method} {path}: {r.status_code} {r.text}"
         return r.json()
+
+    def host(self, name: str) -> dict:
+        return next(h for h in self.call("GET", "/api/v1/cluster")["hosts"]
+                    if h["name"] == name)
+
+    def connection(self) -> str:
+        return json.dumps({"conn_type": "gpu_scheduler", "host": "127.0.0.1",
+                           "port": self.server.port, "password": self.tokens["airflow-ui"]})
+
+    def stop(self) -> None:
+        self.http.close()
+        self.server.stop()
+
+
+class DemoScheduler(Scheduler):
+    """The scheduler-core with the demo cluster and jobs."""
+
+    def __init__(self, tmp: Path):
+        super().__init__(tmp, CLUSTER, POLICY, ("vision", "nlp"))
+        self.ids: dict[str, str] = {}
 
     def wait_state(self, job_id: str, states: tuple[str, ...], timeout: float = 20) -> dict:
         deadline = time.monotonic() + timeout
@@ -156,19 +178,6 @@ class DemoScheduler:
                  "utilization_memory": u * 0.6, "memory_used_bytes": int(u * 0.8 * 2**30),
                  "power_watts": 100 + u * 5, "temperature_c": 40 + u * 0.3}
                 for i, u in enumerate(values)]})
-
-    def host(self, name: str) -> dict:
-        return next(h for h in self.call("GET", "/api/v1/cluster")["hosts"]
-                    if h["name"] == name)
-
-    def connection(self) -> str:
-        return json.dumps({"conn_type": "gpu_scheduler", "host": "127.0.0.1",
-                           "port": self.server.port, "password": self.tokens["airflow-ui"]})
-
-    def stop(self) -> None:
-        self.http.close()
-        self.server.stop()
-
 
 class AirflowApi:
     """`airflow api-server` with the plugin (found through its entry point)."""
@@ -238,3 +247,24 @@ class AirflowApi:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class Stack:
+    """A scheduler-core, populated, and an Airflow API server whose plugin reads it
+    through connection `conn_id`."""
+
+    def __init__(self, tmp: Path, scheduler: Scheduler, conn_id: str = "gpu_scheduler_default",
+                 refresh: int = 1):
+        self.scheduler = scheduler
+        try:
+            scheduler.populate()
+            self.airflow = AirflowApi(tmp, scheduler.connection(), conn_id=conn_id,
+                                      refresh=refresh)
+        except BaseException:
+            scheduler.stop()
+            raise
+        self.url = self.airflow.url
+
+    def stop(self) -> None:
+        self.airflow.stop()
+        self.scheduler.stop()

@@ -13,31 +13,15 @@ import pytest
 from tests.plugin.bigstack import BIG_DRAINED, BIG_UNHEALTHY, BIG_UNREACHABLE, BigScheduler
 from tests.plugin.browser import Browser, chromium_path
 from tests.plugin.conftest import login
-from tests.plugin.stack import AirflowApi
+from tests.plugin.stack import Stack
 
 WIDTH, HEIGHT = 1280, 900
 
 
-class BigStack:
-    def __init__(self, tmp):
-        self.scheduler = BigScheduler(tmp / "scheduler")
-        try:
-            self.scheduler.populate()
-            self.airflow = AirflowApi(tmp, self.scheduler.connection(),
-                                      conn_id="gpu_scheduler_big")
-        except BaseException:
-            self.scheduler.stop()
-            raise
-        self.url = self.airflow.url
-
-    def stop(self) -> None:
-        self.airflow.stop()
-        self.scheduler.stop()
-
-
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
-    s = BigStack(tmp_path_factory.mktemp("ui-big"))
+    tmp = tmp_path_factory.mktemp("ui-big")
+    s = Stack(tmp, BigScheduler(tmp / "scheduler"), conn_id="gpu_scheduler_big")
     yield s
     s.stop()
 
