@@ -163,6 +163,7 @@ def test_the_service_schedules_reported_mig_devices_and_names_them(stack, fake_h
     view = s.host("mig-01")
     gpu2 = view["gpus"][2]
     assert gpu2["mig_mode"] and [m["job"] for m in gpu2["mig"]] == [submitted["id"]] * 2 + [None]
+    assert [m["team"] for m in gpu2["mig"]] == [submitted["team"]] * 2 + [None]
     assert view["free_gpus"] == 7 and "mig" not in view["gpus"][0]
     # a third 2g.10gb waits, naming who holds the devices
     third = s.team.submit({**spec, "name": "third", "roles": [{**spec["roles"][0],

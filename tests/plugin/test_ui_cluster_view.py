@@ -65,7 +65,8 @@ def mig_cluster() -> dict:
     """Host a's GPU 2 in MIG mode (the service's cluster view: its devices, who holds
     each), one device held by j1."""
     devices = [{"gpu": 2, "index": i, "profile": p, "start": st, "uuid": f"MIG-{i}",
-                "label": f"GPU 2 MIG {p} #{i}", "job": "j1" if i == 0 else None}
+                "label": f"GPU 2 MIG {p} #{i}", "job": "j1" if i == 0 else None,
+                "team": "vision" if i == 0 else None}
                for i, (p, st) in enumerate([("3g.20gb", 4), ("2g.10gb", 0), ("1g.5gb", 2)])]
     a = host("a", "r1", "s1", [gpu(0, 0), gpu(1, 0),
                                gpu(2, 1, mig_mode=True, mig=devices), gpu(3, 1)])

@@ -24,8 +24,7 @@ def cluster_page(cluster: dict, live_jobs: list[dict], view: str | None = None,
     """`cluster` is GET /api/v1/cluster; `live_jobs` the admitted and running jobs (names).
     The summary counts the whole cluster; the filters pick the hosts shown."""
     names = {j["id"]: j["name"] for j in live_jobs}
-    owners = {j["id"]: j.get("team") for j in live_jobs}
-    hosts = [host_cell(h, names, owners) for h in cluster.get("hosts", [])]
+    hosts = [host_cell(h, names) for h in cluster.get("hosts", [])]
     shown = [h for h in hosts if matches(h, q, state, rack, team)]
     racks: dict[str, dict[str, list[dict]]] = {}
     for h in shown:            # the cluster file's order, grouped by rack then switch
@@ -58,7 +57,7 @@ def matches(h: dict, q: str | None, state: str | None, rack: str | None,
         return False
     if team and not any(team in (g["team"], *(d["team"] for d in g["mig"])) for g in gpus):
         return False
-    if state and not any(gpu_state(g) == state for g in gpus):
+    if state and not any(g["state"] == state for g in gpus):
         return False
     if q:
         needle = q.strip().lower()
@@ -84,14 +83,13 @@ def counts(hosts: list[dict]) -> dict[str, int]:
             "gpus_free": sum(h["gpus_free"] for h in hosts)}
 
 
-def host_cell(h: dict, names: dict[str, str], owners: dict[str, str] | None = None
-              ) -> dict[str, Any]:
+def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
     groups = (h.get("nvlink") or {}).get("groups") or []
     group_of = {g: i for i, members in enumerate(groups) for g in members}
     reachable = h.get("reachable", True) is not False
     # an idle GPU of a drained or unreachable host takes no work: it is not "free"
     idle = "unreachable" if not reachable else "drained" if h.get("drained") else "free"
-    gpus = [gpu_cell(g, names, group_of.get(g["index"]), len(groups), idle, owners or {})
+    gpus = [gpu_cell(g, names, group_of.get(g["index"]), len(groups), idle)
             for g in h.get("gpus", [])]
     numa: dict[int | None, list[dict]] = {}
     for g in gpus:
@@ -119,7 +117,7 @@ def host_cell(h: dict, names: dict[str, str], owners: dict[str, str] | None = No
 
 
 def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,
-             idle: str = "free", owners: dict[str, str] | None = None) -> dict:
+             idle: str = "free") -> dict:
     job = g.get("job")
     cell = {
         "idle": idle,
@@ -132,14 +130,13 @@ def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,
         "nvlink_group": chr(ord("A") + group) if group is not None and n_groups > 1 else None,
         **{k: g.get(k) for k in UTIL_KEYS},
         # a GPU in MIG mode: its devices, each held by a job or free
-        "mig": [mig_cell(d, names, owners or {}) for d in g.get("mig") or []],
+        "mig": [mig_cell(d, names) for d in g.get("mig") or []],
     }
     return {**cell, "state": gpu_state(cell)}
 
 
-def mig_cell(d: dict, names: dict[str, str], owners: dict[str, str]) -> dict:
-    job = d.get("job")
-    team = owners.get(job) if job else None
+def mig_cell(d: dict, names: dict[str, str]) -> dict:
+    job, team = d.get("job"), d.get("team")
     return {"index": d.get("index"), "profile": d.get("profile"), "uuid": d.get("uuid"),
             "label": d.get("label") or f"MIG {d.get('profile')} #{d.get('index')}",
             "job": job, "job_name": names.get(job, job) if job else None, "team": team,

@@ -70,11 +70,15 @@ def add_allocation(svc, view: dict) -> dict:
     return view
 
 
-def mig_view(t, gpu: int, host: str, holds: dict) -> dict:
-    """A GPU in MIG mode in the cluster view: its MIG devices and who holds each (it is
-    never free whole); {} for a GPU that is not."""
+def mig_view(t, gpu: int, host: str, holds: dict, jobs: dict) -> dict:
+    """A GPU in MIG mode in the cluster view: its MIG devices and who holds each, job and
+    team as for a whole GPU (it is never free whole); {} for a GPU that is not."""
     if not t.mig_gpus >> gpu & 1:
         return {}
-    return {"mig_mode": True, "mig": [
-        {**s.to_dict(), "job": holds.get((host, gpu, s.index))}
-        for s in t.mig.slices if s.gpu == gpu]}
+    out = []
+    for s in t.mig.slices:
+        if s.gpu == gpu:
+            job = holds.get((host, gpu, s.index))
+            out.append({**s.to_dict(), "job": job,
+                        "team": jobs[job].team if job in jobs else None})
+    return {"mig_mode": True, "mig": out}

@@ -722,7 +722,7 @@ class Service:
                              if rec and rec.healthy else None, "job": job,
                              "team": jobs[job].team if job in jobs else None,
                              **{k: getattr(rec, k) if rec else None for k in UTILIZATION},
-                             **mig_view(h.type, g, h.name, mig_holds)})
+                             **mig_view(h.type, g, h.name, mig_holds, jobs)})
             up = not (row and row.drained) and reachable(row, self.settings.host_timeout, now)
             out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
                         "switch": h.switch, "nvlink_domain": h.nvlink_domain,
