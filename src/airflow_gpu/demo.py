@@ -11,8 +11,6 @@ import importlib.util
 import json
 import sys
 
-from .demo_stack import free_port  # noqa: F401  (the tests' servers use it from here)
-
 RESULT = "DAG-RESULT "
 
 
