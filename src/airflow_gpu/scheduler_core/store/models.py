@@ -131,6 +131,10 @@ class JobRow(Base):
     # was flagged for it (a warning, an event), and when the action was taken
     idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     idle_flagged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # how often the idle policy requeued it (held at `idle.hold_after`), and when it was
+    # last requeued for it: it then waits at the back of its band, aging from that time
+    idle_requeues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     # SHA-256 of the spec as submitted (every default filled in), for jobs with an
     # idempotency key: a submit reusing the key with another spec is refused, whatever
     # changed in the job since
