@@ -50,7 +50,8 @@ def test_dgx_a100_640gb():
     old = load_topology("dgx-a100")
     assert [(g.numa_node, g.pcie_switch) for g in t.gpus] == [
         (g.numa_node, g.pcie_switch) for g in old.gpus]
-    assert ht.gpu_nics[0] == ["mlx5_0", "mlx5_1"] and ht.gpu_nics[6] == ["mlx5_8", "mlx5_9"]
+    # two GPUs and two HCAs per switch: each GPU its own
+    assert ht.gpu_nics[0] == ["mlx5_0"] and ht.gpu_nics[7] == ["mlx5_9"]
     assert t.nvlink.switches == 6 and t.nvlink.links_per_gpu == 12
 
 

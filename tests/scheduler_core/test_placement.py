@@ -70,6 +70,23 @@ def test_dgx_a100_pair_shares_a_pcie_switch_numa_node_and_nic():
     assert set(a.nics) == nics and nics
 
 
+@pytest.mark.parametrize("model", ["dgx-a100", "dgx-a100-80gb"])
+def test_dgx_a100_one_gpu_replicas_behind_one_switch_get_a_nic_each(model):
+    """Each PCIe switch of a DGX A100 holds 2 GPUs and 2 compute HCAs (PXB to both, in
+    the reference topology): two 1-GPU jobs there get one HCA each, not both the same."""
+    state = make_state({"name": "a", "model": model})
+    one = job("one", {"name": "w", "gpus": 1}, placement={"nics": True})
+    a = admit(state, one)[0]
+    b = admit(state, one.model_copy(update={"name": "two"}))[0]
+    topo = load_topology(model)
+    assert topo.gpus[a.gpus[0]].pcie_switch == topo.gpus[b.gpus[0]].pcie_switch
+    assert (a.gpus, a.nics, b.gpus, b.nics) == ([0], ["mlx5_0"], [1], ["mlx5_1"])
+    # a DGX-1 has one NIC per GPU pair: both GPUs of the pair share it
+    dgx1 = make_state({"name": "d", "model": "dgx-1v"})
+    c, d = (admit(dgx1, one.model_copy(update={"name": n}))[0] for n in ("c", "d"))
+    assert c.nics == d.nics == ["mlx5_0"]
+
+
 def test_nvswitch_models_prefer_switch_then_numa():
     state = make_state({"name": "h", "model": "dgx-h100"})
     (a,) = admit(state, job("four", {"name": "w", "gpus": 4}))

@@ -251,12 +251,26 @@ class Topology(_Model):
         return doc
 
     def gpu_local_nics(self, gpu: int, role: str = "compute") -> list[str]:
-        """NICs of `role` behind the GPU's PCIe switch (PIX/PXB), else on its NUMA node."""
+        """NICs of `role` behind the GPU's PCIe switch (PIX/PXB), else on its NUMA node.
+        Where the GPUs behind one switch have a NIC each (a DGX A100: 2 GPUs, 2 HCAs),
+        each GPU gets its own, in index and file order, so two 1-GPU replicas there do
+        not share one; a 2-GPU replica still gets both."""
+        near = self._switch_nics(gpu, role)
+        if not near:
+            g = self.gpus[gpu]
+            return [n.name for n in self.nics if n.role == role and n.numa_node == g.numa_node]
+        peers = [i for i in range(len(self.gpus)) if self._switch_nics(i, role) == near]
+        if len(near) % len(peers):
+            return near          # fewer NICs than GPUs (a DGX-1): they share them
+        each = len(near) // len(peers)
+        k = peers.index(gpu)
+        return near[k * each:(k + 1) * each]
+
+    def _switch_nics(self, gpu: int, role: str) -> list[str]:
         g = self.gpus[gpu]
-        nics = [n for n in self.nics if n.role == role]
-        near = [n.name for n in nics if gpu in n.pix_gpus or gpu in n.pxb_gpus
-                or (n.pcie_switch is not None and n.pcie_switch == g.pcie_switch)]
-        return near or [n.name for n in nics if n.numa_node == g.numa_node]
+        return [n.name for n in self.nics if n.role == role and (
+            gpu in n.pix_gpus or gpu in n.pxb_gpus
+            or (n.pcie_switch is not None and n.pcie_switch == g.pcie_switch))]
 
 
 _BUILTIN = resources.files(__package__) / "hostmodels"
