@@ -153,6 +153,7 @@ class ContainerHandle:
     def __init__(self, name: str, container):
         self.name, self.container = name, container
         self.code: int | None = None     # known once stopped: wait() may find it removed
+        self.killed = False              # a stop sent SIGKILL: it outlived the grace
 
     def lines(self) -> Iterator[str]:
         rest = b""
@@ -177,12 +178,14 @@ class ContainerHandle:
     def stop(self, grace: float | None = None, sig: str | None = None) -> None:
         grace = STOP_GRACE if grace is None else grace
         with contextlib.suppress(NotFound, APIError):   # SIGTERM, then SIGKILL after grace
-            if sig is None:
-                self.container.stop(timeout=round(grace))
-            else:
-                self._signal(signal_of(sig).name, grace)
+            # not `docker stop`, which would not say whether it had to SIGKILL
+            self._signal(signal_of(sig).name if sig else self._stop_signal(), grace)
             self.code = self.container.wait()["StatusCode"]
         self._remove()
+
+    def _stop_signal(self) -> str:
+        """What `docker stop` sends first: the image's STOPSIGNAL, else SIGTERM."""
+        return (self.container.attrs.get("Config") or {}).get("StopSignal") or "SIGTERM"
 
     def _signal(self, sig: str, grace: float) -> None:
         """`sig` to the container's main process, SIGKILL if it still runs after `grace`
@@ -193,8 +196,11 @@ class ContainerHandle:
             with contextlib.suppress(RequestException):
                 self.container.wait(timeout=grace)
                 return
-        with contextlib.suppress(APIError):         # it exited meanwhile
+        self.killed = True                          # before its exit can be read
+        try:
             self.container.kill()
+        except APIError:                            # it exited meanwhile
+            self.killed = False
 
     def _remove(self) -> None:
         with contextlib.suppress(NotFound, APIError):

@@ -25,6 +25,7 @@ def signal_of(name: str | None) -> signal.Signals:
 
 class Handle(Protocol):
     name: str                       # role-index, the prefix of its log lines
+    killed: bool                    # a stop sent SIGKILL: it outlived the grace
 
     def lines(self) -> Iterator[str]: ...   # until the replica's output ends
 

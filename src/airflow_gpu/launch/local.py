@@ -192,6 +192,7 @@ class ProcessHandle:
     def __init__(self, name: str, proc: subprocess.Popen, iso: Isolation):
         self.name, self.proc, self.iso = name, proc, iso
         self._out = proc.stdout
+        self.killed = False         # a stop sent SIGKILL: it outlived the grace
 
     def lines(self) -> Iterator[str]:
         for raw in self._out:
@@ -208,6 +209,7 @@ class ProcessHandle:
                 os.killpg(self.proc.pid, signal_of(sig))
                 self.proc.wait(STOP_GRACE if grace is None else grace)
             except subprocess.TimeoutExpired:
+                self.killed = True
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
             except ProcessLookupError:
@@ -245,6 +247,7 @@ class CallableHandle(ProcessHandle):
         self._out, self._result, self.code = os.fdopen(out, "rb"), result, None
         self.value: Any = None
         self._ended = threading.Event()
+        self.killed = False
 
     def wait(self) -> int:
         if self.code is None:
@@ -271,6 +274,7 @@ class CallableHandle(ProcessHandle):
                     os.killpg(self.pid, signal_of(sig))
                     if self._ended.wait(grace):
                         return
+                self.killed = True
                 os.killpg(self.pid, signal.SIGKILL)
         self._cleanup()
 

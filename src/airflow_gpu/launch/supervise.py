@@ -37,6 +37,28 @@ class Outcome:
     interrupted: Interrupted | None = None
     codes: dict[str, int] = field(default_factory=dict)
     timed_out: bool = False              # stopped at the job's time limit
+    endings: list[Ending] = field(default_factory=list)   # of the replicas told to stop
+
+    def ended(self) -> str:
+        """How the stopped replicas ended, for the message that ends the job."""
+        return "; ".join(map(str, self.endings))
+
+
+@dataclass
+class Ending:
+    """How a replica told to stop ended: by itself `after` seconds, or killed after the
+    grace (its handle's `killed`)."""
+    name: str
+    code: int
+    after: float
+    killed: bool
+    grace: float | None
+
+    def __str__(self) -> str:
+        if self.killed:
+            grace = "the" if self.grace is None else f"the {self.grace:g} s"
+            return f"{self.name} was killed after {grace} grace"
+        return f"{self.name} exited by itself after {self.after:.1f} s with code {self.code}"
 
 
 def stop_all(handles: list[Handle], grace: float | None = None,
@@ -56,8 +78,10 @@ def supervise(handles: list[Handle], log: logging.Logger,
     """Run until every replica exits, one fails, the scheduler takes the job back, the
     task is killed, or `deadline` (time.monotonic()) passes: then every replica gets
     SIGTERM, and SIGKILL `grace` seconds later. A preemption sends its own signal and
-    grace; its log lines and heartbeats go on until every replica has stopped. Each line
-    a replica writes goes to `on_line(name, line)`, else to `log` as `[name] line`."""
+    grace. While replicas stop (time limit, preemption) their log lines and heartbeats go
+    on until every replica has exited, and how each ended is logged and kept in the
+    outcome's `endings`. Each line a replica writes goes to `on_line(name, line)`, else to
+    `log` as `[name] line`."""
     events: queue.Queue = queue.Queue()
     tails = {h.name: deque(maxlen=TAIL) for h in handles}
 
@@ -71,36 +95,38 @@ def supervise(handles: list[Handle], log: logging.Logger,
             except Exception as exc:   # never leave the loop below waiting for this one
                 log.warning("[%s] its exit code cannot be read (%s)", h.name, exc)
                 code = -1
-            events.put((h.name, None, code))
+            events.put((h.name, None, (code, time.monotonic())))
 
     for h in handles:
         threading.Thread(target=read, args=(h,), name=f"log-{h.name}", daemon=True).start()
     codes: dict[str, int] = {}
     next_beat = time.monotonic() + interval
     outcome: Outcome | None = None
-    stopping: Interrupted | None = None
+    stopping: Interrupted | None = None      # a preemption or the time limit stops them
+    timed_out = False
+    told: dict[str, float] = {}              # replicas told to stop: since when
+    endings: list[Ending] = []
     while len(codes) < len(handles):
         if stop is not None and stop.is_set():
             stop_all(handles)
             return Outcome(False, interrupted=Interrupted("killed", "the task was killed"))
         # while a preemption stops them, its grace (not the time limit) bounds the wait
         if deadline is not None and stopping is None and time.monotonic() >= deadline:
-            log.warning("the job reached its time limit: stopping all replicas (SIGTERM, "
-                        "SIGKILL after %gs)", grace)
-            stop_all([h for h in handles if h.name not in codes], grace)
-            return Outcome(False, codes=codes, timed_out=True)
+            log.warning("the job reached its time limit: stopping all replicas")
+            timed_out = True
+            stopping = Interrupted("timeout", "the job reached its time limit", grace=grace)
+            stopper = _stop_in_background(_running(handles, codes, told), stopping, log)
         if heartbeat is not None and time.monotonic() >= next_beat:
             next_beat = time.monotonic() + interval
             try:
                 heartbeat()
             except Interrupted as why:
-                if stopping is not None:     # preempted: the beats only keep the lease
-                    if why.state != "preempting":
+                if stopping is not None:     # stopping: the beats only keep the lease
+                    if why.state != "preempting" and not timed_out:
                         stopping = why       # taken back meanwhile (deadline, cancel)
                 elif why.state == "preempting":
                     stopping = why
-                    stopper = _stop_in_background(
-                        [h for h in handles if h.name not in codes], why, log)
+                    stopper = _stop_in_background(_running(handles, codes, told), why, log)
                 else:
                     log.warning("stopping all replicas: %s", why)
                     stop_all(handles)
@@ -116,8 +142,15 @@ def supervise(handles: list[Handle], log: logging.Logger,
             else:
                 on_line(name, line)
             continue
+        code, at = code
         codes[name] = code
-        log.info("[%s] exited with code %s", name, code)
+        if name in told:
+            h = next(h for h in handles if h.name == name)
+            endings.append(Ending(name, code, at - told[name], getattr(h, "killed", False),
+                                  stopping.grace if stopping else None))
+            log.info("[%s] %s", name, str(endings[-1]).removeprefix(name + " "))
+        else:
+            log.info("[%s] exited with code %s", name, code)
         if code != 0 and outcome is None and stopping is None:
             outcome = Outcome(False, name, code, list(tails[name]))
             rest = [h for h in handles if h.name not in codes]
@@ -128,17 +161,28 @@ def supervise(handles: list[Handle], log: logging.Logger,
         # the replicas have exited; their stops still free what they used (cgroups),
         # which must be gone before a new attempt of the job reuses the names
         stopper.join()
-        return Outcome(False, interrupted=stopping, codes=codes)
+        if timed_out:
+            return Outcome(False, codes=codes, timed_out=True, endings=endings)
+        return Outcome(False, interrupted=stopping, codes=codes, endings=endings)
     if outcome is None:
         outcome = Outcome(True)
     outcome.codes = codes
     return outcome
 
 
+def _running(handles: list[Handle], codes: dict[str, int],
+             told: dict[str, float]) -> list[Handle]:
+    """The replicas still running, marked as told to stop from now."""
+    rest = [h for h in handles if h.name not in codes]
+    told.update((h.name, time.monotonic()) for h in rest)
+    return rest
+
+
 def _stop_in_background(handles: list[Handle], why: Interrupted,
                         log: logging.Logger) -> threading.Thread:
-    """Stop the replicas with the preemption's signal and grace, without blocking the
-    loop: it keeps logging their lines (the checkpoint being saved) and the lease."""
+    """Stop the replicas with the signal and grace of a preemption or the time limit,
+    without blocking the loop: it keeps logging their lines (a checkpoint being saved,
+    the last words at the limit) and the lease."""
     after = "the runner's default grace" if why.grace is None else f"{round(why.grace, 1):g}s"
     log.info("sending %s to %d replica(s), SIGKILL after %s",
              why.signal or "SIGTERM", len(handles), after)
