@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.placement import Placed
 from ..units import format_duration
+from .guarantee import below, broken_guarantees, stopping_by_team, taken_by_team
 from .pending import Pending
 from .quota import need
 from .reservations import Reservation, earliest_end, place_best
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from .scheduler import Scheduler
 
 HOST_SCOPES = 16          # hosts tried alone for a job that fits on one
+EXHAUSTIVE = 10           # up to this many candidates, every set of them is tried
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Preemption:
     reason: str            # "priority" | "reclaim"
     message: str
     stop_at: float         # the victim is gone by then: the signal, then its grace
+    broken: str = ""       # how it takes its team below its guarantee (guarantee.py)
 
 
 def unsaved(ran: float, interval: float | None) -> float:
@@ -55,36 +58,46 @@ def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
     return unsaved(max(0.0, now - started), job.checkpoint_interval)
 
 
-def pool(s: Scheduler, now: float) -> list[tuple[tuple, QueuedJob]]:
-    """(cost, job) of every running job that may be preempted at all, cheapest first."""
+def pool(s: Scheduler, now: float, soon: bool = False) -> list[tuple[tuple, QueuedJob]]:
+    """(cost, job) of every running job that may be preempted at all, cheapest first.
+    `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
     cfg = s.config.preemption
     out = []
     for name, v in s.running.items():
         started = s.state.started[name]
-        if name in s.stopping or not v.preemptible or now - started < cfg.min_run_time:
+        if name in s.stopping or not v.preemptible or (
+                now - started < cfg.min_run_time and not soon):
             continue
-        out.append(((max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started,
-                     v.seq), v))
+        cost = (max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started, v.seq)
+        out.append((((max(now, started + cfg.min_run_time), *cost) if soon else cost), v))
     out.sort(key=lambda c: c[0])
     return out
 
 
-def candidates(p: Pass, job: QueuedJob, own_team: bool = False
+def reclaims(s: Scheduler, job: QueuedJob, own_team: bool = False) -> bool:
+    """The job may reclaim: its team's GPU guarantee covers it (not waiting for quota)."""
+    return (s.config.preemption.reclaim and job.gpus > 0 and not own_team
+            and s.quotas.guaranteed(job.team) and s.quotas.covered(job))
+
+
+def candidates(p: Pass, job: QueuedJob, own_team: bool = False,
+               victims: list[tuple[tuple, QueuedJob]] | None = None
                ) -> list[tuple[tuple, QueuedJob, str]]:
     """(cost, victim, reason) of every job `job` may stop, cheapest first; `own_team`:
-    only its team's (it waits for its team's quota)."""
+    only its team's (it waits for its team's quota); `victims`: this pool, not the pass's."""
     s = p.s
     cfg = s.config.preemption
     below = cfg.victims_below(job.base, job.job_class)
-    reclaim = (cfg.reclaim and job.gpus > 0 and s.quotas.guaranteed(job.team)
-               and s.quotas.covered(job) and not own_team)
+    reclaim = reclaims(s, job, own_team)
     if below == -math.inf and not reclaim:
         return []
-    if p.victim_pool is None:
-        p.victim_pool = pool(s, p.now)
+    if victims is None:
+        if p.victim_pool is None:
+            p.victim_pool = pool(s, p.now)
+        victims = p.victim_pool
     out = []
     quotas, over = s.quotas, {}
-    for cost, v in p.victim_pool:
+    for cost, v in victims:
         name = v.name
         if (name in s.stopping or name in job.preempted_by
                 or own_team and v.team != job.team):
@@ -114,6 +127,14 @@ class Trial:
         self.p, self.job = p, job
         self.freed = freed         # stopping already for this job: free for every trial
         self.own_team = own_team   # the victims must also free the team's quota for it
+        self.gone = stopping_by_team(p.s)
+        self.skipped = False       # a candidate was left out to keep a guarantee
+
+    def shortfall(self, chosen) -> dict[str, float]:
+        """Per other team: GPUs the victims take it below its guarantee (guarantee.below)."""
+        taken = taken_by_team(self.job, [c[1] for c in chosen])
+        quotas = self.p.s.quotas
+        return {t: below(quotas, t, u, self.gone.get(t, (0, 0, 0))) for t, u in taken.items()}
 
     def quota_ok(self, victims: list[QueuedJob]) -> bool:
         return not self.own_team or self.p.s.quotas.fits_without(self.job, victims)
@@ -139,23 +160,28 @@ class Trial:
             return None          # it would take what a reservation needs before it ends
         return got
 
-    def cheapest(self, cands: list[tuple[tuple, QueuedJob, str]], limit: int
+    def cheapest(self, cands: list[tuple[tuple, QueuedJob, str]], limit: int,
+                 strict: bool = True
                  ) -> tuple[list[tuple[tuple, QueuedJob, str]], Placed] | None:
         """Add candidates cheapest first until the job places, then drop each one not
-        needed (most expensive first); None if even `limit` of them do not free enough."""
+        needed (most expensive first); None if even `limit` of them do not free enough.
+        A victim that would take another team below its guarantee is left out; unless
+        not `strict` and it is reclaimed (a gang stops whole: see `preempt`)."""
         chosen: list[tuple[tuple, QueuedJob, str]] = []
         freed_gpus = self.p.s.state.usable_total + sum(
             v.gpus for v in self.freed)
-        less: dict[str, list[float]] = {}
+        quotas, taken = self.p.s.quotas, {}
         got = None
         for c in cands:
             _, v, reason = c
-            if reason == "reclaim":   # never below the victim team's guarantee
-                taken = less.setdefault(v.team, [0, 0, 0])
-                if not self.p.s.quotas.over(v.team, taken):
+            if v.team != self.job.team:
+                more = [a + b for a, b in zip(taken.get(v.team, (0, 0, 0)), need(v),
+                                              strict=True)]
+                if (strict or reason != "reclaim") and below(
+                        quotas, v.team, more, self.gone.get(v.team, (0, 0, 0))):
+                    self.skipped = True
                     continue
-                for i, n in enumerate(need(v)):
-                    taken[i] += n
+                taken[v.team] = more
             chosen.append(c)
             freed_gpus += v.gpus
             if freed_gpus < self.job.gpus:
@@ -173,6 +199,30 @@ class Trial:
             if fewer is not None:
                 chosen, got = rest, fewer
         return chosen, got
+
+    def every_set(self, cands: list[tuple[tuple, QueuedJob, str]], limit: int
+                  ) -> tuple[list[tuple[tuple, QueuedJob, str]], Placed] | None:
+        """Every set of up to EXHAUSTIVE candidates, those keeping every other team at its
+        guarantee first, then those taking the fewest GPUs below one (reclaim only), each
+        cheapest first: the first that places."""
+        if self.place([c[1] for c in cands]) is None:
+            return None                   # not even all of them free enough
+        free = self.p.s.state.usable_total + sum(v.gpus for v in self.freed)
+        sets = []
+        for mask in range(1, 1 << len(cands)):
+            chosen = [c for i, c in enumerate(cands) if mask >> i & 1]
+            if len(chosen) > limit or free + sum(c[1].gpus for c in chosen) < self.job.gpus:
+                continue
+            short = self.shortfall(chosen)
+            if any(short.get(c[1].team) and c[2] != "reclaim" for c in chosen):
+                continue                  # priority never takes a guarantee
+            sets.append(((sum(short.values()), *_total(chosen)), chosen))
+        sets.sort(key=lambda s: s[0])
+        for _, chosen in sets:
+            got = self.place([c[1] for c in chosen])
+            if got is not None:
+                return chosen, got
+        return None
 
 
 def _total(chosen) -> tuple:
@@ -195,27 +245,16 @@ def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
     cands = candidates(p, job, own_team)
     limit = s.config.preemption.max_victims
     trial = Trial(p, job, [], own_team)
-    best = trial.cheapest(cands, limit) if cands else None
+    best = search(trial, cands, limit) if cands else None
+    if best is None and trial.skipped:
+        # every set that frees enough takes some team below its guarantee: a gang
+        # stops whole, so its guaranteed part goes with its borrowed part
+        best = (trial.every_set(cands, limit) if len(cands) <= EXHAUSTIVE
+                else trial.cheapest(cands, limit, strict=False)
+                if reclaims(s, job, own_team) else None)
     if best is None:
         p.cannot_preempt[key] = min(job.runtime, p.cannot_preempt.get(key, math.inf))
         return None
-    if job.gpus <= s.state.cluster.max_host_gpus:
-        by_host: dict[int, list] = {}
-        for c in cands:
-            hosts = {a.host.index for a in s.state.allocations[c[1].name]}
-            if len(hosts) == 1:
-                by_host.setdefault(hosts.pop(), []).append(c)
-        # a host's cheapest candidate bounds what any set there costs
-        tried = sorted(by_host.items(), key=lambda hc: hc[1][0][0])
-        for host, cs in tried[:HOST_SCOPES]:
-            if cs[0][0][0] >= _total(best[0])[0]:
-                break
-            free = s.state.hosts[host].usable_gpus.bit_count()
-            if free + sum(c[1].gpus for c in cs) < job.gpus:
-                continue
-            got = trial.cheapest(cs, limit)
-            if got is not None and _total(got[0]) < _total(best[0]):
-                best = got
     chosen, placed = best
     # the job's whole wait, had so far and still expected: the estimate only knows the
     # reservations, not every job ahead of it, so time already waited counts too (and
@@ -226,6 +265,33 @@ def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
         if wait is not None and waited + wait < s.config.preemption.min_saved_wait:
             return None
     return stop_for(p, job, chosen, placed, wait)
+
+
+def search(trial: Trial, cands: list[tuple[tuple, QueuedJob, str]], limit: int
+           ) -> tuple[list[tuple[tuple, QueuedJob, str]], Placed] | None:
+    """The cheapest set keeping every other team at its guarantee: over all candidates,
+    and (for a job that fits on one host) over the candidates of each host alone."""
+    s, job = trial.p.s, trial.job
+    best = trial.cheapest(cands, limit)
+    if best is None or job.gpus > s.state.cluster.max_host_gpus:
+        return best
+    by_host: dict[int, list] = {}
+    for c in cands:
+        hosts = {a.host.index for a in s.state.allocations[c[1].name]}
+        if len(hosts) == 1:
+            by_host.setdefault(hosts.pop(), []).append(c)
+    # a host's cheapest candidate bounds what any set there costs
+    tried = sorted(by_host.items(), key=lambda hc: hc[1][0][0])
+    for host, cs in tried[:HOST_SCOPES]:
+        if cs[0][0][0] >= _total(best[0])[0]:
+            break
+        free = s.state.hosts[host].usable_gpus.bit_count()
+        if free + sum(c[1].gpus for c in cs) < job.gpus:
+            continue
+        got = trial.cheapest(cs, limit)
+        if got is not None and _total(got[0]) < _total(best[0]):
+            best = got
+    return best
 
 
 def _wait_without(p: Pass, job: QueuedJob) -> float | None:
@@ -251,21 +317,27 @@ def stop_for(p: Pass, job: QueuedJob, chosen, placed: Placed,
     s, now = p.s, p.now
     names, reasons = [], set()
     stop_at = now
+    broken, teams = broken_guarantees(p, job, chosen, placed)
     for _, v, reason in chosen:
         lost = lost_seconds(v, s.state.started[v.name], now)
         why = ("reclaims its team's guaranteed GPUs from borrowed work" if reason == "reclaim"
                else f"priority band {job.base:g} preempts band {v.base:g}")
-        msg = (f"preempted by job {job.name} ({reason}: {why}); {v.preempt_signal}, "
-               f"then SIGKILL after {v.preempt_grace:g}s; about "
+        note = broken.get(v.name, "")
+        msg = (f"preempted by job {job.name} ({reason}: {why}{f'; {note}' if note else ''}"
+               f"); {v.preempt_signal}, then SIGKILL after {v.preempt_grace:g}s; about "
                f"{format_duration(lost)} of work since its last checkpoint is lost; "
                "requeued under the same id")
         at = s.stop(v, job, now)
-        p.result.preempted.append(Preemption(v, job, reason, msg, at))
+        p.result.preempted.append(Preemption(v, job, reason, msg, at, note))
         stop_at = max(stop_at, at)
         names.append(v.name)
         reasons.add(reason)
     s.claims[job.name] = names
-    return claim_wait(p, job, names, placed, stop_at, "/".join(sorted(reasons)), wait)
+    why = claim_wait(p, job, names, placed, stop_at, "/".join(sorted(reasons)), wait)
+    if teams:
+        why.message += "; " + "; ".join(teams.values())
+        why.details["guarantee_broken"] = sorted(teams)
+    return why
 
 
 def claim_wait(p: Pass, job: QueuedJob, victims: list[str], placed: Placed,
