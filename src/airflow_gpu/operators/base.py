@@ -74,7 +74,9 @@ class GpuBaseOperator(BaseOperator):
     median of the task's last successful runs where the class allows, else the class's.
     :param team: default: the connection's `team` extra, else the token's team.
     :param placement: e.g. {"locality": "switch", "affinity": "strict"}.
-    :param admission_timeout: seconds to wait for admission before failing (default: none).
+    :param admission_timeout: seconds to wait for admission before failing (default: none);
+        at it the job is cancelled and the task fails naming the pending reason, in every
+        runner (`airflow dags test` included).
     :param admission_grace: seconds to wait in the worker before deferring (a free cluster
         admits within a scheduling pass).
     """
@@ -109,6 +111,7 @@ class GpuBaseOperator(BaseOperator):
         self.admission_grace = admission_grace
         self._spec("check")            # a DAG with a bad request fails when it is parsed
         self._job_id: str | None = None
+        self._deferred = False         # raised TaskDeferred: a trigger now waits in-process
         self._handles: list[Handle] = []
         self._stop = threading.Event()
         self._lease = Lease()          # heartbeats: what was logged once (preemption, idle)
@@ -177,13 +180,15 @@ class GpuBaseOperator(BaseOperator):
                                                f"{exc}") from None
                 raise AirflowException(f"submitting the GPU job failed: {exc}") from None
             ti.xcom_push(key="gpu_job_id", value=job["id"])
+            self._job_id = job["id"]            # on_kill cancels it from here on
             self.log.info("GPU job %s submitted (%s)", job["id"], job["state"])
+            since = time.time()
             job = self._grace(client, job)
         if job["state"] in LIVE:
             return self._run(context, job["id"])
         if job["state"] != "pending":
             raise AirflowException(f"GPU job {job['id']} is already {job['state']}")
-        self._defer(job)
+        self._defer(job, since)
 
     def _worker_host(self, client) -> str | None:
         """The local runner asks only for the host of the worker that runs the task (it
@@ -200,19 +205,27 @@ class GpuBaseOperator(BaseOperator):
         here rather than pay a round trip through the triggerer."""
         deadline = time.monotonic() + self.admission_grace
         while job["state"] == "pending" and time.monotonic() < deadline:
-            time.sleep(0.2)
+            if self._stop.wait(0.2):            # on_kill: the job is cancelled
+                raise AirflowException(f"GPU job {job['id']}: the task was stopped while "
+                                       "waiting for admission; the job is cancelled")
             job = client.job(job["id"])
         return job
 
-    def _defer(self, job: dict) -> None:
+    def _defer(self, job: dict, since: float | None = None) -> None:
+        """The trigger enforces admission_timeout itself (no defer(timeout=)): only the
+        Airflow scheduler applies that, and it would leave the job queued."""
         why = job.get("pending") or {}
         self.log.info("waiting for GPUs without a worker slot (deferred): %s",
                       why.get("reason") or "queued")
+        timeout = self.admission_timeout
+        deadline = (since or time.time()) + timeout if timeout is not None else None
+        self._deferred = True
         self.defer(trigger=AdmissionTrigger(job["id"], self.gpu_scheduler_conn_id,
-                                            self.poll_interval),
-                   method_name="execute_admitted", timeout=self.admission_timeout)
+                                            self.poll_interval, deadline, timeout),
+                   method_name="execute_admitted")
 
     def execute_admitted(self, context: Context, event: dict[str, Any]) -> Any:
+        self._deferred = False
         if event["status"] != "admitted":
             raise AirflowException(f"GPU job {event['job_id']}: {event['message']}")
         self.log.info("GPU job %s %s", event["job_id"], event["message"])
@@ -304,7 +317,11 @@ class GpuBaseOperator(BaseOperator):
             self.log.warning("%s: %s", replica.name, w)
 
     def on_kill(self) -> None:
-        """The task is killed: stop the replicas and release the GPUs now."""
+        """The task is killed: stop the replicas and release the GPUs now.
+
+        After TaskDeferred a worker process ends, so a call while `_deferred` means the
+        trigger runs inline in this process (`airflow dags test`, `dag.test()`), whose
+        SIGTERM handler lands here: cancel the job and end the run, as SIGTERM would."""
         self._stop.set()
         stop_all(self._handles)
         if self._job_id:
@@ -313,3 +330,8 @@ class GpuBaseOperator(BaseOperator):
                     client.cancel(self._job_id)
                 except (ApiError, InputError) as exc:
                     self.log.warning("could not cancel GPU job %s: %s", self._job_id, exc)
+                else:
+                    self.log.info("cancelled GPU job %s", self._job_id)
+        if self._deferred:
+            raise SystemExit(f"stopped while GPU job {self._job_id} waited for admission "
+                             "(SIGTERM); the job is cancelled")

@@ -4,6 +4,7 @@ scheduler-core admits, cancels or loses the job."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,26 +13,62 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from ..hooks.scheduler import GpuSchedulerHook
 from ..scheduler_core.client import ApiError
 from ..scheduler_core.errors import InputError
+from ..scheduler_core.reasonkey import reason_key
+from ..scheduler_core.units import format_duration
 
 LIVE = ("admitted", "running")
 
 
 class AdmissionTrigger(BaseTrigger):
     """Polls the job every `poll_interval` seconds and yields one event:
-    `{"status": "admitted" | "cancelled" | "lost" | "failed" | "succeeded" | "missing",
-    "job_id", "message"}`."""
+    `{"status": "admitted" | "cancelled" | "lost" | "failed" | "succeeded" | "missing" |
+    "timeout", "job_id", "message"}`.
+
+    `deadline` (Unix time) is enforced here, not through `defer(timeout=)`: only the
+    Airflow scheduler applies that one (`airflow dags test` runs the trigger inline and
+    never does), and it neither says why the job waited nor cancels it. At the deadline
+    the job is cancelled and the event names the last pending reason; `timeout` (the
+    operator's `admission_timeout`, seconds) is only for that message."""
 
     def __init__(self, job_id: str, gpu_scheduler_conn_id: str = "gpu_scheduler_default",
-                 poll_interval: float = 5.0):
+                 poll_interval: float = 5.0, deadline: float | None = None,
+                 timeout: float | None = None):
         super().__init__()
         self.job_id = job_id
         self.gpu_scheduler_conn_id = gpu_scheduler_conn_id
         self.poll_interval = poll_interval
+        self.deadline, self.timeout = deadline, timeout
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (f"{type(self).__module__}.{type(self).__qualname__}",
                 {"job_id": self.job_id, "gpu_scheduler_conn_id": self.gpu_scheduler_conn_id,
-                 "poll_interval": self.poll_interval})
+                 "poll_interval": self.poll_interval, "deadline": self.deadline,
+                 "timeout": self.timeout})
+
+    def _pause(self) -> float:
+        """The next poll, or the deadline if it comes first."""
+        if self.deadline is None:
+            return self.poll_interval
+        return max(0.0, min(self.poll_interval, self.deadline - time.time()))
+
+    def _expired(self) -> bool:
+        return self.deadline is not None and time.time() >= self.deadline
+
+    async def _time_out(self, client, reason: str | None) -> TriggerEvent:
+        """Take the job out of the queue and say why it waited."""
+        within = f"{self.timeout:g}s (admission_timeout)" if self.timeout is not None \
+            else "its deadline"
+        said = f"not admitted within {within}; waiting for: {reason or 'queued'}"
+        try:
+            await client.cancel(self.job_id)
+        except ApiError as exc:
+            if exc.status not in (404, 409):
+                said += f"; cancelling it failed: {exc}"
+        except InputError as exc:
+            said += f"; cancelling it failed: {exc}"
+        else:
+            said += "; the job is cancelled"
+        return self._event("timeout", said)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         hook = GpuSchedulerHook(self.gpu_scheduler_conn_id)
@@ -47,8 +84,11 @@ class AdmissionTrigger(BaseTrigger):
                         return
                     raise
                 except InputError as exc:   # the service restarts or is unreachable: wait
+                    if self._expired():
+                        yield await self._time_out(client, f"the scheduler ({exc})")
+                        return
                     self.log.warning("%s; retrying in %ss", exc, self.poll_interval)
-                    await asyncio.sleep(self.poll_interval)
+                    await asyncio.sleep(self._pause())
                     continue
                 state = job["state"]
                 if state in LIVE:
@@ -63,12 +103,17 @@ class AdmissionTrigger(BaseTrigger):
                                       "waiting for admission")
                     return
                 reason = (job.get("pending") or {}).get("reason")
-                if reason != said:
+                # said again when its code, blockers or placement change, not its countdowns
+                if reason_key(job) != said:
                     eta = (job.get("pending") or {}).get("eta_seconds")
                     self.log.info("waiting for GPUs: %s%s", reason or "queued",
-                                  f" (ETA {eta:.0f}s)" if eta is not None else "")
-                    said = reason
-                await asyncio.sleep(self.poll_interval)
+                                  f" (ETA {format_duration(eta)})" if eta is not None
+                                  else "")
+                    said = reason_key(job)
+                if self._expired():
+                    yield await self._time_out(client, reason)
+                    return
+                await asyncio.sleep(self._pause())
 
     def _event(self, status: str, message: str) -> TriggerEvent:
         return TriggerEvent({"status": status, "job_id": self.job_id, "message": message})
