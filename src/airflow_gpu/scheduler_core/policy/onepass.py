@@ -17,6 +17,7 @@ from .passplan import PassPlan
 from .pending import Pending, Reasons, locality_wait
 from .preempt import Preemption, claimed, preempt
 from .reservations import Reservation, earliest_end, place_best
+from .upcoming import upcoming
 
 if TYPE_CHECKING:
     from .scheduler import Scheduler
@@ -92,20 +93,25 @@ class Pass:
         why = s.quotas.wait(job)
         if why is not None:
             if self.mode != "count" and s.config.preemption.rules:
-                why = preempt(self, job, own_team=True) or why
+                why = preempt(self, job, own_team=True) or upcoming(self, job, why, True)
+            else:
+                why = upcoming(self, job, why, own_team=True)
             return self.wait(job, why)
         if self.head is not None:  # fifo: nothing starts behind the first job that waits
             return self.wait(job, Pending(
                 "Priority", f"waits behind {self.head.name!r} (policy fifo: no job starts "
                 "ahead of a higher-priority one)", {"behind": self.head.name}))
         if self.mode == "count":
-            got = place_by_count(job.name, job.gpus, s.state)
+            got = place_by_count(job.name, job.gpus, s.state, job.needs)
             if got is not None:
                 return self.start(job, got)
             self.hopeless.add(job.shape)
             self._failures += 1
-            return self.wait(job, Pending("Resources", f"needs {job.gpus} GPUs; "
-                                          f"{s.state.usable_total} are free (policy count)"))
+            mig = "".join(f" and {n.slices * n.replicas} MIG {n.mig} devices"
+                          for n in job.needs if n.mig)
+            return self.wait(job, Pending("Resources", f"needs {job.gpus} GPUs{mig}; "
+                                          f"{s.state.usable_total} GPUs are free (policy "
+                                          "count)"))
         got = self.plan.due_now(job) or self.try_now(job)
         if (got is not None and self.mode == "backfill" and got.tier > s.best_tier(job)
                 and self.may_reserve()):
@@ -138,7 +144,7 @@ class Pass:
                 self.add(reserved)
         if self.explain:
             self.plan.hold_first(0)
-            self.wait(job, self.reasons.blocked(job, protected, reserved))
+            self.wait(job, upcoming(self, job, self.reasons.blocked(job, protected, reserved)))
 
     def keep_promise(self, r: Reservation) -> Reservation:
         """A protected reservation holds from the earliest start promised to its job: if a

@@ -61,6 +61,7 @@ class Reasons:
         self.p = p
         self._why: dict[tuple, Pending | tuple] = {}
         self._eta: dict[tuple, float | None] = {}
+        self.will_preempt: set[str] = set()   # named by a preemption to come (upcoming.py)
 
     def blocked(self, job: QueuedJob, protected: bool, reserved: Reservation | None) -> Pending:
         why = self.reason(job)

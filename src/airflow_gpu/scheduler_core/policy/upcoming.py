@@ -1,0 +1,82 @@
+"""When a waiting job will start, where the answer is not "when resources free up": it
+will preempt once its victims have run `min_run_time` (reclaim or a priority rule), or
+it waits for its team's quota until the team's own jobs free enough. Only for reasons
+(`explain` passes); the decisions stay preempt.py's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..units import format_duration
+from .preempt import Trial, candidates, pool, reclaims
+from .quota import most, need
+
+if TYPE_CHECKING:
+    from .jobqueue import QueuedJob
+    from .onepass import Pass
+    from .pending import Pending
+
+
+def upcoming(p: Pass, job: QueuedJob, why: Pending, own_team: bool = False) -> Pending:
+    """`why` with the preemption to come when it starts the job before `why.eta` does;
+    for a `Quota` wait (`own_team`), its ETA first: when the team frees enough."""
+    if not p.explain or p.mode == "count":
+        return why
+    if own_team:
+        quota_eta(p, job, why)
+    s, now = p.s, p.now
+    cfg = s.config.preemption
+    if cfg.min_run_time <= 0 or not (cfg.rules or reclaims(s, job, own_team)):
+        return why
+    soon = pool(s, now, soon=True)
+    if not any(c[0][0] > now for c in soon):
+        return why                  # every candidate may be stopped now: preempt() said no
+    taken = p.reasons.will_preempt          # each victim is promised to one job only
+    cands = [c for c in candidates(p, job, own_team, victims=soon) if c[1].name not in taken]
+    try:
+        trial = Trial(p, job, [], own_team)
+        got = trial.cheapest(cands, cfg.max_victims) if cands else None
+        if got is None and trial.skipped and reclaims(s, job, own_team):
+            got = trial.cheapest(cands, cfg.max_victims, strict=False)
+    finally:
+        p.plan.hold_first(0)
+    if got is None:
+        return why
+    chosen = got[0]
+    at = max(c[0][0] for c in chosen)
+    start = at + max(c[1].preempt_grace for c in chosen)
+    waited = now - job.submit
+    if at <= now or (why.eta is not None and (
+            why.eta <= start - now or waited + why.eta < cfg.min_saved_wait)):
+        return why                  # it starts as soon without, or saves too little
+    names = [c[1].name for c in chosen]
+    reason = "/".join(sorted({c[2] for c in chosen}))
+    they = "it has" if len(names) == 1 else "they have"
+    why.message = (f"will preempt {', '.join(names)} ({reason}) once {they} run "
+                   f"min_run_time ({format_duration(cfg.min_run_time)}), and start when "
+                   f"{they} stopped; until then: {why.message}")
+    why.details.update(will_preempt=names, preempt_reason=reason)
+    taken.update(names)
+    why.eta = start - now
+    return why
+
+
+def quota_eta(p: Pass, job: QueuedJob, why: Pending) -> None:
+    """A `Quota` wait's ETA: when the team's running jobs, ending as expected, have
+    freed enough for the job to fit its team's limit (GPUs, CPUs, memory)."""
+    s = p.s
+    held = s.quotas.held.get(job.team, (0, 0, 0))
+    over = [h + n - cap for h, n, cap in zip(
+        held, need(job), most(s.config, job.team, job.preemptible), strict=True)]
+    ends = sorted((s.state.expected_end[n], n) for n, j in s.running.items()
+                  if j.team == job.team)
+    for end, name in ends:
+        if all(x <= 0 for x in over):
+            break
+        over = [x - n for x, n in zip(over, need(s.running[name]), strict=True)]
+        if all(x <= 0 for x in over):
+            why.eta = max(0.0, end - p.now)
+            why.message += f"; enough of it is expected back when job {name} ends"
+            why.details["quota_frees_with"] = name
+            return
