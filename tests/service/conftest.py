@@ -49,10 +49,11 @@ def db_url(request, tmp_path):
 HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
 
 
-def serve(db_url: str, policy=None):
-    """The real app on its real store (with `policy`), with tokens for teams vision and
-    nlp and an admin; `client.tick()` runs one scheduling pass."""
-    service = Service(Settings(db_url, make_cluster(*HOSTS), policy or PolicyConfig(),
+def serve(db_url: str, policy=None, hosts=HOSTS):
+    """The real app on its real store (with `policy`, on the cluster of `hosts`), with
+    tokens for teams vision and nlp and an admin; `client.tick()` runs one scheduling
+    pass."""
+    service = Service(Settings(db_url, make_cluster(*hosts), policy or PolicyConfig(),
                                lease_ttl=30))
     app = create_app(service, run_loop=False)
     tokens = {t: create_token(service.sessions, t) for t in ("vision", "nlp")}

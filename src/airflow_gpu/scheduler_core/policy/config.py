@@ -146,8 +146,9 @@ class Preemption(_Spec):
 class IdlePolicy(_Spec):
     """Jobs whose GPUs stay below `threshold` percent utilization for `after`: flagged
     (a warning in the task log and the UI, an event, a metric) and, with action
-    `requeue`, stopped and requeued once they stay idle `grace` longer. A job class's
-    `idle_*` fields override these for its jobs."""
+    `requeue`, stopped and requeued once they stay idle `grace` longer: at the back of
+    their band, and held at the `hold_after`-th time. A job class's `idle_*` fields
+    override these for its jobs."""
 
     after: Duration | None = Field(None, ge=1, description="flag a job whose GPUs all "
                                    "stay under the threshold this long (none: never)")
@@ -157,6 +158,9 @@ class IdlePolicy(_Spec):
                                                  "requeue: then stop and requeue the job")
     grace: Duration = Field(600, ge=0, description="seconds a flagged job may stay idle "
                             "before the action")
+    hold_after: int | None = Field(2, ge=1, description="with action requeue: the job is "
+                                   "held (JobHeldUser, released by its team or an admin) "
+                                   "at its this-many-th idle requeue (none: never held)")
 
 
 class PolicyConfig(_Spec):

@@ -6,6 +6,9 @@ The order (docs/queue-policy.md):
    protects it with a reservation (the wait guarantee). One at a time, by age, so the
    protected job never changes until it starts.
 3. Then the band's other jobs by score = age + fair share + job size (highest first).
+4. Behind all of those, the band's jobs the idle-GPU policy requeued (`behind`), by the
+   same rules among themselves: their submit is the requeue, so they neither come back
+   first by age nor by size onto the GPUs they just left idle (service/idle.py).
 
 The age and size terms of the score are fixed per job (`age_weight * -submit_hours +
 size points`), so each (band, team, job shape) keeps one sorted list for good; only the
@@ -71,6 +74,7 @@ class QueuedJob:
     preempt_signal: str = "SIGTERM"
     preempt_grace: float = 0.0                   # seconds from the signal to SIGKILL
     checkpoint_interval: float | None = None     # seconds (what a preemption loses)
+    behind: bool = False     # requeued as idle: at the back of its band (point 4 above)
 
     @property
     def name(self) -> str:
@@ -88,7 +92,7 @@ class QueuedJob:
 class JobQueue:
     def __init__(self, age_weight: float, size_weight: float = 0.0):
         self.age_weight, self.size_weight = age_weight, size_weight
-        # band -> (team, shape) -> [(static key, submit, seq, job)], and
+        # band -> (team, shape, behind) -> [(static key, submit, seq, job)], and
         # band -> [(submit, seq, job)]
         self._bands: dict[float, dict[tuple[str, tuple], list[tuple]]] = {}
         self._by_submit: dict[float, list[tuple]] = {}
@@ -140,7 +144,8 @@ class JobQueue:
         bisect.insort(self._runtimes.setdefault(job.shape, []), job.runtime)
         self.cpu_only += not job.gpus
         lists = self._bands.setdefault(job.base, {})
-        bisect.insort(lists.setdefault((job.team, job.shape), []), self._entry(job))
+        bisect.insort(lists.setdefault((job.team, job.shape, job.behind), []),
+                      self._entry(job))
         bisect.insort(self._by_submit.setdefault(job.base, []), (job.submit, job.seq, job))
 
     def remove(self, name: str) -> QueuedJob:
@@ -152,10 +157,10 @@ class JobQueue:
         if not self.shapes[job.shape]:
             del self.shapes[job.shape], self._runtimes[job.shape]
         lists = self._bands[job.base]
-        entries = lists[job.team, job.shape]
+        entries = lists[job.team, job.shape, job.behind]
         del entries[bisect.bisect_left(entries, self._entry(job)[:3])]
         if not entries:
-            del lists[job.team, job.shape]
+            del lists[job.team, job.shape, job.behind]
         by_submit = self._by_submit[job.base]
         del by_submit[bisect.bisect_left(by_submit, (job.submit, job.seq))]
         if not lists:
@@ -168,7 +173,7 @@ class JobQueue:
 
     @property
     def teams(self) -> list[str]:
-        return list({t for lists in self._bands.values() for t, _ in lists})
+        return list({t for lists in self._bands.values() for t, *_ in lists})
 
     def protected(self, protect_before: float) -> int:
         """How many queued jobs are protected (see `ordered`): one per band at most."""
@@ -191,19 +196,21 @@ class JobQueue:
             if len(first) == len(by_submit):
                 continue
             skip = {seq for _, seq, _ in first}
-            # a k-way merge of the (team, shape) lists, each offset by its team's fair share
-            lists = [(entries, fairshare.get(team, 0.0), shape)
-                     for (team, shape), entries in self._bands[band].items()]
-            heap = [(round(e[0][0] - fs, 6), e[0][1], e[0][2], i, 0)
-                    for i, (e, fs, _) in enumerate(lists)]
+            # a k-way merge of the (team, shape, behind) lists, each offset by its team's
+            # fair share; the lists of jobs requeued as idle after all others
+            lists = [(entries, fairshare.get(team, 0.0), shape, behind)
+                     for (team, shape, behind), entries in self._bands[band].items()]
+            heap = [(behind, round(e[0][0] - fs, 6), e[0][1], e[0][2], i, 0)
+                    for i, (e, fs, _, behind) in enumerate(lists)]
             heapq.heapify(heap)
             while heap:
-                _, _, seq, i, k = heapq.heappop(heap)
-                entries, fs, shape = lists[i]
+                _, _, _, seq, i, k = heapq.heappop(heap)
+                entries, fs, shape, behind = lists[i]
                 if skip_shapes is not None and shape in skip_shapes:
                     continue            # the rest of this list is skipped too
                 if seq not in skip:
                     yield entries[k][3], False
                 if k + 1 < len(entries):
                     key, submit, nseq, _ = entries[k + 1]
-                    heapq.heappush(heap, (round(key - fs, 6), submit, nseq, i, k + 1))
+                    heapq.heappush(heap, (behind, round(key - fs, 6), submit, nseq, i,
+                                          k + 1))

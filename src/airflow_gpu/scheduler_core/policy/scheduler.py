@@ -75,15 +75,16 @@ class Scheduler:
 
     # -- what drivers call -----------------------------------------------------------------
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None,
-               preempted_by: frozenset[str] = frozenset()) -> QueuedJob:
+               preempted_by: frozenset[str] = frozenset(), behind: bool = False) -> QueuedJob:
         """Queue a job; raises Rejected if it can never run (naming why), InputError for
-        an unknown job class. `preempted_by`: the jobs that once preempted it."""
+        an unknown job class. `preempted_by`: the jobs that once preempted it; `behind`:
+        requeued as idle, it goes after its band's other jobs (jobqueue.py)."""
         spec = resolve(spec, self.reg.job_classes, defaults=self.config.defaults)
         if spec.name in self.queue or spec.name in self.running:
             raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
         job = self._make(spec, now, runtime)
-        job.preempted_by = frozenset(preempted_by)
+        job.preempted_by, job.behind = frozenset(preempted_by), behind
         why = self.rejection(job)
         if why:
             raise Rejected(spec.name, why)

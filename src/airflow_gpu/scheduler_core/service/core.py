@@ -420,7 +420,7 @@ class Service:
                       spec={**spec.model_dump(mode="json", exclude_unset=True),
                             "team": spec.team},
                       state=PENDING, priority=spec.priority, details={}, attempt=0,
-                      borrowed=False, preemptions=0,
+                      borrowed=False, preemptions=0, idle_requeues=0,
                       # what a retry with the same key must match (none without a key)
                       spec_digest=spec_digest(spec) if key else None,
                       submitted_at=utcnow())

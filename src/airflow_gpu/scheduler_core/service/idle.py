@@ -4,6 +4,11 @@ the `airflow_gpu_idle_jobs` gauge); with action `requeue`, a job still idle `gra
 seconds after the flag is stopped like a preempted one (its class's signal and grace)
 and requeued under the same id. A job that uses its GPUs again loses the flag.
 
+A job requeued as idle goes to the back of its priority band (`queue_entry`): it would
+otherwise be the best pending job again and be re-admitted onto the GPUs it just left
+idle, freeing nothing. At its `hold_after`-th idle requeue it is held (JobHeldUser:
+its team or an admin releases it) instead of looping every `after + grace`.
+
 Evaluated on every node agent report, from the per-GPU `below_since` marks accounting
 keeps: a job is idle since the latest of its GPUs' marks, and only once every GPU it
 holds has reported."""
@@ -60,6 +65,38 @@ def idle_since(s: Session, job_id: str, attempt: int) -> tuple[datetime | None, 
     if not held or len(latest) < held or any(b is None for b in latest.values()):
         return None, held
     return max(latest.values()), held
+
+
+def queue_entry(row: JobRow) -> tuple[float, bool]:
+    """Where a pending job queues: its submit time as the queue sees it (its last idle
+    requeue, if any) and whether it is behind its band's other jobs (requeued as idle
+    and not admitted since)."""
+    behind = row.requeue_reason == "idle" and row.queued_at is not None
+    return _ts(row.queued_at or row.submitted_at), behind
+
+
+def requeued_idle(svc, s: Session, job_id: str, now: datetime) -> str:
+    """After an idle requeue (preemption.requeue): count it, queue the job behind its
+    band, and hold it at the policy's `hold_after`-th. Returns what the requeue event
+    adds."""
+    count = (s.scalar(select(JobRow.idle_requeues).where(JobRow.id == job_id)) or 0) + 1
+    limit = svc._policy().idle.hold_after
+    values: dict = {"idle_requeues": count, "queued_at": now}
+    if limit is None or count < limit:
+        s.execute(_update(JobRow).where(JobRow.id == job_id).values(**values))
+        left = "" if limit is None else (f" (idle requeue {count}; it is held at idle "
+                                          f"requeue {limit}: idle policy hold_after)")
+        return ("; it waits behind the other jobs of its band, so the GPUs it left idle go "
+                "to the work that was waiting" + left)
+    reason = (f"held by the idle-GPU policy: requeued {count} times because its GPUs sat "
+              f"idle (idle policy hold_after: {limit}); it is not started until released "
+              f"(airflow-gpu release {job_id[:8]}, by its team or an admin)")
+    s.execute(_update(JobRow).where(JobRow.id == job_id).values(
+        **values, reason_code="JobHeldUser", reason=reason, eta_at=None, promised_at=None,
+        details={"hold": "idle", "hold_by": "idle policy", "hold_at": now.isoformat(),
+                 "idle_requeues": count}))
+    svc._event(s, "held", reason, job=job_id)
+    return f"; held: idle requeue {count} of {limit} (idle policy hold_after)"
 
 
 def message(rule: IdleRule, since: datetime, gpus: int) -> str:

@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 
 from ..policy.preempt import Preemption
 from ..store.models import JobRow
-from .core import PENDING, Conflict, Service, _same_attempt, _stale, _update, requeued
+from .core import PENDING, Conflict, Service, _same_attempt, _stale, _update, requeued, utcnow
+from .idle import requeued_idle
 from .jobcontrol import REQUEUED
 
 SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
@@ -55,8 +56,9 @@ def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False)
            if forced else "its launcher stopped the replicas")
     who = (f"preempted by job {row.preempted_by}" if row.preempted_by else
            row.preempt_reason.split(" (")[0] if asked else "idle GPUs")
+    more = requeued_idle(svc, s, job_id, utcnow()) if reason == "idle" else ""
     svc._event(s, "requeued", f"{who}: {how}; back in the queue under the same id "
-               f"(admission {row.attempt} ended)", job=job_id)
+               f"(admission {row.attempt} ended){more}", job=job_id)
     return True
 
 

@@ -18,6 +18,7 @@ from ..policy.jobqueue import QueuedJob
 from ..policy.scheduler import Scheduler
 from ..store.models import JobRow
 from .core import ENDED, LIVE, PENDING, Service, _ts, utcnow
+from .idle import queue_entry
 from .jobcontrol import HELD, blocker_ids, name_jobs, names_of
 from .storepass import _spec, past_usage
 
@@ -52,8 +53,9 @@ def snapshot(svc: Service) -> Snapshot:
             snap.skipped[row.id] = row.reason_code
             continue
         try:
-            sched.submit(_spec(svc, row, {}), _ts(row.submitted_at),
-                         preempted_by=frozenset(row.preemptors or ()))
+            queued, behind = queue_entry(row)      # as the pass queues it (idle.py)
+            sched.submit(_spec(svc, row, {}), queued,
+                         preempted_by=frozenset(row.preemptors or ()), behind=behind)
             if row.reason_code == "Preempting":     # the pass considers it first
                 sched.claims[row.id] = list(row.details.get("victims", ()))
         except Exception as exc:     # rejected, or a spec the pass cannot read either
@@ -83,6 +85,7 @@ def priorities(svc: Service, team: str | None = None) -> dict:
             "job_class": job.job_class, "priority": job.spec.priority,
             "class_weight": round(job.base - job.spec.priority, 6), "band": job.base,
             "protected": protected, "preempting": job.name in snap.sched.claims,
+            "behind": job.behind,      # requeued as idle: after its band's other jobs
             "fairshare": round(terms["fairshare"], 6), "size_factor": round(job.size, 6),
             "size": round(terms["size"], 6), "age_hours": round((snap.now - job.submit)
                                                                 / 3600.0, 6),

@@ -40,6 +40,7 @@ from .core import (
     utcnow,
 )
 from .faults import handle_gpu_faults
+from .idle import queue_entry
 from .jobcontrol import not_held
 from .preemption import mark_preempting
 from .wear import worn_gpus
@@ -90,8 +91,9 @@ def run_pass(svc: Service) -> list[str]:
                                  .order_by(JobRow.submitted_at, JobRow.id)))
         for row in pending:
             try:
-                sched.submit(_spec(svc, row, specs), _ts(row.submitted_at),
-                             preempted_by=frozenset(row.preemptors or ()))
+                queued, behind = queue_entry(row)      # requeued as idle: behind
+                sched.submit(_spec(svc, row, specs), queued,
+                             preempted_by=frozenset(row.preemptors or ()), behind=behind)
                 if row.promised_at is not None:
                     sched.promised[row.id] = row.promised_at
                 if row.reason_code == "Preempting":     # its victims stop for it
