@@ -48,6 +48,7 @@ from .launch.supervise import Outcome, stop_all, supervise
 from .launch.wiring import BY_CLASS, wiring
 from .scheduler_core.client import ApiError, Client
 from .scheduler_core.errors import InputError, load_yaml, validate
+from .scheduler_core.reasonkey import reason_key
 from .scheduler_core.jobspec import JobSpec
 from .scheduler_core.units import format_duration
 
@@ -153,14 +154,14 @@ class StatusLine:
 def pending_line(job: dict) -> tuple[str, tuple]:
     why = job.get("pending") or {}
     if job["state"] == "preempting":
-        return f"{PREFIX}job {job['id']} is being preempted", ("preempting",)
+        return f"{PREFIX}job {job['id']} is being preempted", reason_key(job)
     if not why.get("code"):
         return (f"{PREFIX}job {job['id']} pending: queued (the next scheduling pass "
-                "places it)", (None,))
+                "places it)", reason_key(job))
     eta = why.get("eta_seconds")
     when = f" (ETA {format_duration(eta)})" if eta is not None else " (no ETA)"
     return (f"{PREFIX}job {job['id']} pending: {why['code']}: {why.get('reason') or ''}"
-            f"{when}", (why["code"], why.get("reason")))
+            f"{when}", reason_key(job))
 
 
 class Output:
