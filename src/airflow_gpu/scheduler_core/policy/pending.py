@@ -61,7 +61,11 @@ class Reasons:
         self.p = p
         self._why: dict[tuple, Pending | tuple] = {}
         self._eta: dict[tuple, float | None] = {}
-        self.will_preempt: set[str] = set()   # named by a preemption to come (upcoming.py)
+        # upcoming.py: victims named by a preemption to come, the pool they come from,
+        # kinds of jobs that found none
+        self.will_preempt: set[str] = set()
+        self.soon_pool: list | None = None
+        self.no_victims_soon: dict[tuple, float] = {}
 
     def blocked(self, job: QueuedJob, protected: bool, reserved: Reservation | None) -> Pending:
         why = self.reason(job)

@@ -6,6 +6,7 @@ it waits for its team's quota until the team's own jobs free enough. Only for re
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ..units import format_duration
@@ -29,10 +30,18 @@ def upcoming(p: Pass, job: QueuedJob, why: Pending, own_team: bool = False) -> P
     cfg = s.config.preemption
     if cfg.min_run_time <= 0 or not (cfg.rules or reclaims(s, job, own_team)):
         return why
-    soon = pool(s, now, soon=True)
+    r = p.reasons
+    # a kind of job that finds no victims to come finds none again this pass, if it
+    # runs as long or longer (see preempt.preempt)
+    key = (job.shape, job.team, job.base, job.job_class, job.preempted_by, own_team)
+    if job.runtime >= r.no_victims_soon.get(key, math.inf):
+        return why
+    if r.soon_pool is None:
+        r.soon_pool = pool(s, now, soon=True)
+    soon = r.soon_pool
     if not any(c[0][0] > now for c in soon):
         return why                  # every candidate may be stopped now: preempt() said no
-    taken = p.reasons.will_preempt          # each victim is promised to one job only
+    taken = r.will_preempt                  # each victim is promised to one job only
     cands = [c for c in candidates(p, job, own_team, victims=soon) if c[1].name not in taken]
     try:
         trial = Trial(p, job, [], own_team)
@@ -42,6 +51,7 @@ def upcoming(p: Pass, job: QueuedJob, why: Pending, own_team: bool = False) -> P
     finally:
         p.plan.hold_first(0)
     if got is None:
+        r.no_victims_soon[key] = min(job.runtime, r.no_victims_soon.get(key, math.inf))
         return why
     chosen = got[0]
     at = max(c[0][0] for c in chosen)
