@@ -9,9 +9,12 @@ Rules, in order of weight:
    inside one NVLink domain if one can hold it (its hosts talk over NVLink, as GPUs of
    one host do); else the fewest hosts, then hosts sharing a switch, then a rack
    (`locality: any`): the tiers host < nvlink_domain < switch < rack < cluster.
-4. Tight fit: the host (and switch) with the fewest free GPUs that still fits, so
+   Spread (`pack: false`): one replica per host first, on as many hosts as the
+   locality allows (then the tighter tier), then the least loaded of the job's hosts.
+4. Least capable GPUs first (capability.py), unless the job names a model or hosts.
+5. Tight fit: the host (and switch) with the fewest free GPUs that still fits, so
    whole hosts stay free for big jobs.
-5. CPU-only roles (parameter servers) go onto the hosts of the job's GPU roles,
+6. CPU-only roles (parameter servers) go onto the hosts of the job's GPU roles,
    else onto hosts under the same switch.
 Plugin host scorers (plugins.HostScorer) rank the hosts that fit: across the domain
 when a job spreads; for one host, among the tightest hosts that fit, or past them up
@@ -23,14 +26,14 @@ Within a host, `fit.fit_replica` chooses GPUs, cores, memory and NICs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..jobspec import JobSpec
 from ..plugins import Registry
+from .capability import Ranking
 from .cluster import Host
 from .fit import Need, allocate_replica
 from .migfit import host_order, mig_eligible
-from .state import ClusterState, HostState, ReplicaAllocation, tier_of
+from .placed import Placed, Progress, Unplaced
+from .state import ClusterState, HostState, ReplicaAllocation
 
 TIERS = {"host": ("host",), "nvlink_domain": ("nvlink_domain",), "switch": ("switch",),
          "rack": ("rack",), "any": ("nvlink_domain", "switch", "rack", "cluster")}
@@ -59,68 +62,6 @@ def compile_needs(job: JobSpec) -> list[Need]:
                                         -n.cpus))
 
 
-@dataclass
-class Placed:
-    allocations: list[ReplicaAllocation]
-
-    @property
-    def hosts(self) -> list[Host]:
-        return list({a.host.index: a.host for a in self.allocations}.values())
-
-    @property
-    def tier(self) -> int:
-        """0: one host or NVLink domain, 1: one switch, 2: across switches (what the
-        slowdown depends on)."""
-        return tier_of(self.allocations)
-
-
-class Unplaced:
-    """Why a job cannot be placed now. Explained on first read (the scheduling hot path
-    seldom asks), from the state as it was: read it before changing the state."""
-
-    def __init__(self, trial: _Trial, within: str):
-        self._trial, self._within = trial, within
-        self._why: tuple[str, str, dict] | None = None
-
-    def explain(self) -> tuple[str, str, dict]:
-        """(code, message, details), computed once."""
-        if self._why is None:
-            from .explain import pending_reason
-
-            self._why = pending_reason(self._trial, self._within)
-            self._trial = None
-        return self._why
-
-    @property
-    def code(self) -> str:
-        """Resources | Locality"""
-        return self.explain()[0]
-
-    @property
-    def message(self) -> str:
-        return self.explain()[1]
-
-    @property
-    def details(self) -> dict:
-        return self.explain()[2]
-
-    def __repr__(self) -> str:
-        return f"Unplaced({self.code!r}, {self.message!r})"
-
-
-@dataclass
-class _Progress:
-    """How far the best failed trial got, for the pending reason."""
-
-    domain: str = ""
-    role: str = ""
-    placed: int = -1
-    wanted: int = 0
-    free_gpus: int = 0
-    hosts: int = 0
-    score: int = -1           # replicas placed in that trial, all roles
-
-
 class _Trial:
     def __init__(self, job: JobSpec, needs: list[Need], state: ClusterState, reg: Registry):
         self.job, self.needs, self.state, self.reg = job, needs, state, reg
@@ -134,9 +75,11 @@ class _Trial:
         if self.scorers and all(hasattr(s, "max_score") for s in self.scorers):
             self.max_score = sum(s.max_score for s in self.scorers)
         self._allowed: dict[tuple[str, int], bool] = {}
-        self.progress = _Progress()
+        self.progress = Progress()
         # placement.hosts: the only hosts the job may use (the local runner's worker host)
         self.only = frozenset(job.placement.hosts) if job.placement.hosts else None
+        self.rank = Ranking(state.cluster, needs, self.only is not None
+                            or any(n.models for n in needs))
 
     def allowed(self, need: Need, host: Host) -> bool:
         """Static per-host checks: placement.hosts, eligible GPUs exist, plugin filters."""
@@ -174,10 +117,23 @@ class _Trial:
 
     def single_host(self) -> list[ReplicaAllocation] | None:
         """The tightest single host that holds the whole job (hosts by free GPUs, ascending;
-        ties: the lowest host index). With scorers: the best-scored host of the tightest
-        bucket that holds the job; with `max_score` known, later buckets are searched
-        for a better-scored host until one reaches it (ties: the tighter host)."""
+        ties: the lowest host index), on the least capable GPUs that can (capability.py).
+        With scorers: the best-scored host of the tightest bucket that holds the job;
+        with `max_score` known, later buckets are searched for a better-scored host
+        until one reaches it (ties: the tighter host)."""
+        for level in self.rank.levels:
+            got = self._single_host(level)
+            if got is not None:
+                return got
+        return None
+
+    def _single_host(self, level: tuple) -> list[ReplicaAllocation] | None:
         hosts = self.state.cluster.hosts
+        rank = self.rank
+
+        def at_level(i: int) -> bool:
+            return not rank.active or rank.level(hosts[i].type) == level
+
         if not self.scorers and not self.total_gpus and any(n.mig for n in self.needs):
             # MIG devices only: hosts whose MIG GPUs are partly used first (migfit)
             need = next(n for n in self.needs if n.mig)
@@ -191,6 +147,8 @@ class _Trial:
                 # by host index: the same state gives the same choice, whatever order
                 # hosts entered the bucket in
                 for i in sorted(bucket):
+                    if not at_level(i):
+                        continue
                     got = self.on_one_host(hosts[i])
                     if got is not None:
                         return got
@@ -199,6 +157,8 @@ class _Trial:
         for bucket in self.state.by_free[self.total_gpus:]:
             scored = []
             for i in bucket:
+                if not at_level(i):
+                    continue
                 sc = sum(self.score(n, hosts[i], self.state.hosts[i]) for n in self.needs)
                 if best_score is None or sc > best_score:
                     scored.append((-sc, i))
@@ -220,6 +180,7 @@ class _Trial:
         scratch: dict[int, HostState] = {}
         used: dict[int, Host] = {}
         switches: set[tuple[str, str]] = set()
+        load: dict[int, int] = {}         # the job's replicas per host
         out: list[ReplicaAllocation] = []
 
         def hs_of(h: Host) -> HostState:
@@ -230,7 +191,7 @@ class _Trial:
         for need in self.needs:
             left, index, full = need.replicas, 0, set()
             while left:
-                host = self._choose(need, left, domain, used, full, switches, hs_of, pack)
+                host = self._choose(need, left, domain, used, full, switches, hs_of, load)
                 if host is None:
                     self._record(label, need, len(out), need.replicas - left, domain)
                     return None
@@ -243,12 +204,14 @@ class _Trial:
                     left, index, placed = left - 1, index + 1, placed + 1
                 if placed:
                     used[host.index] = host
+                    load[host.index] = load.get(host.index, 0) + placed
                     switches.add(host.switch_key)
                 if not placed or pack:
                     full.add(host.index)
         return out
 
-    def _choose(self, need, left, domain, used, full, switches, hs_of, pack) -> Host | None:
+    def _choose(self, need, left, domain, used, full, switches, hs_of, load) -> Host | None:
+        pack = self.job.placement.pack
         if pack:
             # Concentrate: the job's own hosts first, the one with most room.
             mine = [(need.upper_bound(h.type, hs_of(h)), h) for h in used.values()
@@ -268,13 +231,15 @@ class _Trial:
             if n > 0:
                 cands.append((n, h))
         if not cands:
-            if not pack:  # spreading ran out of fresh hosts: share the job's hosts
-                mine = [h for h in used.values() if h.index not in full
-                        and need.upper_bound(h.type, hs_of(h)) > 0]
-                return mine[0] if mine else None
+            if not pack:  # every host has one: the least loaded of the job's hosts next
+                mine = [(load.get(h.index, 0), -n, h.index, h) for h in used.values()
+                        if h.index not in full and self.allowed(need, h)
+                        and (n := need.upper_bound(h.type, hs_of(h))) > 0]
+                return min(mine)[3] if mine else None
             return None
         target = left if pack else 1
         fitting = any(n >= target for n, _ in cands)
+        rank = self.rank
 
         def key(x):
             n, h = x
@@ -282,6 +247,7 @@ class _Trial:
             return (-self.score(need, h, hs) if self.scorers else 0,
                     bool(switches) and h.switch_key not in switches,
                     n < target,                  # hosts that take all that is left first
+                    rank.level(h.type) if need.gpus else (),   # least capable GPUs first
                     n if fitting else -n,        # then the tightest of them, else the roomiest
                     hs.usable_gpus.bit_count(), h.index)
 
@@ -293,11 +259,12 @@ class _Trial:
                    for h in domain) if need.gpus else 0
         p = self.progress
         if (placed_total, free) > (p.score, p.free_gpus):
-            self.progress = _Progress(label, need.role, placed, need.replicas, free,
+            self.progress = Progress(label, need.role, placed, need.replicas, free,
                                       len(domain), placed_total)
 
     def domains(self, tier: str) -> list[tuple[str, list[Host]]]:
-        """Domains of a tier that could hold the job's GPUs, tightest first."""
+        """Domains of a tier that could hold the job's GPUs: those with the least capable
+        GPUs first, then the tightest."""
         c, s = self.state.cluster, self.state
         if tier == "nvlink_domain":
             return self.nvlink_domains()
@@ -308,7 +275,7 @@ class _Trial:
         else:
             return [("the whole cluster", c.hosts)]
         keys = [k for k in groups if free[k] >= self.total_gpus]
-        keys.sort(key=lambda k: (free[k], str(k)))
+        keys.sort(key=lambda k: (self.rank.of_domain(tier, k), free[k], str(k)))
         return [(name(k), groups[k]) for k in keys]
 
     def nvlink_domains(self) -> list[tuple[str, list[Host]]]:
@@ -349,13 +316,19 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
         if locality == "nvlink_domain" and not state.cluster.nvlink_domains:
             locality = "host"         # no multi-node domain: tier 0 is one host
     replicas = sum(n.replicas for n in needs)
-    if p.pack or replicas == 1 or locality in ("host", "nvlink_domain"):
+    # a spread job spans the hosts of an NVLink domain where the cluster has them
+    spans_domain = not p.pack and locality == "nvlink_domain" and state.cluster.nvlink_domains
+    if (p.pack or replicas == 1 or locality == "host"
+            or (locality == "nvlink_domain" and not spans_domain)):
         got = trial.single_host()
         if got:
             return Placed(got)
     if locality == "host" or replicas == 1:  # one replica cannot span hosts
         return Unplaced(trial, "one host" if locality == "host" else "")
     lower_bound = max(1, -(-trial.total_gpus // (state.cluster.max_host_gpus or 1)))
+    # spread: one replica per host, on as many hosts as there can be
+    most_hosts = min(replicas, len(state.cluster.hosts))
+    lowest = trial.rank.levels[0]
     best = None
     for rank, tier in enumerate(TIERS[locality]):
         extra = None
@@ -366,21 +339,28 @@ def place(job: JobSpec, state: ClusterState, reg: Registry,
             hosts = {a.host.index for a in got}
             switches = {a.host.switch_key for a in got}
             leftover = sum(state.hosts[i].usable_gpus.bit_count() for i in hosts)
-            # a placement inside one NVLink domain beats any other (tier 0 slowdown)
-            key = (tier != "nvlink_domain", len(hosts) if p.pack else 0, rank, len(switches),
+            level = trial.rank.of_placement(got)
+            # spread: the most hosts first; a placement inside one NVLink domain beats
+            # any other (tier 0 slowdown); then fewest hosts (pack), the tier, ...
+            key = (0 if p.pack else -len(hosts), tier != "nvlink_domain",
+                   len(hosts) if p.pack else 0, rank, len(switches), level,
                    leftover - trial.total_gpus)
             if best is None or key < best[0]:
                 best = (key, got)
-            if p.pack and len(hosts) == lower_bound:
+            if p.pack and len(hosts) == lower_bound and level == lowest:
                 return Placed(best[1])
             extra = _EXTRA_DOMAINS if extra is None else extra - 1
             if extra <= 0:
                 break
-        if best is not None and (tier == "nvlink_domain" or not p.pack
-                                 or best[0][1] == lower_bound):
+        if best is not None and (-best[0][0] == most_hosts if not p.pack else
+                                 tier == "nvlink_domain" or best[0][2] == lower_bound):
             break
     if best is not None:
         return Placed(best[1])
+    if spans_domain:       # no multi-node domain holds it: one host is a domain too
+        got = trial.single_host()
+        if got:
+            return Placed(got)
     return Unplaced(trial, WITHIN_LABEL.get(locality, ""))
 
 
