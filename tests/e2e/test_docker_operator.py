@@ -129,7 +129,9 @@ def test_a_container_past_its_time_limit_is_stopped_and_the_task_fails_naming_it
                   TEST_TIME_LIMIT="4s")
     assert run.result()["tasks"] == {"probe": "failed"}
     assert "the job reached its time limit of 4s (time_limit" in run.output
-    assert "SIGKILL after 30s" in run.output          # the policy's grace, unused here
+    assert "SIGKILL after 30s" in run.output          # the policy's grace, unused here:
+    assert re.search(r"stopped with SIGTERM; main-0 exited by itself after \d+\.\d s with "
+                     r"code 143", run.output), run.output[-4000:]
     job = only_job(scheduler)
     assert (job["state"], job["time_limit_s"]) == ("timeout", 4)
     assert not docker.from_env().containers.list(

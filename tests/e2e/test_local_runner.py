@@ -52,6 +52,10 @@ def test_a_local_task_past_its_time_limit_gets_sigterm_and_fails_naming_it(run_d
     assert run.result()["tasks"] == {"long": "failed"}, run.output[-4000:]
     assert "[main-0] working" in run.output
     assert "the job reached its time limit of 3s (time_limit" in run.output
+    # what it wrote after SIGTERM reaches the task log; the failure says how it ended
+    assert "[main-0] checkpoint saved" in run.output
+    assert re.search(r"stopped with SIGTERM; main-0 exited by itself after 1\.\d s with "
+                     r"code 143", run.output), run.output[-4000:]
     (job,) = scheduler.jobs(name="gpu_limit_local.long")
     job = scheduler.job(job["id"])
     assert (job["state"], job["time_limit_s"]) == ("timeout", 3)
