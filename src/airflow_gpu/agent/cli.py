@@ -158,7 +158,8 @@ def add_commands(sub) -> None:
     a.add_argument("--diag-level", type=int, default=1,
                    help="the diagnostic's level, 1 (about a minute) to 4, as dcgmi diag -r")
     a.add_argument("--once", action="store_true", help="register, send one heartbeat, exit")
-    a.add_argument("--log-level", default="info")
+    a.add_argument("--log-level", default="info", help="debug, info (default), warning or "
+                   "error; debug logs each exporter read and each report")
     _host_paths(a)
     a.set_defaults(func=cmd_agent)
     t = sub.add_parser("topo", help="print this host's topology (or a built-in model's) "

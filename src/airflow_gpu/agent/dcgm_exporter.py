@@ -24,6 +24,7 @@ shows is the last one, ECC and row-remap counters persist).
 from __future__ import annotations
 
 import logging
+import time
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -101,6 +102,7 @@ class ExporterTelemetry(Polled):
 
     def fetch(self) -> Scrape | None:
         """The exporter's answer, or None (and a warning when it stops answering)."""
+        started = time.monotonic()
         try:
             r = self.client.get(self.url)
             r.raise_for_status()
@@ -112,6 +114,8 @@ class ExporterTelemetry(Polled):
                             "was and no utilization is reported until it answers", self.url,
                             exc or type(exc).__name__)
             return None
+        log.debug("dcgm-exporter at %s read in %.0f ms: %d GPUs, %d bytes", self.url,
+                  (time.monotonic() - started) * 1000, len(scrape.values), len(r.content))
         if self.failures:
             log.info("dcgm-exporter at %s answers again after %d failed reads", self.url,
                         self.failures)

@@ -21,6 +21,17 @@ log = logging.getLogger(__name__)
 SLICE = 1.0     # seconds the source may block at a time, so a stop request is seen soon
 
 
+def summary(gpus: list[dict]) -> str:
+    """A heartbeat in one line: `8 GPUs, 7 healthy (GPU 3: XID 79 ...); utilization % 97 0 ...`."""
+    bad = [f"GPU {g['index']}: {g.get('reason') or 'unhealthy'}" for g in gpus
+           if not g.get("healthy", True)]
+    util = [g.get("utilization_gpu") for g in gpus]
+    return (f"{len(gpus)} GPUs, {len(gpus) - len(bad)} healthy"
+            + (f" ({'; '.join(bad)})" if bad else "")
+            + ("; utilization % " + " ".join("-" if u is None else f"{u:.0f}" for u in util)
+               if any(u is not None for u in util) else "; no utilization"))
+
+
 class Agent:
     def __init__(self, config: AgentConfig, source, client: Client):
         if not config.name:
@@ -48,6 +59,7 @@ class Agent:
     def report(self) -> list[dict]:
         """One heartbeat; a service that forgot the host (404) gets it registered again."""
         body = {"gpus": self.source.gpus()}
+        log.debug("reporting %s: %s", self.name, summary(body["gpus"]))
         try:
             return self.client.request("POST", f"/api/v1/hosts/{self.name}/report", json=body)
         except ApiError as exc:
