@@ -112,10 +112,12 @@ def supervise(handles: list[Handle], log: logging.Logger,
             return Outcome(False, interrupted=Interrupted("killed", "the task was killed"))
         # while a preemption stops them, its grace (not the time limit) bounds the wait
         if deadline is not None and stopping is None and time.monotonic() >= deadline:
-            log.warning("the job reached its time limit: stopping all replicas")
             timed_out = True
             stopping = Interrupted("timeout", "the job reached its time limit", grace=grace)
-            stopper = _stop_in_background(_running(handles, codes, told), stopping, log)
+            rest = _running(handles, codes, told)
+            log.warning("the job reached its time limit: sending SIGTERM to %d replica(s), "
+                        "SIGKILL after %gs to any still running", len(rest), grace)
+            stopper = _stop_in_background(rest, stopping, log, said=True)
         if heartbeat is not None and time.monotonic() >= next_beat:
             next_beat = time.monotonic() + interval
             try:
@@ -178,14 +180,15 @@ def _running(handles: list[Handle], codes: dict[str, int],
     return rest
 
 
-def _stop_in_background(handles: list[Handle], why: Interrupted,
-                        log: logging.Logger) -> threading.Thread:
+def _stop_in_background(handles: list[Handle], why: Interrupted, log: logging.Logger,
+                        said: bool = False) -> threading.Thread:
     """Stop the replicas with the signal and grace of a preemption or the time limit,
     without blocking the loop: it keeps logging their lines (a checkpoint being saved,
-    the last words at the limit) and the lease."""
+    the last words at the limit) and the lease. `said`: the caller logged the stop."""
     after = "the runner's default grace" if why.grace is None else f"{round(why.grace, 1):g}s"
-    log.info("sending %s to %d replica(s), SIGKILL after %s",
-             why.signal or "SIGTERM", len(handles), after)
+    if not said:
+        log.info("sending %s to %d replica(s), SIGKILL after %s",
+                 why.signal or "SIGTERM", len(handles), after)
 
     def run() -> None:
         try:
@@ -194,6 +197,6 @@ def _stop_in_background(handles: list[Handle], why: Interrupted,
             log.warning("stopping with %s failed (%s): killing the replicas", why.signal, exc)
             stop_all(handles, 0)
 
-    thread = threading.Thread(target=run, name="preempt-stop", daemon=True)
+    thread = threading.Thread(target=run, name="replica-stop", daemon=True)
     thread.start()
     return thread
