@@ -44,7 +44,7 @@ class Preemption:
     reason: str            # "priority" | "reclaim"
     message: str
     stop_at: float         # the victim is gone by then: the signal, then its grace
-    broken: str = ""       # how it takes its team below its guarantee (guarantee.py)
+    broken: str = ""       # whose guarantee it breaks, for whom (guarantee.py)
 
 
 def unsaved(ran: float, interval: float | None) -> float:
@@ -328,7 +328,8 @@ def stop_for(p: Pass, job: QueuedJob, chosen, placed: Placed,
                f"{format_duration(lost)} of work since its last checkpoint is lost; "
                "requeued under the same id")
         at = s.stop(v, job, now)
-        p.result.preempted.append(Preemption(v, job, reason, msg, at, note))
+        p.result.preempted.append(Preemption(v, job, reason, msg, at,
+                                             teams.get(v.team, "") if note else ""))
         stop_at = max(stop_at, at)
         names.append(v.name)
         reasons.add(reason)

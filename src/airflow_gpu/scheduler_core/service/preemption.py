@@ -11,6 +11,8 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..policy.guarantee import BROKEN
+from ..policy.pending import Pending
 from ..policy.preempt import Preemption
 from ..store.models import JobRow
 from .core import PENDING, Conflict, Service, _same_attempt, _stale, _update, requeued, utcnow
@@ -34,9 +36,22 @@ def mark_preempting(svc: Service, s: Session, p: Preemption) -> bool:
         return False
     svc._event(s, "preempted", p.message, job=v.name)
     svc._event(s, "preempting", f"preempts job {v.name} ({p.reason}, team {v.team}, "
-               f"band {v.base:g}, {v.gpus} GPUs); it starts once that job has stopped",
-               job=p.by.name)
+               f"band {v.base:g}, {v.gpus} GPUs); it starts once that job has stopped"
+               + (f"; {p.broken}" if p.broken else ""), job=p.by.name)
     return True
+
+
+def broken_guarantee(row: JobRow, why: Pending) -> Pending:
+    """A job requeued by a reclaim that took its team below its guarantee says so, with
+    whether it fits on what was left, while it waits (guarantee.py)."""
+    text = row.preempt_reason or ""
+    at = text.find(BROKEN)
+    if row.requeue_reason != "preempted" or at < 0:
+        return why
+    end = text.find("); ", at)
+    why.message += f"; preempted by job {row.preempted_by}, {text[at:end if end > 0 else None]}"
+    why.details["guarantee_broken_by"] = row.preempted_by
+    return why
 
 
 def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False) -> bool:

@@ -42,7 +42,7 @@ from .core import (
 from .faults import handle_gpu_faults
 from .idle import queue_entry
 from .jobcontrol import not_held
-from .preemption import mark_preempting
+from .preemption import broken_guarantee, mark_preempting
 from .wear import worn_gpus
 
 
@@ -135,6 +135,7 @@ def run_pass(svc: Service) -> list[str]:
         rows = {r.id: r for r in pending}
         for job_id, why in result.pending.items():
             r = rows[job_id]
+            why = broken_guarantee(r, why)
             eta_at = None if why.eta is None else round(t_now + why.eta)
             promised = sched.promised.get(job_id)
             if (r.reason_code, r.reason, r.details, r.eta_at, r.promised_at) == (
