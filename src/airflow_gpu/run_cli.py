@@ -120,7 +120,8 @@ def job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
 # -- what the user sees --------------------------------------------------------------------
 class StatusLine:
     """The pending reason and ETA: one line on stderr, refreshed in place on a terminal
-    when it changes; elsewhere (a log) a new line when the reason changes."""
+    when it changes; elsewhere (a log) a new line when its key changes (reason_key:
+    code, blockers, placement; not a countdown)."""
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr

@@ -4,6 +4,8 @@ or killed after the grace), not the grace it did not need."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.launch.runserver import serve
@@ -40,3 +42,23 @@ def test_a_command_that_ignores_sigterm_is_killed_after_the_grace_and_it_says_so
     assert got.stderr.splitlines()[-1].endswith(
         f"stopped with SIGTERM; main-0 was killed after the {GRACE} s grace"), got.stderr
     assert job(server, job_id_of(got.stderr))["state"] == "timeout"
+
+
+def test_scenario_a_gang_at_its_time_limit_keeps_each_replicas_output(server):
+    """Time limit x output: two replicas on this host, the first saves a checkpoint and
+    exits, the second ignores SIGTERM; both write through the grace, labelled."""
+    script = (f'if [ "$AIRFLOW_GPU_REPLICA" = 0 ]; then {LAST_WORDS}; '
+              f"else {STUBBORN}; fi")
+    got = run(server, "--gpus", "1", "--replicas", "2", "--time-limit", "3s", *SMALL,
+              "--", "sh", "-c", script)
+    assert got.returncode == 124, got.stderr
+    said = got.stdout.splitlines()
+    assert {"[main-0] saving", "[main-0] saved", "[main-1] ignoring TERM"} <= set(said), said
+    assert said.index("[main-0] saving") < said.index("[main-0] saved")
+    ended = got.stderr.splitlines()[-1]
+    assert re.search(r"stopped with SIGTERM; main-\d.+; main-\d.+$", ended), ended
+    assert re.search(r"main-0 exited by itself after 1\.\d s with code 3", ended), ended
+    assert f"main-1 was killed after the {GRACE} s grace" in ended, ended
+    assert job(server, job_id_of(got.stderr))["state"] == "timeout"
+    cluster = server["admin"].get("/api/v1/cluster").json()
+    assert cluster["gpus_allocated"] == 0
