@@ -287,26 +287,10 @@ def _teams_table(teams: list[dict]) -> Table:
     return t
 
 
-def _eta(j: dict) -> str:
-    p = j.get("pending") or {}
-    return format_duration(p["eta_seconds"]) if p.get("eta_seconds") is not None else "-"
+def _job_table(j: dict):
+    from .status_view import job_table  # its placement now and its earlier admissions
 
-
-def _job_table(j: dict) -> Table:
-    t = Table(title=f"Job {j['id']} ({j['name']}, team {j['team']}): {j['state']}",
-              title_justify="left")
-    for col in ("role", "#", "host", "GPUs", "CPUs", "NICs"):
-        t.add_column(col)
-    from .scheduler_core.engine.topology import format_cpulist
-
-    for r in j.get("replicas", []):
-        gpus = ",".join(map(str, r["gpus"])) or "; ".join(m["label"] for m in r.get("mig", []))
-        t.add_row(r["role"], str(r["index"]), r["host"], gpus or "-",
-                  format_cpulist(r["cpus"]), ",".join(r["nics"]) or "-")
-    p = j.get("pending")
-    if p and p.get("code"):
-        t.caption = f"{p['code']}: {p['reason']} (ETA {_eta(j)})"
-    return t
+    return job_table(j)
 
 
 def _explain_table(e: dict) -> Table:

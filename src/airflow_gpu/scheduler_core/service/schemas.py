@@ -54,15 +54,29 @@ class ReplicaOut(BaseModel):
     cpus: list[int]
     memory_by_numa: dict[str, int]
     nics: list[str]
-    live: bool
+    live: bool = Field(description="held now; false: history (an admission that ended)")
     mig: list[MigDeviceOut] = Field(default_factory=list, description=
                                     "MIG devices granted instead of whole GPUs")
+    admission: int | None = Field(None, description="which of the job's admissions granted "
+                                  "it: 1 for the first (a requeued job is admitted again)")
+    granted_at: datetime | None = None
+    released_at: datetime | None = None
 
     @classmethod
-    def of(cls, a: AllocationRow) -> ReplicaOut:
+    def of(cls, a: AllocationRow, admission: int | None = None) -> ReplicaOut:
         return cls(role=a.role, index=a.replica, host=a.host, gpus=a.gpus, cpus=a.cpus,
                    memory_by_numa=a.memory_by_numa, nics=a.nics, live=a.live,
-                   mig=a.mig or [])
+                   mig=a.mig or [], admission=admission, granted_at=a.granted_at,
+                   released_at=a.released_at)
+
+
+def admissions(allocations: list[AllocationRow], attempt: int) -> list[int | None]:
+    """Each allocation's admission number: one admission's grants share their time, and
+    the latest is the job's `attempt` (a list of live grants only is the last one)."""
+    times = sorted({_ts(a.granted_at) for a in allocations if a.granted_at is not None})
+    first = attempt - len(times) + 1 if attempt >= len(times) else 1
+    return [first + times.index(_ts(a.granted_at)) if a.granted_at is not None else None
+            for a in allocations]
 
 
 class ReasonOut(BaseModel):
@@ -113,7 +127,11 @@ class JobOut(BaseModel):
                                         "under the idle threshold since then")
     idle_flagged_at: datetime | None = Field(None, description="the idle-GPU policy flagged "
                                              "it then (see idle_since)")
-    replicas: list[ReplicaOut] = []
+    idle_requeues: int = Field(0, description="how often the idle-GPU policy requeued it "
+                               "(held at the policy's idle.hold_after)")
+    replicas: list[ReplicaOut] = Field([], description="its grants, the current admission's "
+                                       "(live) and, marked live false with their admission, "
+                                       "those of admissions that ended")
 
     @classmethod
     def of(cls, j: JobRow, allocations: list[AllocationRow] | None = None) -> JobOut:
@@ -138,7 +156,10 @@ class JobOut(BaseModel):
                    **({"preempt_signal": j.preempt_signal, "preempt_grace": j.preempt_grace,
                        "preempt_deadline_at": j.preempt_deadline_at}
                       if j.state == "preempting" else {}),
-                   replicas=[ReplicaOut.of(a) for a in allocations or []])
+                   idle_requeues=j.idle_requeues or 0,
+                   replicas=[ReplicaOut.of(a, n) for a, n in zip(
+                       allocations or [], admissions(allocations or [], j.attempt or 0),
+                       strict=True)])
 
 
 class EventOut(BaseModel):
