@@ -17,12 +17,15 @@ from .scheduler_core.units import format_duration, format_size, parse_duration
 
 COLUMNS = {
     "job": ("job", "name", "team", "state", "exit_code", "started_at", "finished_at",
-            "elapsed_seconds", "gpus", "gpu_hours", "utilization_mean", "utilization_peak",
-            "memory_peak_bytes", "energy_joules", "zero_utilization_seconds", "idle_flagged"),
-    "team": ("team", "jobs", "gpu_hours", "utilization_mean", "utilization_peak",
-             "memory_peak_bytes", "energy_joules", "zero_utilization_seconds"),
-    "day": ("day", "team", "jobs", "gpu_hours", "utilization_mean", "utilization_peak",
-            "memory_peak_bytes", "energy_joules", "zero_utilization_seconds"),
+            "elapsed_seconds", "gpus", "mig_devices", "gpu_hours", "mig_device_hours",
+            "utilization_mean", "utilization_peak", "memory_peak_bytes", "energy_joules",
+            "zero_utilization_seconds", "idle_flagged"),
+    "team": ("team", "jobs", "gpu_hours", "mig_device_hours", "utilization_mean",
+             "utilization_peak", "memory_peak_bytes", "energy_joules",
+             "zero_utilization_seconds"),
+    "day": ("day", "team", "jobs", "gpu_hours", "mig_device_hours", "utilization_mean",
+            "utilization_peak", "memory_peak_bytes", "energy_joules",
+            "zero_utilization_seconds"),
 }
 
 
@@ -52,14 +55,21 @@ def _energy(j) -> str:
     return "-" if not j else (f"{j / 3.6e6:.2f} kWh" if j >= 3.6e5 else f"{j:.0f} J")
 
 
-def _common(r: dict) -> list[str]:
-    return [f"{r['gpu_hours']:.2f}", _pct(r["utilization_mean"]), _pct(r["utilization_peak"]),
+def _common(r: dict, mig: bool = False) -> list[str]:
+    hours = [f"{r['gpu_hours']:.2f}"] + ([f"{r.get('mig_device_hours', 0):.2f}"] if mig else [])
+    return [*hours, _pct(r["utilization_mean"]), _pct(r["utilization_peak"]),
             format_size(r["memory_peak_bytes"]) if r["memory_peak_bytes"] else "-",
             _energy(r["energy_joules"]), format_duration(r["zero_utilization_seconds"])]
 
 
-def _cells(r: dict, by: str) -> list[str]:
-    common = _common(r)
+def _gpus(r: dict) -> str:
+    """GPUs charged, with the MIG devices among them: `0.86 (2 MIG)`."""
+    mig = r.get("mig_devices") or 0
+    return f"{r['gpus']:g}" + (f" ({mig} MIG)" if mig else "")
+
+
+def _cells(r: dict, by: str, mig: bool = False) -> list[str]:
+    common = _common(r, mig)
     if by == "team":
         return [r["team"], str(r["jobs"]), *common]
     if by == "day":
@@ -67,7 +77,7 @@ def _cells(r: dict, by: str) -> list[str]:
     elapsed = r.get("elapsed_seconds")
     state = r["state"] + (f":{r['exit_code']}" if r.get("exit_code") is not None else "")
     return [r["job"], r["name"], r["team"], state + (" idle!" if r["idle_flagged"] else ""),
-            str(r["gpus"]), "-" if elapsed is None else format_duration(elapsed), *common]
+            _gpus(r), "-" if elapsed is None else format_duration(elapsed), *common]
 
 
 def table(data: dict) -> Table:
@@ -76,14 +86,21 @@ def table(data: dict) -> Table:
               title_justify="left")
     head = {"team": ["team", "jobs"], "day": ["day", "team", "jobs"],
             "job": ["job", "name", "team", "state", "GPUs", "elapsed"]}[by]
-    for col in (*head, "GPU-h", "SM% mean", "SM% peak", "mem peak", "energy", "at 0%"):
+    # MIG devices: their hours as a column; GPU-h charges each its share (slices / 7)
+    mig = any(r.get("mig_device_hours") for r in data["rows"])
+    for col in (*head, "GPU-h", *(("MIG-h",) if mig else ()), "SM% mean", "SM% peak",
+                "mem peak", "energy", "at 0%"):
         t.add_column(col, overflow="fold")
     for r in data["rows"]:
-        t.add_row(*_cells(r, by))
+        t.add_row(*_cells(r, by, mig))
         for rep in r.get("replicas", ()):      # sacct's steps: one line per replica
             t.add_row(f"  {rep['role']}.{rep['index']}", rep["host"],
-                      "", "", ",".join(map(str, rep["gpus"])), "",
-                      *_common(rep))
+                      "", "", ",".join(map(str, rep["gpus"])) or "; ".join(
+                          rep.get("mig", ())), "",
+                      *_common(rep, mig))
+    if mig:
+        t.caption = ("GPU-h: whole GPUs, and each MIG device as its share of its GPU "
+                     "(compute slices / 7); MIG-h: MIG device-hours")
     return t
 
 

@@ -135,16 +135,23 @@ def cluster_table(c: dict) -> Table:
               f"GPUs allocated, {c.get('gpus_free', 0)} free, "
               f"{c.get('gpus_unavailable', 0)} unavailable (drained, unreachable or "
               "unhealthy)", title_justify="left")
+    if c.get("mig_devices"):
+        t.title += (f"; MIG devices: {c['mig_devices_held']} of {c['mig_devices']} held "
+                    f"({c['mig_gpus_held']:g} GPUs by share)")
+    mig = any(h.get("mig_devices") for h in c["hosts"])
     for col in ("host", "model", "state", "GPUs", "free", "cores", "memory",
-                "per NUMA node", "GPU map", "jobs", "util % (per GPU)", "power"):
+                "per NUMA node", "GPU map", "jobs", *(("MIG devices",) if mig else ()),
+                "util % (per GPU)", "power"):
         t.add_column(col, overflow="fold")
     for h in c["hosts"]:
-        gmap = "".join("x" if not g["healthy"] else "#" if g["job"] else "."
-                       for g in h["gpus"])
-        held: dict[str, int] = {}
+        gmap = "".join(_gpu_mark(g) for g in h["gpus"])
+        held: dict[str, list[str]] = {}
         for g in h["gpus"]:
             if g["job"]:
-                held[g["job"]] = held.get(g["job"], 0) + 1
+                held.setdefault(g["job"], []).append("GPU")
+            for m in g.get("mig", ()):
+                if m["job"]:
+                    held.setdefault(m["job"], []).append(m["profile"])
         util = [g.get("utilization_gpu") for g in h["gpus"]]
         watts = [g["power_watts"] for g in h["gpus"] if g.get("power_watts") is not None]
         if not h.get("reachable", True):
@@ -164,13 +171,51 @@ def cluster_table(c: dict) -> Table:
                   f"{h.get('cpus_allocated', 0)}/{h.get('cpus_total', 0)}",
                   f"{_mem(h.get('memory_allocated', 0))}/{_mem(h.get('memory_total', 0))}",
                   numa or "-", gmap,
-                  "\n".join(f"{_short(j)} ({n})" for j, n in held.items()) or "-",
+                  "\n".join(f"{_short(j)} ({_held(n)})" for j, n in held.items()) or "-",
+                  *((_mig_cell(h),) if mig else ()),
                   " ".join("-" if u is None else f"{u:.0f}" for u in util)
                   if any(u is not None for u in util) else "-",
                   f"{sum(watts):.0f} W" if watts else "-")
-    t.caption = ("GPUs and cores: allocated/total; GPU map: # held, . free, x unhealthy; "
-                 "jobs: short id (GPUs held)")
+    t.caption = ("GPUs and cores: allocated/total (a MIG GPU with a device held counts); "
+                 "GPU map: # held, . free, x unhealthy, M MIG GPU with every device held, "
+                 "m MIG GPU with free devices; jobs: short id (GPUs or MIG devices held)")
     return t
+
+
+def _gpu_mark(g: dict) -> str:
+    if not g["healthy"]:
+        return "x"
+    if g.get("mig_mode"):
+        return "M" if all(m["job"] for m in g["mig"]) else "m"
+    return "#" if g["job"] else "."
+
+
+def _held(what: list[str]) -> str:
+    """`2` GPUs, or the MIG devices by profile: `2x 3g.40gb`."""
+    gpus = what.count("GPU")
+    out = [str(gpus)] if gpus else []
+    for p in dict.fromkeys(w for w in what if w != "GPU"):
+        out.append(f"{what.count(p)}x {p}")
+    return ", ".join(out)
+
+
+def _mig_cell(h: dict) -> str:
+    """Per GPU in MIG mode: each device's holder (short id) or `free`, and the compute
+    slices of its free devices."""
+    lines = []
+    for g in h["gpus"]:
+        if not g.get("mig_mode"):
+            continue
+        runs: list[list] = []             # [count, profile, holder], like devices together
+        for m in g["mig"]:
+            who = _short(m["job"]) if m["job"] else "free"
+            if runs and runs[-1][1:] == [m["profile"], who]:
+                runs[-1][0] += 1
+            else:
+                runs.append([1, m["profile"], who])
+        devs = ", ".join(f"{f'{n}x ' if n > 1 else ''}{p} {who}" for n, p, who in runs)
+        lines.append(f"GPU {g['index']}: {devs} ({g.get('mig_free_slices', 0)}/7 free)")
+    return "\n".join(lines) or "-"
 
 
 # -- the parsers ------------------------------------------------------------------------------

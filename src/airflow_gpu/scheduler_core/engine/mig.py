@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from fractions import Fraction
 
 from .topology import MigInstance, Topology
 
@@ -54,6 +55,14 @@ FAMILIES: dict[str, dict[str, Profile]] = {
     for family, names in _NAMES.items()}
 ALL_PROFILES: tuple[str, ...] = tuple(sorted({n for names in _NAMES.values() for n in names},
                                              key=lambda n: (int(n[0]), float(n[3:-2]))))
+
+
+def gpu_share(profile: str) -> Fraction:
+    """A MIG device's share of its GPU as quotas, fair share and accounting charge it: its
+    compute slices / 7 (a 3g.40gb device is 3/7 GPU). Exact, so seven 1g devices make
+    one GPU and not a hair more; 0 for a name that is no profile (a stored bad spec)."""
+    head = profile.split("g.", 1)[0]
+    return Fraction(int(head), GPU_COMPUTE_SLICES) if head.isdigit() else Fraction(0)
 
 
 def family_of(gpu_name: str, memory_bytes: int) -> str | None:

@@ -63,6 +63,7 @@ class QueuedJob:
     needs: list[Need]
     shape: tuple
     gpus: int = 0            # GPUs of the whole gang
+    charge: float = 0        # GPUs charged (quotas, fair share): gpus + MIG shares
     size: float = 0.0        # size factor (0..1)
     limit: float = math.inf  # its time limit, seconds (inf: none)
     grace: float = 0.0       # seconds from SIGTERM to SIGKILL at the limit
@@ -114,9 +115,10 @@ class JobQueue:
         needs = self._needs.get(shape)
         if needs is None:
             needs = self._needs[shape] = compile_needs(spec)
-        gpus, cpus, memory = spec_need(spec)
+        charge, cpus, memory = spec_need(spec)
+        gpus = spec.total_gpus
         return QueuedJob(spec, submit, seq, runtime, round(spec.priority + class_weight, 6),
-                         needs, shape, gpus, size_factor(gpus, runtime), cpus=cpus,
+                         needs, shape, gpus, charge, size_factor(gpus, runtime), cpus=cpus,
                          memory=memory)
 
     def static_key(self, job: QueuedJob) -> float:

@@ -10,8 +10,10 @@ be given back.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
+from ..engine.mig import gpu_share
 from ..jobspec import JobSpec
 from ..units import format_size
 from .config import RESOURCES, PolicyConfig
@@ -24,18 +26,32 @@ Usage = list[float]            # [gpus, cpus, memory bytes]
 SAY = ("GPUs", "CPUs", "of memory")
 
 
-def need(job: QueuedJob) -> tuple[int, int, int]:
-    return job.gpus, job.cpus, job.memory
+def need(job: QueuedJob) -> tuple[float, int, int]:
+    return job.charge, job.cpus, job.memory
 
 
-def spec_need(spec: JobSpec) -> tuple[int, int, int]:
-    """(gpus, cpus, memory bytes) of a whole gang, its job class applied."""
-    return (spec.total_gpus, sum(r.replicas * r.cpus for r in spec.roles),
+def charged_gpus(spec: JobSpec) -> int | Fraction:
+    """The GPUs a gang is charged (quotas, borrowing, fair share): its whole GPUs plus each
+    MIG device's share of its GPU (mig.gpu_share: compute slices / 7)."""
+    return spec.total_gpus + sum(r.replicas * r.gpu.mig.count * gpu_share(r.gpu.mig.profile)
+                                 for r in spec.roles if r.gpu.mig)
+
+
+def spec_need(spec: JobSpec) -> tuple[float, int, int]:
+    """(charged GPUs, cpus, memory bytes) of a whole gang, its job class applied."""
+    return (charged_gpus(spec), sum(r.replicas * r.cpus for r in spec.roles),
             sum(r.replicas * r.booked_memory() for r in spec.roles))
 
 
+def plain(v: float) -> float:
+    """A count as the API and messages show it (MIG shares are Fractions, for exact sums):
+    an int where whole, else rounded to 4 places."""
+    f = float(v)
+    return int(f) if f.is_integer() else round(f, 4)
+
+
 def _show(i: int, v: float) -> str:
-    return format_size(int(v)) if RESOURCES[i] == "memory" else f"{v:g}"
+    return format_size(int(v)) if RESOURCES[i] == "memory" else f"{plain(v):g}"
 
 
 def most(config: PolicyConfig, team: str, preemptible: bool) -> tuple[float, float, float]:
@@ -119,7 +135,7 @@ class Quotas:
                     + ("" if job.preemptible or cap == math.inf else
                        " (its job class is not preemptible: it never borrows)")),
                     {f"quota_{what}": None if g == math.inf else g,
-                     f"held_{what}": held})
+                     f"held_{what}": plain(held)})
         return None
 
 
@@ -137,4 +153,4 @@ def lending(config: PolicyConfig, held: dict[str, int], total: int
     lent_total = min(sum(idle.values()), max(0, sum(borrowed.values()) - free_of_guarantees))
     idle_total = sum(idle.values()) or 1
     lent = {t: round(lent_total * idle.get(t, 0) / idle_total) for t in teams}
-    return {t: (int(borrowed[t]), int(lent[t])) for t in teams}
+    return {t: (plain(borrowed[t]), int(lent[t])) for t in teams}

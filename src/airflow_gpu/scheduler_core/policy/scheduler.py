@@ -190,7 +190,7 @@ class Scheduler:
                                    job.runtime, now - self.state.started[name])
         self.state.release(name)
         self.quotas.add(job, -1)
-        self.fairshare.add(job.team, -job.gpus, now)
+        self.fairshare.add(job.team, -float(job.charge), now)
 
     # -- the pass ----------------------------------------------------------------------
     def fairshare_points(self, now: float) -> dict[str, float]:
@@ -272,4 +272,4 @@ class Scheduler:
         self.state.commit(job.name, allocations, now, end)
         self.running[job.name] = job
         self.quotas.add(job)
-        self.fairshare.add(job.team, job.gpus, now)
+        self.fairshare.add(job.team, float(job.charge), now)

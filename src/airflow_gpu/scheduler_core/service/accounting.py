@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from ..engine.mig import gpu_share
 from ..store.models import AllocationRow, GpuHoldRow, JobRow, SampleRow, UsageRow
 from .core import LIVE, _ts
 
@@ -130,20 +131,31 @@ def _series(s: Session, host: str, per_job: dict[str, list[dict]], now: datetime
                         power_watts=sum(powers) if powers else None))
 
 
+def charged_gpus(a) -> float:
+    """GPUs an allocation row is charged: its whole GPUs, and each MIG device's share of its
+    GPU (compute slices / 7, mig.gpu_share), as quotas and fair share charge them."""
+    return len(a.gpus) + float(sum(gpu_share(m.get("profile", "")) for m in a.mig or ()))
+
+
+def mig_devices(a) -> int:
+    return len(a.mig or ())
+
+
 def granted_seconds(allocs, now: datetime, start: datetime | None = None,
-                    end: datetime | None = None) -> float:
+                    end: datetime | None = None, per=charged_gpus) -> float:
     """GPU-seconds granted by allocation rows (granted_at .. released_at or now), within
-    [start, end) where given."""
+    [start, end) where given; `per=mig_devices`: MIG device-seconds instead."""
     total = 0.0
     for a in allocs:
-        if a.granted_at is None or not a.gpus:
+        n = per(a)
+        if a.granted_at is None or not n:
             continue
         lo, hi = _ts(a.granted_at), _ts(a.released_at or now)
         if start is not None:
             lo = max(lo, _ts(start))
         if end is not None:
             hi = min(hi, _ts(end))
-        total += max(0.0, hi - lo) * len(a.gpus)
+        total += max(0.0, hi - lo) * n
     return total
 
 

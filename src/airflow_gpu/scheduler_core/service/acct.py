@@ -3,8 +3,9 @@ allocations' grant times: per job, per team or per day and team, over a window. 
 token reads them, as it reads the queue.
 
 GPU-seconds granted are exact (each allocation's GPUs x the part of its grant inside the
-window); sampled figures (utilization, energy, time at 0 %) count the UTC days that
-touch the window."""
+window; a MIG device counts as its share of its GPU, compute slices / 7, and its
+device-seconds are reported too); sampled figures (utilization, energy, time at 0 %)
+count the UTC days that touch the window."""
 
 from __future__ import annotations
 
@@ -12,8 +13,16 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import or_, select
 
+from ..policy.quota import plain
 from ..store.models import AllocationRow, JobRow, SampleRow, UsageRow
-from .accounting import SERIES_STEP, day_of, days_between, granted_seconds
+from .accounting import (
+    SERIES_STEP,
+    charged_gpus,
+    day_of,
+    days_between,
+    granted_seconds,
+    mig_devices,
+)
 from .core import NotFound, _ts
 
 EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
@@ -24,7 +33,8 @@ SUMS = ("sampled_seconds", "util_seconds", "energy_joules", "zero_seconds")
 
 
 def _blank() -> dict:
-    return {"gpu_seconds": 0.0, "sampled_seconds": 0.0, "util_seconds": 0.0,
+    return {"gpu_seconds": 0.0, "mig_seconds": 0.0, "sampled_seconds": 0.0,
+            "util_seconds": 0.0,
             "util_peak": None, "memory_peak_bytes": None, "energy_joules": 0.0,
             "zero_seconds": 0.0}
 
@@ -43,6 +53,7 @@ def _finish(acc: dict) -> dict:
     util = acc.pop("util_seconds")
     return {"gpu_seconds": round(acc["gpu_seconds"], 3),
             "gpu_hours": round(acc["gpu_seconds"] / 3600, 4),
+            "mig_device_hours": round(acc["mig_seconds"] / 3600, 4),
             "sampled_gpu_seconds": round(sampled, 3),
             "utilization_mean": round(util / sampled, 3) if sampled else None,
             "utilization_peak": acc["util_peak"],
@@ -91,22 +102,30 @@ def report(svc, by: str, since: datetime | None, until: datetime | None,
     return {"by": by, "since": since, "until": until, "rows": rows}
 
 
+def _grant(acc: dict, a, now, since=None, until=None) -> None:
+    """Add an allocation's GPU-seconds (MIG devices by share) and MIG device-seconds."""
+    acc["gpu_seconds"] += granted_seconds([a], now, since, until)
+    acc["mig_seconds"] += granted_seconds([a], now, since, until, per=mig_devices)
+
+
 def _by_job(allocs, usage, jobs, since, until, now) -> list[dict]:
     acc: dict[str, dict] = {}
-    grants: dict[tuple, int] = {}         # (job, admission's grant time) -> GPUs
+    grants: dict[tuple, list] = {}        # (job, admission's grant time) -> [GPUs, MIG]
     first: dict[str, datetime] = {}
     for a, _, _ in allocs:
         d = acc.setdefault(a.job_id, _blank())
-        d["gpu_seconds"] += granted_seconds([a], now, since, until)
-        key = (a.job_id, a.granted_at)
-        grants[key] = grants.get(key, 0) + len(a.gpus)
+        _grant(d, a, now, since, until)
+        got = grants.setdefault((a.job_id, a.granted_at), [0.0, 0])
+        got[0] += charged_gpus(a)
+        got[1] += mig_devices(a)
         if a.granted_at and (a.job_id not in first or a.granted_at < first[a.job_id]):
             first[a.job_id] = a.granted_at
     for r in usage:
         _add(acc.setdefault(r.job_id, _blank()), r)
-    gpus: dict[str, int] = {}
-    for (job_id, _), n in grants.items():
-        gpus[job_id] = max(gpus.get(job_id, 0), n)
+    gpus: dict[str, list] = {}
+    for (job_id, _), (n, m) in grants.items():
+        had = gpus.get(job_id, [0.0, 0])
+        gpus[job_id] = [max(had[0], n), max(had[1], m)]
     out = []
     for job_id, d in acc.items():
         j = jobs.get(job_id)
@@ -116,7 +135,8 @@ def _by_job(allocs, usage, jobs, since, until, now) -> list[dict]:
         start = first.get(job_id)
         out.append({"job": job_id, "name": j.name, "team": j.team, "state": j.state,
                     "exit_code": j.exit_code, "attempts": j.attempt or 0,
-                    "gpus": gpus.get(job_id, 0),
+                    "gpus": plain(gpus.get(job_id, [0])[0]),
+                    "mig_devices": gpus.get(job_id, [0, 0])[1],
                     "submitted_at": j.submitted_at, "started_at": start, "finished_at": end,
                     "elapsed_seconds": round(_ts(end or now) - _ts(start), 3) if start
                     else None, "idle_flagged": j.idle_flagged_at is not None, **_finish(d)})
@@ -128,8 +148,7 @@ def _by_team(allocs, usage, jobs, since, until, now) -> list[dict]:
     acc: dict[str, dict] = {}
     count: dict[str, set] = {}
     for a, team, _ in allocs:
-        acc.setdefault(team, _blank())["gpu_seconds"] += granted_seconds([a], now, since,
-                                                                          until)
+        _grant(acc.setdefault(team, _blank()), a, now, since, until)
         count.setdefault(team, set()).add(a.job_id)
     for r in usage:
         _add(acc.setdefault(r.team, _blank()), r)
@@ -144,10 +163,9 @@ def _by_day(allocs, usage, jobs, since, until, now) -> list[dict]:
     for midnight in days_between(since, until):
         lo, hi = max(since, midnight), min(until, midnight + timedelta(days=1))
         for a, team, _ in allocs:
-            got = granted_seconds([a], now, lo, hi)
-            if got:
+            if granted_seconds([a], now, lo, hi):
                 key = (day_of(midnight), team)
-                acc.setdefault(key, _blank())["gpu_seconds"] += got
+                _grant(acc.setdefault(key, _blank()), a, now, lo, hi)
                 count.setdefault(key, set()).add(a.job_id)
     for r in usage:
         key = (r.day, r.team)
@@ -169,13 +187,16 @@ def job_usage(svc, job_id: str, now: datetime) -> dict:
         samples = list(s.scalars(select(SampleRow).where(SampleRow.job_id == job_id)
                                  .order_by(SampleRow.at)))
     total = _blank()
-    total["gpu_seconds"] = granted_seconds(allocs, now)
     replicas: dict[tuple, dict] = {}
     gpus: dict[tuple, set] = {}
+    mig: dict[tuple, dict] = {}
     for a in allocs:
         key = (a.role, a.replica, a.host)
-        replicas.setdefault(key, _blank())["gpu_seconds"] += granted_seconds([a], now)
+        _grant(total, a, now)
+        _grant(replicas.setdefault(key, _blank()), a, now)
         gpus.setdefault(key, set()).update(a.gpus)
+        for m in a.mig or ():
+            mig.setdefault(key, {})[(m["gpu"], m["index"])] = m.get("label")
     for r in usage:
         _add(total, r)
         key = (r.role, r.replica, r.host)
@@ -185,7 +206,9 @@ def job_usage(svc, job_id: str, now: datetime) -> dict:
             "idle_since": j.idle_since, "idle_flagged_at": j.idle_flagged_at,
             **_finish(total),
             "replicas": [{"role": k[0], "index": k[1], "host": k[2],
-                          "gpus": sorted(gpus[k]), **_finish(v)}
+                          "gpus": sorted(gpus[k]),
+                          "mig": [x for _, x in sorted(mig.get(k, {}).items())],
+                          **_finish(v)}
                          for k, v in sorted(replicas.items())],
             "series": series(samples)}
 

@@ -5,9 +5,12 @@ unhealthy ones, are counted unavailable, never free."""
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from sqlalchemy import select
 
-from ..store.models import AllocationRow
+from ..engine.mig import GPU_COMPUTE_SLICES, gpu_share
+from ..store.models import AllocationRow, JobRow, MigHoldRow
 
 
 def add_allocation(svc, view: dict) -> dict:
@@ -38,6 +41,9 @@ def add_allocation(svc, view: dict) -> dict:
                  "cpus_allocated": 0, "memory_total": t.numa_mem[p], "memory_allocated": 0}
                 for p in range(len(t.numa_ids))]
         by_id = {n["node"]: n for n in numa}
+        mig_used = {g["index"] for g in h["gpus"] if any(m["job"] for m in g.get("mig", ()))}
+        for g in mig_used:       # a MIG GPU with a device held is allocated (in part)
+            numa[t.gpu_numa[g]]["gpus_allocated"] += 1
         for a in by_host.get(h["name"], []):
             for g in a.gpus:
                 if 0 <= g < t.n_gpus:
@@ -55,9 +61,14 @@ def add_allocation(svc, view: dict) -> dict:
                 not up or not g["healthy"])),
             cpus_total=t.total_cpus, cpus_allocated=sum(n["cpus_allocated"] for n in numa),
             memory_total=t.total_mem,
-            memory_allocated=sum(n["memory_allocated"] for n in numa), numa=numa)
+            memory_allocated=sum(n["memory_allocated"] for n in numa), numa=numa,
+            **mig_counts(h["gpus"]))
     hosts = view["hosts"]
     view.update(
+        gpus_allocated=sum(h.get("gpus_allocated", 0) for h in hosts),
+        mig_devices=sum(h.get("mig_devices", 0) for h in hosts),
+        mig_devices_held=sum(h.get("mig_devices_held", 0) for h in hosts),
+        mig_gpus_held=round(sum(h.get("mig_gpus_held", 0) for h in hosts), 4),
         gpus_free=sum(h["free_gpus"] for h in hosts),
         gpus_unavailable=sum(h.get("gpus_unavailable", 0) for h in hosts),
         cpus_total=sum(h.get("cpus_total", 0) for h in hosts),
@@ -68,6 +79,41 @@ def add_allocation(svc, view: dict) -> dict:
                         "since": h.get("drained_at"), "by": h.get("drained_by")}
                        for h in hosts if h["drained"]])
     return view
+
+
+def mig_counts(gpus: list[dict]) -> dict:
+    """A host's MIG devices: how many, how many held, the GPUs' share held (compute slices
+    / 7, as quotas charge it); per GPU in MIG mode its free compute slices (those of its
+    free devices) and devices held. {} for a host without MIG."""
+    total = held = 0
+    share = Fraction(0)
+    for g in gpus:
+        if not g.get("mig_mode"):
+            continue
+        used = [m for m in g["mig"] if m["job"]]
+        g["mig_held"] = len(used)
+        g["mig_free_slices"] = sum(gpu_share(m["profile"]) * GPU_COMPUTE_SLICES
+                                   for m in g["mig"] if not m["job"]).numerator
+        total, held = total + len(g["mig"]), held + len(used)
+        share += sum((gpu_share(m["profile"]) for m in used), Fraction(0))
+    if not total:
+        return {}
+    return {"mig_devices": total, "mig_devices_held": held,
+            "mig_gpus_held": round(float(share), 4)}
+
+
+def mig_shares(cluster, s) -> dict[str, Fraction]:
+    """Per team, the GPU share of the MIG devices its live jobs hold (gpu_share each)."""
+    profile = {(h.name, x.gpu, x.index): x.profile for h in cluster.hosts if h.type.mig
+               for x in h.type.mig.slices}
+    out: dict[str, Fraction] = {}
+    for host, gpu, device, team in s.execute(
+            select(MigHoldRow.host, MigHoldRow.gpu, MigHoldRow.device, JobRow.team)
+            .join(JobRow, JobRow.id == MigHoldRow.job_id)):
+        name = profile.get((host, gpu, device))
+        if name:
+            out[team] = out.get(team, Fraction(0)) + gpu_share(name)
+    return out
 
 
 def mig_view(t, gpu: int, host: str, holds: dict, jobs: dict) -> dict:

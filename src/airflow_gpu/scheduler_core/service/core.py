@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster
+from ..engine.mig import gpu_share
 from ..engine.nvlink_groups import nvlink_groups
 from ..engine.placement import compile_needs, never_fits
 from ..engine.state import ClusterState
@@ -33,7 +34,7 @@ from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
 from ..policy.jobqueue import job_shape
-from ..policy.quota import lending, over_quota, spec_need
+from ..policy.quota import lending, over_quota, plain, spec_need
 from ..policy.scheduler import Rejected
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import (
@@ -141,12 +142,20 @@ def requeued(reason: str, **more) -> dict:
                 **more)
 
 
-def spec_gpus(spec: dict) -> int:
-    """GPUs a stored spec asks; 0 for one it cannot read (an ended job's bad spec must
-    not stop every pass while its usage counts in fair share)."""
+def spec_gpus(spec: dict) -> float:
+    """GPUs a stored spec is charged (whole GPUs plus MIG shares, quota.charged_gpus); 0
+    for one it cannot read (an ended job's bad spec must not stop every pass while its
+    usage counts in fair share)."""
     try:
-        return int(sum(r.get("gpus", 0) * r.get("replicas", 1) for r in spec.get("roles", [])))
-    except (AttributeError, TypeError, ValueError):
+        total = 0.0
+        for r in spec.get("roles", []):
+            mig = (r.get("gpu") or {}).get("mig")
+            if isinstance(mig, str):
+                mig = {"profile": mig}
+            share = float(gpu_share(mig["profile"]) * mig.get("count", 1)) if mig else 0.0
+            total += (int(r.get("gpus", 0)) + share) * r.get("replicas", 1)
+        return total
+    except (AttributeError, KeyError, TypeError, ValueError):
         return 0
 
 
@@ -372,11 +381,16 @@ class Service:
                                   .join(GpuHoldRow, GpuHoldRow.job_id == JobRow.id)
                                   .group_by(JobRow.team)).all())
             names = set(s.scalars(select(JobRow.team).distinct()))
+            from .clusterview import mig_shares
+
+            for team, share in mig_shares(self.cluster, s).items():   # MIG: by share
+                held[team] = held.get(team, 0) + share
         names |= set(policy.teams)
         lent = lending(policy, held, self.cluster.total_gpus)
         return {t: {"name": t, "share": policy.share(t), "quota_gpus": policy.quota(t),
                     "borrow_gpus": policy.teams[t].borrow_gpus if t in policy.teams else None,
-                    "held_gpus": held.get(t, 0), "borrowed_gpus": lent.get(t, (0, 0))[0],
+                    "held_gpus": plain(held.get(t, 0)),
+                    "borrowed_gpus": lent.get(t, (0, 0))[0],
                     "lent_gpus": lent.get(t, (0, 0))[1], "error": self.policy_errors.get(t)}
                 for t in sorted(names)}
 

@@ -82,7 +82,8 @@ class SimResult:
     host_gpus: int
     records: list[JobRecord]
     times: array = field(default_factory=lambda: array("d"))      # one sample per pass
-    busy: array = field(default_factory=lambda: array("l"))       # GPUs held
+    # GPUs held (a MIG device by its share of its GPU, as quotas charge it)
+    busy: array = field(default_factory=lambda: array("d"))
     queued: array = field(default_factory=lambda: array("l"))     # jobs waiting
     passes: int = 0
     wall_s: float = 0.0
@@ -151,6 +152,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     sched = Scheduler(ClusterState(cluster), options.policy, reg or default_registry())
     host_gpus = cluster.max_host_gpus
     total = cluster.total_gpus
+    mig = any(h.type.mig is not None for h in cluster.hosts)
     trace = sorted(trace, key=lambda t: t.submit)            # stable: file order on ties
     records = {t.job_id: JobRecord(t.job_id, t.team, t.gpus, t.submit, t.duration, t.priority)
                for t in trace}
@@ -232,13 +234,17 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             # past its time limit it is stopped, and gone after the grace at the latest
             hard_end = sched.state.hard_end.get(job.name, math.inf)
             rec.timeout = hard_end < end
-            runs[job.name] = Run(now, factor, work[job.name], job.gpus, min(end, hard_end),
-                                 job.checkpoint_interval)
+            # held and lost GPU-seconds charge MIG devices by their share (quota.py)
+            runs[job.name] = Run(now, factor, work[job.name], float(job.charge),
+                                 min(end, hard_end), job.checkpoint_interval)
             events.push(min(end, hard_end), job.name)
             if min_run and now + min_run < min(end, hard_end):
                 events.wake(now + min_run)
         result.times.append(now)
-        result.busy.append(total - sched.state.usable_total)   # nothing is drained here
+        if mig:      # MIG GPUs are never free whole: count the devices' shares held
+            result.busy.append(sum(float(j.charge) for j in sched.running.values()))
+        else:
+            result.busy.append(total - sched.state.usable_total)   # nothing is drained
         result.queued.append(len(sched.queue))
     result.wall_s = time.perf_counter() - started_at
     return result
