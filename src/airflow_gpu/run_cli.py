@@ -3,7 +3,8 @@
     airflow-gpu run job.yaml -- python eval.py
     airflow-gpu run --gpus 2 --cpus 8 --memory 32GiB --time-limit 1h -- python eval.py
 
-It submits one job, waits for admission showing the pending reason and ETA (one line on
+It submits one job for this machine's host (run_args.py: the request, the flags, the
+host), waits for admission showing the pending reason and ETA (one line on
 stderr, refreshed when it changes), then runs the command once per replica granted on this
 machine, with the grant applied as the local runner applies it for `GpuBashOperator`
 (launch/local.py: CUDA_VISIBLE_DEVICES, CPU affinity, the cgroup, the AIRFLOW_GPU_*
@@ -25,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import re
 import shutil
 import signal
 import sys
@@ -46,10 +45,10 @@ from .launch.local import (
 from .launch.replica import Replica, replicas_of
 from .launch.supervise import Outcome, stop_all, supervise
 from .launch.wiring import BY_CLASS, wiring
+from .run_args import job_spec, options, pin_host, refused, split_command
 from .scheduler_core.client import ApiError, Client
-from .scheduler_core.errors import InputError, load_yaml, validate
+from .scheduler_core.errors import InputError
 from .scheduler_core.reasonkey import reason_key
-from .scheduler_core.jobspec import JobSpec
 from .scheduler_core.units import format_duration
 
 PREFIX = "airflow-gpu run: "
@@ -59,9 +58,6 @@ EXIT_TIMEOUT = 124       # the job's time limit (as GNU timeout)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 WAITING = ("pending", "preempting")
 STARTABLE = ("admitted", "running")
-# flags that build a one-role job when no job file is given
-SPEC_FLAGS = ("gpus", "cpus", "memory", "replicas", "job_class", "time_limit",
-              "expected_runtime", "name", "team", "priority")
 
 log = logging.getLogger("airflow_gpu.run")
 
@@ -69,52 +65,6 @@ log = logging.getLogger("airflow_gpu.run")
 def exit_code(code: int) -> int:
     """A process's exit code as a shell reports it: killed by signal N is 128 + N."""
     return code if code >= 0 else 128 - code
-
-
-# -- the request ---------------------------------------------------------------------------
-def split_command(rest: list[str]) -> tuple[list[str], list[str]]:
-    """`[JOBFILE] [OPTIONS] -- CMD...` as argparse left it: what comes before `--`, and
-    the command after it."""
-    if "--" not in rest:
-        raise InputError("run: put the command after `--`, e.g. `airflow-gpu run --gpus 1 "
-                         "-- python eval.py` or `airflow-gpu run job.yaml -- ./train.sh`")
-    at = rest.index("--")
-    if not rest[at + 1:]:
-        raise InputError("run: no command after `--`")
-    return rest[:at], rest[at + 1:]
-
-
-def job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
-    """One job: from the file, else a one-role job from the flags."""
-    given = [f for f in SPEC_FLAGS if getattr(args, f) is not None]
-    if args.jobfile:
-        if given:
-            raise InputError(f"--{given[0].replace('_', '-')}: give the request in the job "
-                             "file or as flags, not both", args.jobfile)
-        data = load_yaml(args.jobfile)
-        if isinstance(data, dict) and "jobs" in data:
-            jobs = data["jobs"]
-            if not isinstance(jobs, list) or len(jobs) != 1:
-                raise InputError("run starts one job; the file must hold one job spec (or "
-                                 "`jobs:` with exactly one)", args.jobfile)
-            data = jobs[0]
-        if not isinstance(data, dict):
-            raise InputError("expected a job spec mapping", args.jobfile)
-        validate(JobSpec, data, args.jobfile)
-        return data
-    name = args.name or re.sub(r"[^A-Za-z0-9_.-]", "-",
-                               f"run.{os.path.basename(command[0])}")[:200]
-    role: dict[str, Any] = {"name": "main", "gpus": args.gpus or 0, "cpus": args.cpus or 1}
-    if args.replicas is not None:
-        role["replicas"] = args.replicas
-    if args.memory is not None:
-        role["memory"] = args.memory
-    spec: dict[str, Any] = {"name": name, "roles": [role]}
-    for key in ("team", "job_class", "priority", "time_limit", "expected_runtime"):
-        if getattr(args, key) is not None:
-            spec[key] = getattr(args, key)
-    validate(JobSpec, spec, "run")
-    return spec
 
 
 # -- what the user sees --------------------------------------------------------------------
@@ -411,44 +361,21 @@ class Run:
 def cmd_run(args: argparse.Namespace) -> int:
     before, command = split_command(args.rest)
     if before:               # a job file, and options written after it
-        _options(argparse.ArgumentParser(prog="airflow-gpu run", add_help=False),
-                 positional=True).parse_args(before, namespace=args)
+        options(argparse.ArgumentParser(prog="airflow-gpu run", add_help=False),
+                positional=True).parse_args(before, namespace=args)
     spec = job_spec(args, command)
     from .service_cli import _client
 
     _logger()
     with Signals() as signals, _client(args) as client:
-        job = client.submit(spec)
+        spec = pin_host(spec, args, client.cluster(), local_host(airflow_setting()))
+        try:
+            job = client.submit(spec)
+        except ApiError as exc:
+            if exc.status != 422:
+                raise
+            raise refused(spec, exc) from None
         return Run(client, spec, command, args, signals).run(job)
-
-
-def _options(p: argparse.ArgumentParser, positional: bool) -> argparse.ArgumentParser:
-    from .service_cli import service_args
-
-    if positional:
-        p.add_argument("jobfile", nargs="?")
-    p.add_argument("--gpus", type=int, help="GPUs per replica (default 0)")
-    p.add_argument("--cpus", type=int, help="logical CPUs per replica (default 1)")
-    p.add_argument("--memory", help="host memory per replica, e.g. 32GiB (default: per GPU "
-                   "and per CPU)")
-    p.add_argument("--replicas", type=int, help="replicas (default 1); the command runs "
-                   "once per replica, all on this machine")
-    p.add_argument("--job-class", help="e.g. validation, pytorch")
-    p.add_argument("--time-limit", help="e.g. 1h: SIGTERM then, SIGKILL after the class's "
-                   "grace; exit 124")
-    p.add_argument("--expected-runtime", help="what the scheduler plans with, e.g. 30m")
-    p.add_argument("--name", help="the job's name (default run.<command>)")
-    p.add_argument("--team", help="default: the token's team")
-    p.add_argument("--priority", type=int)
-    p.add_argument("--strict-isolation", action="store_true",
-                   help="refuse to start (exit 2) where the cores, memory or GPU device "
-                   "nodes cannot be confined as granted, instead of warning")
-    p.add_argument("--base-port", type=int, default=29500,
-                   help="first rendezvous port for the job class's framework (default 29500)")
-    p.add_argument("--poll-interval", type=float, default=1.0,
-                   help="seconds between looks at a pending job (default 1)")
-    service_args(p)
-    return p
 
 
 def add_command(sub) -> None:
@@ -462,6 +389,6 @@ def add_command(sub) -> None:
         "command's exit code, which it exits with. Ctrl-C while pending cancels the job; "
         "while running it is forwarded to the command and the job is cancelled. "
         "docs/service.md, 'Interactive jobs: airflow-gpu run'.")
-    _options(p, positional=False)
+    options(p, positional=False)
     p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_run, jobfile=None)

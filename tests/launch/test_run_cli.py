@@ -126,18 +126,32 @@ def test_a_job_file_names_the_job(server):
     assert mixed.returncode == 2 and "not both" in mixed.stderr
 
 
-def test_a_grant_on_another_host_is_refused_and_the_job_failed(server):
+def test_a_machine_that_is_no_cluster_host_is_refused_before_submitting(server):
     mark = server["tmp"] / "ran"
+    before = server["admin"].get("/api/v1/jobs").json()
     got = run(server, "--gpus", "1", *SMALL, "--", "touch", str(mark),
               AIRFLOW_GPU_LOCAL_HOST="host-9")
     assert got.returncode == 2, got.stderr
+    assert got.stderr.startswith("error: this machine is 'host-9' (AIRFLOW_GPU_LOCAL_HOST), "
+                                 "which is no host of the cluster 'run' (its hosts: host-1)")
+    assert len(got.stderr.splitlines()) == 1 and not mark.exists()
+    assert server["admin"].get("/api/v1/jobs").json() == before       # nothing submitted
+
+
+def test_a_grant_on_another_host_is_refused_and_the_job_failed(monkeypatch, caplog):
+    """The check after the grant stays: a grant the scheduler made elsewhere anyway."""
+    from airflow_gpu.run_cli import Run, Signals
+
+    monkeypatch.setenv("AIRFLOW_GPU_LOCAL_HOST", "elsewhere")
+    monkeypatch.delenv("AIRFLOW__GPU_SCHEDULER__LOCAL_HOST", raising=False)
+    service = Preempting()
+    args = argparse.Namespace(poll_interval=0.1, base_port=29500, strict_isolation=False)
+    code = Run(service, {"name": "run.sh"}, ["true"], args, Signals()).run(service.row())
+    assert code == 2, caplog.text
     assert ("1 of the job's 1 replica(s) were granted on another host than this machine, "
-            "and airflow-gpu run starts processes only here: main-0 on host-1") in got.stderr
-    assert "This machine is 'host-9' (AIRFLOW_GPU_LOCAL_HOST)" in got.stderr
-    assert "run `airflow-gpu run` on host-1" in got.stderr
-    assert not mark.exists()
-    done = job(server, job_id_of(got.stderr))
-    assert done["state"] == "failed"
+            "and airflow-gpu run starts processes only here: main-0 on here") in caplog.text
+    assert "run `airflow-gpu run` on here" in caplog.text
+    assert service.finished == [("failed", None, 1)]
 
 
 def test_the_time_limit_stops_the_command_and_exits_124(server):
@@ -251,7 +265,8 @@ def test_a_preempted_command_gets_its_signal_and_restarts(monkeypatch, capsys):
 
 
 def test_exit_codes_as_a_shell_shows_them():
-    from airflow_gpu.run_cli import exit_code, split_command
+    from airflow_gpu.run_args import split_command
+    from airflow_gpu.run_cli import exit_code
 
     assert (exit_code(0), exit_code(3), exit_code(-9), exit_code(-15)) == (0, 3, 137, 143)
     assert split_command(["job.yaml", "--", "a", "--", "b"]) == (["job.yaml"], ["a", "--", "b"])

@@ -5,6 +5,7 @@ The same model serves job files, the API and the Airflow operators.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -43,6 +44,42 @@ def _one_or_many(v):
 # a list of names, or one name for a list of one
 Names = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]],
                   BeforeValidator(_one_or_many)]
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's host list: `dgx-a-[01-04],dgx-h-05` -> dgx-a-01 .. dgx-a-04, dgx-h-05.
+    Entries are split at commas outside `[...]` and expanded as the cluster file expands
+    names (engine/cluster.py)."""
+    from .engine.cluster import expand_hostnames
+
+    return [name for entry in re.split(r",(?![^\[]*\])", text) if entry.strip()
+            for name in expand_hostnames(entry.strip())]
+
+
+def _host_ranges(v):
+    """placement.hosts: names or ranges, one string or a list; expanded, duplicates
+    dropped, at most MAX_HOSTS names (counted while expanding, so a huge range costs
+    little)."""
+    entries = _one_or_many(v)
+    if not isinstance(entries, list | tuple):
+        return entries
+    if len(entries) > MAX_HOSTS:
+        raise ValueError(f"{len(entries)} entries, over the most a job may name "
+                         f"({MAX_HOSTS}); use host ranges such as dgx-[01-16]")
+    names: dict[str, None] = {}
+    for entry in entries:
+        if not isinstance(entry, str):
+            return entries                  # the list's own check names the bad item
+        names.update(dict.fromkeys(expand_hostlist(entry)))
+        if len(names) > MAX_HOSTS:
+            raise ValueError(f"{entry!r} brings the hosts named to more than {MAX_HOSTS}; "
+                             "name fewer hosts, or leave hosts out (any host)")
+    return list(names)
+
+
+# placement.hosts: names or host ranges (dgx-a-[01-04])
+HostNames = Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]],
+                      BeforeValidator(_host_ranges)]
 
 
 class _Spec(BaseModel):
@@ -148,10 +185,11 @@ class Placement(_Spec):
     cpu_allocation: Literal["core", "thread"] = Field(
         "core", description="core: whole physical cores (with their SMT siblings; a replica "
         "asking 3 CPUs gets 2 cores, 4 threads); thread: logical CPUs one by one")
-    hosts: Names | None = Field(
+    hosts: HostNames | None = Field(
         None, min_length=1, max_length=MAX_HOSTS, description=
-        "only these hosts (names from the cluster file) may hold the job's replicas, like "
-        "Slurm's --nodelist for one node; the local runner sets it to the worker's host")
+        "only these hosts (names from the cluster file, or ranges as there: dgx-a-[01-04]) "
+        "may hold the job's replicas, like Slurm's --nodelist; the local runner and "
+        "`airflow-gpu run` set it to their machine's host")
 
 
 class JobSpec(_Spec):
