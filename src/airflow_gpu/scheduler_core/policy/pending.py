@@ -62,10 +62,11 @@ class Reasons:
         self._why: dict[tuple, Pending | tuple] = {}
         self._eta: dict[tuple, float | None] = {}
         # upcoming.py: victims named by a preemption to come, the pool they come from,
-        # kinds of jobs that found none
+        # kinds of jobs that found none, how many more jobs it looks for one for
         self.will_preempt: set[str] = set()
         self.soon_pool: list | None = None
         self.no_victims_soon: dict[tuple, float] = {}
+        self.searches_left = 16                # (upcoming.py: each costs placements)
 
     def blocked(self, job: QueuedJob, protected: bool, reserved: Reservation | None) -> Pending:
         why = self.reason(job)

@@ -1,7 +1,8 @@
 """When a waiting job will start, where the answer is not "when resources free up": it
 will preempt once its victims have run `min_run_time` (reclaim or a priority rule), or
 it waits for its team's quota until the team's own jobs free enough. Only for reasons
-(`explain` passes); the decisions stay preempt.py's.
+(`explain` passes), and each pass looks for preemptions to come for its first 16
+blocked jobs only (each search costs placements); the decisions stay preempt.py's.
 """
 
 from __future__ import annotations
@@ -41,11 +42,17 @@ def upcoming(p: Pass, job: QueuedJob, why: Pending, own_team: bool = False) -> P
     soon = r.soon_pool
     if not any(c[0][0] > now for c in soon):
         return why                  # every candidate may be stopped now: preempt() said no
+    if r.searches_left <= 0:
+        return why                  # a pass looks for this for its first jobs only
+    r.searches_left -= 1
     taken = r.will_preempt                  # each victim is promised to one job only
     cands = [c for c in candidates(p, job, own_team, victims=soon) if c[1].name not in taken]
     try:
         trial = Trial(p, job, [], own_team)
-        got = trial.cheapest(cands, cfg.max_victims) if cands else None
+        # one placement with all of them stopped says whether any set can do (most of
+        # the searches fail, and a failing search tries up to max_victims placements)
+        got = trial.cheapest(cands, cfg.max_victims) if cands and trial.place(
+            [c[1] for c in cands]) else None
         if got is None and trial.skipped and reclaims(s, job, own_team):
             got = trial.cheapest(cands, cfg.max_victims, strict=False)
     finally:
