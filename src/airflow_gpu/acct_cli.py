@@ -44,7 +44,11 @@ def when(value: str | None, flag: str) -> str | None:
         except ValueError:
             raise InputError(f"{flag}: {value!r} is neither a date (2026-11-30, "
                              "2026-11-30T08:00) nor a time ago (12h, 7d)") from None
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
+    at = at if at.tzinfo else at.replace(tzinfo=UTC)
+    if flag == "--since" and at > now:       # an empty report would hide the typo
+        raise InputError(f"--since: {value!r} is in the future (now {now:%Y-%m-%dT%H:%M}Z); "
+                         "give a past date or a time ago such as 7d")
+    return at.isoformat()
 
 
 def _pct(v) -> str:
@@ -116,9 +120,9 @@ def cmd_acct(args: argparse.Namespace) -> int:
     from .cli import _console
     from .service_cli import _client
 
+    since, until = when(args.since, "--since"), when(args.until, "--until")  # before asking
     with _client(args) as c:
-        data = c.accounting(args.by, when(args.since, "--since"), when(args.until, "--until"),
-                            args.team, args.job)
+        data = c.accounting(args.by, since, until, args.team, args.job)
         if args.job and args.by == "job":
             for r in data["rows"]:
                 r["replicas"] = c.usage(r["job"])["replicas"]

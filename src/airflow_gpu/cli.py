@@ -233,6 +233,9 @@ def _cmd_models(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="airflow-gpu", description="GPU-aware workload management for Airflow on DGX.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"airflow-gpu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="decide what would start now on an idle cluster")
     p.add_argument("--cluster", default="example",

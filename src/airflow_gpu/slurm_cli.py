@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 
 from rich.table import Table
 
+from .scheduler_core.errors import InputError
 from .scheduler_core.units import format_duration, format_size
 
 LIVE = ("admitted", "running", "preempting")
@@ -220,6 +221,29 @@ def _mig_cell(h: dict) -> str:
 
 # -- the parsers ------------------------------------------------------------------------------
 JOB_HELP = "job id, unique id prefix (4+ characters) or job name"
+# the API's job states (slurmroutes.States), here so that a typo fails before a request
+STATES = ("pending", "admitted", "running", "preempting", "succeeded", "failed",
+          "cancelled", "lost", "timeout")
+
+
+def check_queue(args: argparse.Namespace) -> None:
+    if args.state is not None and args.state not in STATES:
+        raise InputError(f"--state: {args.state!r} is no job state; use one of "
+                         f"{', '.join(STATES)}")
+
+
+def check_update(args: argparse.Namespace) -> None:
+    if args.priority is None and args.time_limit is None:
+        raise InputError(f"update {args.id}: nothing to change; give --priority N and/or "
+                         "--time-limit DURATION (e.g. 2h)")
+
+
+def checked(check, run):
+    """Run `check(args)` (InputError: exit 2) before the command makes any request."""
+    def go(args: argparse.Namespace) -> int:
+        check(args)
+        return run(args)
+    return go
 
 
 def add_slurm_commands(sub, client: argparse.ArgumentParser, show) -> None:
@@ -233,11 +257,12 @@ def add_slurm_commands(sub, client: argparse.ArgumentParser, show) -> None:
         return p
 
     job = (("id",), {"help": JOB_HELP})
-    add("queue", show(lambda c, a: c.queue(a.all, a.state, a.team, a.limit), queue_table),
+    add("queue", checked(check_queue, show(lambda c, a: c.queue(a.all, a.state, a.team,
+                                                                a.limit), queue_table)),
         "pending and live jobs in the scheduler's order, with reason, ETA, elapsed and "
         "time limit (squeue, qstat)",
         (("--all",), {"action": "store_true", "help": "ended jobs too (newest first)"}),
-        (("--state",), {"help": "only jobs in this state (pending, running, ...)"}),
+        (("--state",), {"help": f"only jobs in this state: {', '.join(STATES)}"}),
         (("--team",), {"help": "only this team's jobs"}),
         (("--limit",), {"type": int, "help": "at most this many jobs (default 1000)"}))
     add("prio", show(lambda c, a: c.priorities(a.team), prio_table),
@@ -253,7 +278,8 @@ def add_slurm_commands(sub, client: argparse.ArgumentParser, show) -> None:
     add("requeue", show(lambda c, a: c.requeue(a.id), job_line),
         "stop a running job and put it back in the queue under the same id (scontrol "
         "requeue)", job)
-    add("update", show(lambda c, a: c.update(a.id, a.priority, a.time_limit), job_line),
+    add("update", checked(check_update, show(lambda c, a: c.update(a.id, a.priority,
+                                                                  a.time_limit), job_line)),
         "change a pending job's priority or a job's time limit (scontrol update, qalter)",
         job, (("--priority",), {"type": int, "help": "new priority (pending jobs)"}),
         (("--time-limit",), {"help": "new time limit, e.g. 2h (within the job class's and "

@@ -28,7 +28,12 @@ def expires(value: str | None) -> tuple[int | None, datetime | None]:
         except ValueError:
             raise InputError(f"--expires: {value!r} is neither a duration (30d, 12h, 90m) "
                              "nor a time (2027-01-31 or 2027-01-31T12:00:00+00:00)") from None
-        return None, at if at.tzinfo else at.replace(tzinfo=UTC)
+        at = at if at.tzinfo else at.replace(tzinfo=UTC)
+        if at <= datetime.now(UTC):          # a token dead on arrival is surely a typo
+            raise InputError(f"--expires: {value!r} is in the past (now "
+                             f"{datetime.now(UTC):%Y-%m-%dT%H:%M}Z); give a later time or "
+                             "a duration such as 30d") from None
+        return None, at
     if seconds <= 0:
         raise InputError(f"--expires: {value!r} is no time at all; give a duration such "
                          "as 30d")
