@@ -51,15 +51,17 @@ def version(root: Path = ROOT) -> int:
 
 
 def create(name: str, cpus: list[int], mems: list[int], memory_bytes: int,
-           root: Path = ROOT, gpu_minors: Sequence[int] | None = None) -> Cgroup:
+           root: Path = ROOT, gpu_minors: Sequence[int] | None = None,
+           caps: devices.Caps | None = None) -> Cgroup:
     """A cgroup named `airflow-gpu/<name>` with the limits written (as far as allowed):
     the cpuset, NUMA memory nodes and memory limit (none when `cpus` is empty), and with
-    `gpu_minors` the GPU device nodes: only those minors of /dev/nvidiaN can be opened."""
+    `gpu_minors` the GPU device nodes: only those minors of /dev/nvidiaN can be opened
+    (and with `caps` only those MIG capability nodes)."""
     values = {"cpus": format_cpulist(cpus), "mems": ",".join(map(str, mems)),
               "memory": str(memory_bytes)} if cpus else None
     if version(root) == 2:
-        return _create_v2(root, name, values, gpu_minors)
-    return _create_v1(root, name, values, gpu_minors)
+        return _create_v2(root, name, values, gpu_minors, caps)
+    return _create_v1(root, name, values, gpu_minors, caps)
 
 
 def _write(path: Path, value: str, what: str, warnings: list[str]) -> bool:
@@ -85,7 +87,7 @@ def _mkdir(path: Path, warnings: list[str],
 
 
 def _create_v2(root: Path, name: str, values: dict[str, str] | None,
-               gpu_minors: Sequence[int] | None) -> Cgroup:
+               gpu_minors: Sequence[int] | None, caps: devices.Caps | None = None) -> Cgroup:
     warnings: list[str] = []
     parent, leaf = root / PARENT, root / PARENT / name
     unapplied = "; ".join((["no cpuset or memory limit is applied"] if values else [])
@@ -101,7 +103,7 @@ def _create_v2(root: Path, name: str, values: dict[str, str] | None,
         _write(leaf / "memory.max", values["memory"], "memory.max", warnings)
     if gpu_minors is not None:
         try:
-            devices.attach_program(leaf, gpu_minors)
+            devices.attach_program(leaf, gpu_minors, caps)
         except OSError as exc:
             warnings.append(f"cannot attach the GPU device program to {leaf} (bpf: "
                             f"{exc.strerror or exc}): {devices.NOT_CONFINED}")
@@ -109,7 +111,7 @@ def _create_v2(root: Path, name: str, values: dict[str, str] | None,
 
 
 def _devices_v1(root: Path, name: str, gpu_minors: Sequence[int],
-                warnings: list[str]) -> Path | None:
+                warnings: list[str], caps: devices.Caps | None = None) -> Path | None:
     """A v1 `devices` cgroup that denies the GPU minors not granted."""
     hierarchy = root / "devices"
     if not (hierarchy / "devices.deny").exists():
@@ -120,7 +122,7 @@ def _devices_v1(root: Path, name: str, gpu_minors: Sequence[int],
     if not _mkdir(group, warnings, devices.NOT_CONFINED):
         return None
     try:
-        for rule in devices.deny_rules(gpu_minors):     # the kernel takes one rule a write
+        for rule in devices.deny_rules(gpu_minors, caps):   # the kernel: one rule a write
             fd = os.open(group / "devices.deny", os.O_WRONLY)
             try:
                 os.write(fd, rule.encode())
@@ -141,11 +143,11 @@ def _devices_v1(root: Path, name: str, gpu_minors: Sequence[int],
 
 
 def _create_v1(root: Path, name: str, values: dict[str, str] | None,
-               gpu_minors: Sequence[int] | None) -> Cgroup:
+               gpu_minors: Sequence[int] | None, caps: devices.Caps | None = None) -> Cgroup:
     warnings: list[str] = []
     dirs = []
     if gpu_minors is not None:
-        group = _devices_v1(root, name, gpu_minors, warnings)
+        group = _devices_v1(root, name, gpu_minors, warnings, caps)
         if group:
             dirs.append(group)
     if not values:

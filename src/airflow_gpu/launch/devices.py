@@ -14,6 +14,12 @@ GPUs' minors and no other GPU's, whatever it does with CUDA_VISIBLE_DEVICES:
 A GPU's minor number comes from NVML (`nvmlDeviceGetMinorNumber`) on a machine with the
 driver; without it the minor is taken to be the GPU's index, as on DGX systems with the
 default driver setup (and on a simulated host, which has no GPU to open).
+
+MIG devices get the same rule (`Caps`): a process uses a MIG device by opening its GPU's
+node and the device's capability nodes, /dev/nvidia-caps/nvidia-capN (the major of
+`nvidia-caps` in /proc/devices), one for its GPU instance and one for its compute
+instance. A replica may open its own MIG devices' capability minors and no other
+(migdevices.py finds them); one without MIG devices may open none.
 """
 
 from __future__ import annotations
@@ -25,11 +31,21 @@ import platform
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 NVIDIA_MAJOR = 195
 GPU_MINORS = range(254)         # /dev/nvidia0..253; 254 nvidia-modeset, 255 nvidiactl
 NOT_CONFINED = ("the process can open every GPU's device node; only "
                 "CUDA_VISIBLE_DEVICES hides the others")
+
+
+class Caps(NamedTuple):
+    """The MIG capability nodes a replica may open: of major `major` (nvidia-caps), only
+    `allowed`; `every` lists the capability minors the driver has (for v1's deny rules)."""
+
+    major: int
+    allowed: tuple[int, ...]
+    every: tuple[int, ...]
 
 
 def minors_from_nvml(nvml) -> dict[int, int]:
@@ -65,10 +81,14 @@ def gpu_minors(gpus: Iterable[int], known: dict[int, int] | None = None) -> list
 
 
 # -- cgroup v1 ----------------------------------------------------------------------------
-def deny_rules(allowed: Iterable[int]) -> list[str]:
-    """`devices.deny` lines for every GPU minor not in `allowed`, one rule per write."""
+def deny_rules(allowed: Iterable[int], caps: Caps | None = None) -> list[str]:
+    """`devices.deny` lines for every GPU minor not in `allowed` (and every MIG capability
+    minor not in `caps.allowed`), one rule per write."""
     keep = set(allowed)
-    return [f"c {NVIDIA_MAJOR}:{m} rwm" for m in GPU_MINORS if m not in keep]
+    rules = [f"c {NVIDIA_MAJOR}:{m} rwm" for m in GPU_MINORS if m not in keep]
+    if caps is not None:
+        rules += [f"c {caps.major}:{m} rwm" for m in caps.every if m not in caps.allowed]
+    return rules
 
 
 def open_minors_v1(devices_list: str, allowed: Iterable[int]) -> list[str]:
@@ -101,26 +121,32 @@ def _insn(code: int, dst: int = 0, src: int = 0, off: int = 0, imm: int = 0) -> 
     return struct.pack("<BBhi", code, (src << 4) | dst, off, imm)
 
 
-def device_program(allowed: Iterable[int]) -> bytes:
+def device_program(allowed: Iterable[int], caps: Caps | None = None) -> bytes:
     """eBPF for `struct bpf_cgroup_dev_ctx {u32 access_type; u32 major; u32 minor;}`:
     returns 0 (deny) for a character device of major 195 whose minor is a GPU's and not
-    in `allowed`, 1 (allow) for everything else."""
+    in `allowed`, and for one of major `caps.major` whose minor is not in `caps.allowed`;
+    1 (allow) for everything else."""
+    deny = [_insn(0xB7, 0, imm=0), _insn(0x95)]      # r0 = 0: deny; exit
     code: list = [
         _insn(0x61, 2, 1, 0),                   # r2 = ctx->access_type
         _insn(0x54, 2, imm=0xFFFF),             # w2 &= 0xffff: the device type
-        ("jne", 2, BPF_DEVCG_DEV_CHAR),         # not a character device: allow
+        ("jne", 2, BPF_DEVCG_DEV_CHAR, "allow"),   # not a character device: allow
         _insn(0x61, 3, 1, 4),                   # r3 = ctx->major
-        ("jne", 3, NVIDIA_MAJOR),
         _insn(0x61, 4, 1, 8),                   # r4 = ctx->minor
-        ("jgt", 4, GPU_MINORS[-1]),             # nvidia-modeset, nvidiactl: allow
-        *(("jeq", 4, m) for m in sorted(set(allowed))),
-        _insn(0xB7, 0, imm=0),                  # r0 = 0: deny
-        _insn(0x95),                            # exit
+        *((("jeq", 3, caps.major, "caps"),) if caps else ()),
+        ("jne", 3, NVIDIA_MAJOR, "allow"),
+        ("jgt", 4, GPU_MINORS[-1], "allow"),    # nvidia-modeset, nvidiactl: allow
+        *(("jeq", 4, m, "allow") for m in sorted(set(allowed))),
+        *deny,
     ]
-    allow = len(code)
+    labels = {}
+    if caps:
+        labels["caps"] = len(code)
+        code += [*(("jeq", 4, m, "allow") for m in sorted(set(caps.allowed))), *deny]
+    labels["allow"] = len(code)
     code += [_insn(0xB7, 0, imm=1), _insn(0x95)]     # r0 = 1: allow; exit
     ops = {"jne": 0x55, "jgt": 0x25, "jeq": 0x15}    # BPF_JMP | op | BPF_K
-    return b"".join(_insn(ops[i[0]], i[1], off=allow - pc - 1, imm=i[2])
+    return b"".join(_insn(ops[i[0]], i[1], off=labels[i[3]] - pc - 1, imm=i[2])
                     if isinstance(i, tuple) else i for pc, i in enumerate(code))
 
 
@@ -139,10 +165,10 @@ def _bpf(cmd: int, attr: bytes) -> int:
     return result
 
 
-def attach_program(group: Path, allowed: Iterable[int]) -> None:
+def attach_program(group: Path, allowed: Iterable[int], caps: Caps | None = None) -> None:
     """Load the device program and attach it to the v2 cgroup `group` (the cgroup keeps
     it until it is removed). Raises OSError, with the verifier's log when it refuses."""
-    code = device_program(allowed)
+    code = device_program(allowed, caps)
     insns = ctypes.create_string_buffer(code, len(code))
     license_ = ctypes.create_string_buffer(b"Apache-2.0")
     log = ctypes.create_string_buffer(16384)

@@ -26,7 +26,7 @@ from typing import Any
 from ..scheduler_core.engine.topology import format_cpulist
 from . import cgroups, devices
 from .handle import LaunchError, signal_of
-from .migdevices import parent_gpus, resolve_uuids
+from .migdevices import caps_rule, parent_gpus, resolve_uuids
 from .replica import Replica
 
 STOP_GRACE = 10.0       # seconds between SIGTERM and SIGKILL
@@ -157,9 +157,12 @@ def isolation(r: Replica, strict: bool) -> Isolation:
     # GPU device nodes always (a replica without GPUs may open none)
     # one cgroup per admission: a late cleanup of the last attempt's cgroup cannot remove
     # the one a requeued attempt's replica has just joined
+    caps, why = caps_rule(r.mig)      # MIG devices: only their own capability nodes
+    warnings += why
     group = cgroups.create(f"{r.job_id}-{r.attempt}-{r.name}", cpus if mems else [], mems,
                            r.memory_bytes,
-                           gpu_minors=devices.gpu_minors(r.gpus or parent_gpus(r.mig)))
+                           gpu_minors=devices.gpu_minors(r.gpus or parent_gpus(r.mig)),
+                           caps=caps)
     warnings += group.warnings
     if not group.dirs:
         group = None
