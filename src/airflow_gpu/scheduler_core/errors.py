@@ -60,6 +60,8 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
                          f"{', '.join(known)})")
             continue
         msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "finite_number":          # YAML's .inf and .nan
+            msg = "must be a finite number, not .inf or .nan"
         got = err.get("input")
         text = repr(got)
         text = text if len(text) <= 60 else f"{text[:57]}..."

@@ -199,7 +199,8 @@ class JobSpec(_Spec):
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
     _priority = field_validator("priority", mode="before")(_no_bool)
     expected_runtime: Duration | None = Field(
-        None, description="what the job is planned with (an estimate, not enforced)")
+        None, gt=0, description="what the job is planned with (an estimate, not "
+        "enforced); leave it out to use the job class's")
     time_limit: Duration | None = Field(
         None, gt=0, description="hard limit (Slurm's --time): at it the replicas get "
         "SIGTERM, then SIGKILL after the class's grace, and the job ends timeout; default: "

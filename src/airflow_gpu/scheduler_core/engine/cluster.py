@@ -17,6 +17,8 @@ from .topology import load_topology
 _RANGE_RE = re.compile(r"\[([^\]]+)\]")
 _DOMAIN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,199}")
 _DIGITS = re.compile(r"[0-9]{1,18}")
+# a host name as agents register it and the API's /hosts/{name} routes take it
+_HOST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}")
 # The most names one `name:` pattern may expand to: more hosts than any cluster has, and
 # few enough that a slip (`n[1-10000000]`) is refused at once instead of hanging.
 MAX_HOST_NAMES = 100_000
@@ -54,6 +56,15 @@ def _ranges(pattern: str) -> list[tuple[re.Match, list[tuple[int, int, int]]]]:
     return groups
 
 
+def _why_not_host(name: str) -> str:
+    if len(name) > 200:
+        return f"{len(name)} characters"
+    if not _HOST_RE.fullmatch(name[:1] or "-"):
+        return f"it starts with {name[:1]!r}" if name else "it is empty"
+    c = next(c for c in name if not _HOST_RE.fullmatch("a" + c))
+    return "it holds a space" if c == " " else f"it holds {c!r} (U+{ord(c):04X})"
+
+
 def expand_hostnames(pattern: str) -> list[str]:
     """`dgx-a-[01-16]` -> dgx-a-01 .. dgx-a-16; `n[1-2,5]` -> n1, n2, n5. Padding is kept.
     Several ranges multiply (`r[1-2]n[1-3]`: 6 names), at most MAX_HOST_NAMES in all."""
@@ -89,7 +100,11 @@ class HostEntry(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        expand_hostnames(v)
+        bad = next((n for n in expand_hostnames(v) if not _HOST_RE.fullmatch(n)), None)
+        if bad is not None:
+            raise ValueError(f"{_show(bad)} is not a host name: {_why_not_host(bad)}; use "
+                             "ASCII letters, digits and . _ - (a letter or digit first, at "
+                             "most 200), e.g. dgx-a-01, as the host's agent registers it")
         return v
 
     @field_validator("mig", mode="before")

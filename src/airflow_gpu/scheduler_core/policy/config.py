@@ -20,13 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validato
 from ..errors import load_yaml, validate
 from ..jobclasses import STOP_GRACE, Defaults
 from ..jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU
-from ..units import MAX_SIZE, Duration, Size
+from ..units import MAX_SIZE, Duration, Size, format_duration
 
 Mode = Literal["backfill", "fifo", "count"]
 
 
 class _Spec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # no .inf or .nan: an infinite weight or band turns every score into inf or nan
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 SHARE_RANGE = (1e-3, 1e6)   # a team's fair-share weight: wider makes 2^(-u/s) degenerate
@@ -215,6 +216,17 @@ class PolicyConfig(_Spec):
             raise ValueError(f"{list(v)} must not shrink from one host to one switch to "
                              "across switches, e.g. [1.0, 1.1, 1.3]")
         return v
+
+    @model_validator(mode="after")
+    def _default_within_max(self) -> PolicyConfig:
+        """Checked here, or every job that sets no limit is refused, naming the job."""
+        most, default = self.max_time_limit, self.default_time_limit
+        if most is not None and default is not None and default > most:
+            raise ValueError(f"default_time_limit: {format_duration(default)} is more than "
+                             f"max_time_limit {format_duration(most)}, so every job that "
+                             "sets no time limit would be refused; lower default_time_limit "
+                             "or raise max_time_limit")
+        return self
 
     @property
     def defaults(self) -> Defaults:
