@@ -127,8 +127,9 @@ def test_idle_job_goes_behind_the_waiting_job_then_is_held_and_released(api):
         queued = api.get("/api/v1/queue", headers=auth(api, who)).json()
         assert [(q["name"], q["pending"]["code"]) for q in queued] == [
             ("notebook", "JobHeldUser")]
-    assert any(e["kind"] == "held" and "idle" in e["message"]
-               for e in events(api, idle["id"]))
+    said = [(e["kind"], e["message"]) for e in events(api, idle["id"])][-2:]
+    assert said[0][0] == "requeued" and "held: idle requeue 2 of 2" in said[0][1]
+    assert said[1] == ("held", why["reason"])
     assert api.tick() == []
 
     # its team releases it: it is scheduled again

@@ -75,10 +75,10 @@ def queue_entry(row: JobRow) -> tuple[float, bool]:
     return _ts(row.queued_at or row.submitted_at), behind
 
 
-def requeued_idle(svc, s: Session, job_id: str, now: datetime) -> str:
+def requeued_idle(svc, s: Session, job_id: str, now: datetime) -> tuple[str, str | None]:
     """After an idle requeue (preemption.requeue): count it, queue the job behind its
     band, and hold it at the policy's `hold_after`-th. Returns what the requeue event
-    adds."""
+    adds, and the hold's reason (None: not held) for the event that follows it."""
     count = (s.scalar(select(JobRow.idle_requeues).where(JobRow.id == job_id)) or 0) + 1
     limit = svc._policy().idle.hold_after
     values: dict = {"idle_requeues": count, "queued_at": now}
@@ -87,7 +87,7 @@ def requeued_idle(svc, s: Session, job_id: str, now: datetime) -> str:
         left = "" if limit is None else (f" (idle requeue {count}; it is held at idle "
                                           f"requeue {limit}: idle policy hold_after)")
         return ("; it waits behind the other jobs of its band, so the GPUs it left idle go "
-                "to the work that was waiting" + left)
+                "to the work that was waiting" + left), None
     reason = (f"held by the idle-GPU policy: requeued {count} times because its GPUs sat "
               f"idle (idle policy hold_after: {limit}); it is not started until released "
               f"(airflow-gpu release {job_id[:8]}, by its team or an admin)")
@@ -95,8 +95,7 @@ def requeued_idle(svc, s: Session, job_id: str, now: datetime) -> str:
         **values, reason_code="JobHeldUser", reason=reason, eta_at=None, promised_at=None,
         details={"hold": "idle", "hold_by": "idle policy", "hold_at": now.isoformat(),
                  "idle_requeues": count}))
-    svc._event(s, "held", reason, job=job_id)
-    return f"; held: idle requeue {count} of {limit} (idle policy hold_after)"
+    return f"; held: idle requeue {count} of {limit} (idle policy hold_after)", reason
 
 
 def message(rule: IdleRule, since: datetime, gpus: int) -> str:

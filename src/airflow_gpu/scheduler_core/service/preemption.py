@@ -71,9 +71,11 @@ def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False)
            if forced else "its launcher stopped the replicas")
     who = (f"preempted by job {row.preempted_by}" if row.preempted_by else
            row.preempt_reason.split(" (")[0] if asked else "idle GPUs")
-    more = requeued_idle(svc, s, job_id, utcnow()) if reason == "idle" else ""
+    more, held = requeued_idle(svc, s, job_id, utcnow()) if reason == "idle" else ("", None)
     svc._event(s, "requeued", f"{who}: {how}; back in the queue under the same id "
                f"(admission {row.attempt} ended){more}", job=job_id)
+    if held:
+        svc._event(s, "held", held, job=job_id)
     return True
 
 
