@@ -1,7 +1,8 @@
 """What the cluster view adds for `airflow-gpu cluster` (Slurm's sinfo and scontrol show
 node, Grid Engine's qhost): GPUs, cores and memory allocated per host and per NUMA node,
 from the live allocations, and the totals; GPUs on drained or unreachable hosts, and
-unhealthy ones, are counted unavailable, never free."""
+unhealthy ones, are counted unavailable, never free. A GPU in MIG mode with a device held
+counts as allocated; its devices, their holders and free slices are listed with it."""
 
 from __future__ import annotations
 
@@ -92,8 +93,8 @@ def mig_counts(gpus: list[dict]) -> dict:
             continue
         used = [m for m in g["mig"] if m["job"]]
         g["mig_held"] = len(used)
-        g["mig_free_slices"] = sum(gpu_share(m["profile"]) * GPU_COMPUTE_SLICES
-                                   for m in g["mig"] if not m["job"]).numerator
+        g["mig_free_slices"] = int(sum(gpu_share(m["profile"]) * GPU_COMPUTE_SLICES
+                                       for m in g["mig"] if not m["job"]))
         total, held = total + len(g["mig"]), held + len(used)
         share += sum((gpu_share(m["profile"]) for m in used), Fraction(0))
     if not total:
