@@ -146,9 +146,11 @@ def pin_host(spec: dict[str, Any], args: argparse.Namespace, cluster: dict,
     if args.jobfile:
         where = f"{args.jobfile}: placement.hosts"
         listed = JobSpec.model_validate(spec).placement.hosts
+        asked = _shown(listed or [])
     else:
         where = "--nodelist"
         listed = _hostlist("--nodelist", args.nodelist) if args.nodelist else None
+        asked = args.nodelist
     excluded = _hostlist("--exclude", args.exclude) if args.exclude else []
     _known(where, listed or [], hosts, name)
     _known("--exclude", excluded, hosts, name)
@@ -170,7 +172,7 @@ def pin_host(spec: dict[str, Any], args: argparse.Namespace, cluster: dict,
                 f"are all this machine, set it to {ANY_HOST}")
         if listed is not None and me not in listed:
             raise InputError(
-                f"{where}: {_shown(listed)} leaves out this machine, {me} ({here.source}), "
+                f"{where}: {asked} leaves out this machine, {me} ({here.source}), "
                 f"and run starts the command here. Nothing was submitted. To fix: run it on "
                 f"one of those hosts, add {me}, or on a simulated cluster set "
                 f"{HOST_VARIABLE}={ANY_HOST}")
