@@ -5,6 +5,9 @@ requeue (the time they are queued at), not from their first submit."""
 
 from __future__ import annotations
 
+import pytest
+from pydantic import ValidationError
+
 from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.policy.scheduler import Scheduler
@@ -55,3 +58,10 @@ def test_behind_jobs_keep_their_own_order_and_age_from_the_requeue():
     assert order(s, 1400) == ["b1", "w", "b2"]
     assert order(s, 1420) == ["b1", "w", "b2"]
     assert order(s, 1399) == ["w", "b1", "b2"]
+
+
+def test_hold_after_is_a_count_of_one_or_more_or_null():
+    assert PolicyConfig().idle.hold_after == 2
+    assert PolicyConfig.model_validate({"idle": {"hold_after": None}}).idle.hold_after is None
+    with pytest.raises(ValidationError, match="hold_after"):
+        PolicyConfig.model_validate({"idle": {"hold_after": 0}})
