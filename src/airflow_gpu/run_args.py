@@ -188,10 +188,10 @@ def pin_host(spec: dict[str, Any], args: argparse.Namespace, cluster: dict,
 
 
 def refused(spec: dict[str, Any], exc: Exception) -> InputError:
-    """The scheduler's 422 for a job `run` pinned to this machine's host: why the pin."""
+    """The scheduler's 422; where it is the pin to this machine's host, why the pin."""
     hosts = (spec.get("placement") or {}).get("hosts")
     why = getattr(exc, "detail", exc)
-    if not hosts or len(hosts) != 1:
+    if not hosts or len(hosts) != 1 or "placement.hosts" not in str(why):
         return InputError(f"the scheduler refused the job: {why}", "run")
     return InputError(f"the scheduler refused the job: {why}. run asks only for this "
                       f"machine's host ({hosts[0]}, as placement.hosts), where it starts the "
