@@ -64,6 +64,8 @@ def test_a_reclaim_that_has_to_break_a_guarantee_says_whose_and_for_whom():
     why = res.pending["v"]
     assert why.code == "Preempting" and broken in why.message
     assert why.details["guarantee_broken"] == ["nlp"]
+    why = run(s, 2001).pending["v"]        # while b stops, v's reason still says so
+    assert why.code == "Preempting" and broken in why.message
 
 
 def test_a_victim_that_fits_in_what_is_left_is_told_it_may_restart():

@@ -43,6 +43,13 @@ def job(api, j: dict) -> dict:
     return get(api, f"/api/v1/jobs/{j['id']}")
 
 
+def ids(text: str, *jobs: dict) -> str:
+    """`text` with jobs named by id, where the API names them "name (short id)"."""
+    for j in jobs:
+        text = text.replace(f"{j['name']} ({j['id'][:8]})", j["id"])
+    return text
+
+
 def events(api, j: dict) -> list[dict]:
     return get(api, f"/api/v1/jobs/{j['id']}/explain")["events"]
 
@@ -103,14 +110,17 @@ def test_reclaim_keeps_nlp_at_its_guarantee_then_says_when_a_gang_breaks_it(api)
               f"{v2['id']} of team 'vision': a gang stops whole, and every set of borrowed "
               "jobs that frees room for it takes some team below its guarantee")
     assert broken + ", and what is left is too little for this job to restart on (16 GPUs)" \
-        in b["preempt_reason"]
+        in ids(b["preempt_reason"], v2)
     assert [e["message"] for e in events(api, b) if e["kind"] == "preempted"] == [
         b["preempt_reason"]]
     why = job(api, v2)["pending"]
-    assert why["code"] == "Preempting" and broken in why["reason"]
+    assert why["code"] == "Preempting" and broken in ids(why["reason"], v2)
     assert why["details"]["guarantee_broken"] == ["nlp"]
+    assert api.tick() == []                 # and so it stays while b stops
+    why = job(api, v2)["pending"]
+    assert why["code"] == "Preempting" and broken in ids(why["reason"], v2)
     (said,) = [e["message"] for e in events(api, v2) if e["kind"] == "preempting"]
-    assert said.endswith(broken)
+    assert ids(said, v2).endswith(broken)
 
     # b stops; v2 starts on half of its GPUs, c (4) on what is left, as nlp's guarantee
     # now covers it; b waits, saying why
@@ -119,7 +129,7 @@ def test_reclaim_keeps_nlp_at_its_guarantee_then_says_when_a_gang_breaks_it(api)
     assert not job(api, c)["borrowed"]
     b = job(api, b)
     assert b["state"] == "pending" and b["requeue_reason"] == "preempted"
-    assert b["pending"]["reason"].endswith(
+    assert ids(b["pending"]["reason"], v2).endswith(
         f"; preempted by job {v2['id']}, {broken}, and what is left is too little for "
         "this job to restart on (16 GPUs)")
     assert b["pending"]["details"]["guarantee_broken_by"] == v2["id"]
@@ -141,7 +151,7 @@ def test_a_job_that_will_reclaim_says_which_job_and_when(api):
     assert api.tick() == []
     why = job(api, v1)["pending"]
     assert why["code"] == "Resources"
-    assert why["reason"].startswith(
+    assert ids(why["reason"], b).startswith(
         f"will preempt {b['id']} (reclaim) once it has run min_run_time (10m), and start "
         "when it has stopped; until then: ")
     assert why["details"]["will_preempt"] == [b["id"]]

@@ -68,32 +68,49 @@ def _n(v: float) -> str:
     return f"{float(v):g}"
 
 
+def broken_teams(s: Scheduler, job: QueuedJob, victims: list[QueuedJob], gone=None
+                 ) -> dict[str, str]:
+    """Per team that stopping `victims` (on top of `gone`, per team: default, the jobs
+    stopping already) takes below its guarantee: what the preemptor's reason says."""
+    if gone is None:
+        gone = stopping_by_team(s)
+    out = {}
+    for team, less in taken_by_team(job, victims).items():
+        was = gone.get(team, (0, 0, 0))
+        if below(s.quotas, team, less, was):
+            held = s.quotas.held.get(team, (0, 0, 0))[0] - was[0] - less[0]
+            out[team] = (f"{BROKEN}team {team!r} keeps {_n(held)} GPUs of its quota_gpus "
+                         f"{_n(s.config.guarantee(team)[0])}, for job {job.name} of team "
+                         f"{job.team!r}: a gang stops whole, and every set of borrowed jobs "
+                         "that frees room for it takes some team below its guarantee")
+    return out
+
+
 def broken_guarantees(p: Pass, job: QueuedJob, chosen, placed: Placed
                       ) -> tuple[dict[str, str], dict[str, str]]:
     """Per victim of a team the set takes below its guarantee, what its preemption says
     (whose guarantee, for whom, and whether it may restart on what is left); per such
     team, what the preemptor's reason says."""
-    s = p.s
-    gone = stopping_by_team(s)
-    taken = taken_by_team(job, [c[1] for c in chosen])
-    out, teams = {}, {}
-    for team, less in taken.items():
-        was = gone.get(team, (0, 0, 0))
-        if not below(s.quotas, team, less, was):
-            continue
-        held = s.quotas.held.get(team, (0, 0, 0))[0] - was[0] - less[0]
-        note = (f"{BROKEN}team {team!r} keeps {_n(held)} GPUs of its quota_gpus "
-                f"{_n(s.config.guarantee(team)[0])}, for job {job.name} of team "
-                f"{job.team!r}: a gang stops whole, and every set of borrowed jobs that "
-                "frees room for it takes some team below its guarantee")
-        teams[team] = note
-        for _, v, _ in chosen:
-            if v.team == team:
-                out[v.name] = note + (
-                    ", and this job may restart on what is left" if restarts(p, v, chosen, placed)
-                    else ", and what is left is too little for this job to restart on "
-                    f"({_n(v.gpus)} GPUs)")
+    teams = broken_teams(p.s, job, [c[1] for c in chosen])
+    out = {}
+    for _, v, _ in chosen:
+        if v.team in teams:
+            out[v.name] = teams[v.team] + (
+                ", and this job may restart on what is left" if restarts(p, v, chosen, placed)
+                else ", and what is left is too little for this job to restart on "
+                f"({_n(v.gpus)} GPUs)")
     return out, teams
+
+
+def still_broken(s: Scheduler, job: QueuedJob, victims: list[QueuedJob]) -> dict[str, str]:
+    """`broken_teams` of a preemptor whose victims are stopping already (a later pass)."""
+    others = [n for n in s.stopping if n not in {v.name for v in victims}]
+    gone: dict[str, list[float]] = {}
+    for n in others:
+        v = s.running.get(n)
+        if v is not None:
+            gone[v.team] = _plus(gone.get(v.team), need(v))
+    return broken_teams(s, job, victims, gone)
 
 
 def restarts(p: Pass, v: QueuedJob, chosen, placed: Placed) -> bool:

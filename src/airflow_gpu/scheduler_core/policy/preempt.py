@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING
 
 from ..engine.placement import Placed
 from ..units import format_duration
-from .guarantee import below, broken_guarantees, stopping_by_team, taken_by_team
+from .guarantee import (
+    below,
+    broken_guarantees,
+    still_broken,
+    stopping_by_team,
+    taken_by_team,
+)
 from .pending import Pending
 from .quota import need
 from .reservations import Reservation, earliest_end, place_best
@@ -334,17 +340,16 @@ def stop_for(p: Pass, job: QueuedJob, chosen, placed: Placed,
         names.append(v.name)
         reasons.add(reason)
     s.claims[job.name] = names
-    why = claim_wait(p, job, names, placed, stop_at, "/".join(sorted(reasons)), wait)
-    if teams:
-        why.message += "; " + "; ".join(teams.values())
-        why.details["guarantee_broken"] = sorted(teams)
-    return why
+    return claim_wait(p, job, names, placed, stop_at, "/".join(sorted(reasons)), wait,
+                      teams)
 
 
 def claim_wait(p: Pass, job: QueuedJob, victims: list[str], placed: Placed,
-               stop_at: float, reason: str = "", wait: float | None = None) -> Pending:
+               stop_at: float, reason: str = "", wait: float | None = None,
+               broken: dict[str, str] | None = None) -> Pending:
     """The preemptor waits for its victims to stop, its placement reserved from then on
-    (so that nothing else takes the part of it that is free now)."""
+    (so that nothing else takes the part of it that is free now); `broken`: the teams it
+    takes below their guarantee (guarantee.py)."""
     s, now = p.s, p.now
     end = stop_at + s.runtime(job, placed.tier)
     p.add(Reservation(job, stop_at, end, placed.allocations, placed.tier, protected=True))
@@ -352,6 +357,9 @@ def claim_wait(p: Pass, job: QueuedJob, victims: list[str], placed: Placed,
     if reason:
         details["preempt_reason"] = reason
     saved = "" if wait is None else f"; it would otherwise wait {format_duration(wait)}"
+    if broken:
+        saved += "; " + "; ".join(broken.values())
+        details["guarantee_broken"] = sorted(broken)
     return Pending("Preempting", (
         f"preempting {', '.join(victims)}{f' ({reason})' if reason else ''}: starts when "
         f"they have stopped, at the latest in {format_duration(max(0, stop_at - now))}"
@@ -373,4 +381,5 @@ def claimed(p: Pass, job: QueuedJob) -> Pending | None:
         s.claims.pop(job.name, None)
         return None
     stop_at = max(s.state.expected_end[n] for n in victims)
-    return claim_wait(p, job, victims, placed, stop_at)
+    return claim_wait(p, job, victims, placed, stop_at,
+                      broken=still_broken(s, job, [s.running[n] for n in victims]))
