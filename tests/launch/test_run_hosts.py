@@ -181,3 +181,22 @@ def test_the_readmes_run_line_on_the_example_cluster(example):
     assert [r["host"] for r in done["replicas"]] == ["dgx-h-03"]
     assert got.stdout == f"{done['replicas'][0]['gpus'][0]}\n"
     assert "granted main-0 on dgx-h-03: GPUs" in got.stderr
+
+
+def test_placement_hosts_takes_ranges_and_counts_them_against_the_cap():
+    from airflow_gpu.scheduler_core.errors import InputError, validate
+    from airflow_gpu.scheduler_core.jobspec import JobSpec
+
+    def hosts(value):
+        spec = {"name": "j", "roles": [{"name": "r"}], "placement": {"hosts": value}}
+        return validate(JobSpec, spec, "job.yaml").placement.hosts
+
+    assert hosts("dgx-a-[01-03,07],dgx-h-05") == ["dgx-a-01", "dgx-a-02", "dgx-a-03",
+                                                  "dgx-a-07", "dgx-h-05"]
+    assert hosts(["n[1-2]", "n1", "m"]) == ["n1", "n2", "m"]         # once each
+    with pytest.raises(InputError, match=r"job.yaml: placement.hosts: 'n\[1-5000\]' brings "
+                       "the hosts named to more than 4096"):
+        hosts("n[1-5000]")
+    with pytest.raises(InputError, match="placement.hosts: host range '3-1' in 'n\\[3-1\\]' "
+                       "runs backwards"):
+        hosts(["n[3-1]"])
