@@ -67,3 +67,29 @@ def test_a_default_time_limit_over_the_maximum_names_the_policy_file(tmp_path):
     # the service reads the same file at start, and refuses it the same way
     one_line_error(cli("simulate", "--hosts", "1", "--trace", jobs, "--policy-file", path),
                    f"{path}: ", "default_time_limit: 2h is more than max_time_limit")
+
+
+def test_a_class_default_above_the_policy_maximum_is_capped_not_blamed_on_the_job(tmp_path):
+    """The built-in validation class defaults to 2h; under a policy maximum of 1h a job of
+    that class that asks for nothing used to be refused as if it had asked for 2h."""
+    from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+    from tests.service.conftest import serve
+
+    policy = write(tmp_path, "policy.yaml", "max_time_limit: 1h\n")
+    jobs = write(tmp_path, "jobs.yaml", JOB.replace("roles:", "job_class: validation\nroles:"))
+    out = cli("plan", "--jobs", jobs, "--policy-file", policy)
+    assert out.returncode == 0, out.stderr
+    stack = serve(f"sqlite:///{tmp_path / 's.db'}", PolicyConfig(max_time_limit=3600))
+    api = next(stack)
+    try:
+        who = {"Authorization": f"Bearer {api.tokens['vision']}"}
+        spec = {"name": "v", "job_class": "validation", "roles": [{"name": "w", "gpus": 1}]}
+        r = api.post("/api/v1/jobs", json={"spec": spec}, headers=who)
+        assert r.status_code == 201, r.text
+        assert api.tick() == [r.json()["id"]]
+        admitted = api.get(f"/api/v1/jobs/{r.json()['id']}", headers=who).json()
+        assert admitted["time_limit_s"] == 3600, admitted
+        r = api.post("/api/v1/jobs", json={"spec": {**spec, "time_limit": "2h"}}, headers=who)
+        assert r.status_code == 422 and "2h is more than the queue policy allows (1h)" in r.text
+    finally:
+        stack.close()

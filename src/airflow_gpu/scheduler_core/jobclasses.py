@@ -168,8 +168,10 @@ def _time_limit(spec: JobSpec, jc: JobClass | None, defaults: Defaults,
                         (defaults.max_time_limit, "the queue policy")):
         if most is None:
             continue
-        if limit is None:
-            limit = most             # no limit asked: the most allowed (Slurm's MaxTime)
+        if limit is None or (spec.time_limit is None and limit > most):
+            # no limit asked: the most allowed (Slurm's MaxTime), also where a class's
+            # default is above the policy's maximum (the job asked for nothing to refuse)
+            limit = most
         elif limit > most:
             raise InputError(f"job {spec.name!r}: time_limit: {format_duration(limit)} is "
                              f"more than {whose} allows ({format_duration(most)}); ask for "
