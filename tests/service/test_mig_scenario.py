@@ -74,6 +74,8 @@ def test_a_team_quota_stops_mig_jobs_and_accounting_charges_them(stack, tmp_path
 
     (vision,) = [t for t in json.loads(run(env, "share", "--json")) if t["name"] == "vision"]
     assert vision["held_gpus"] == pytest.approx(6 / 7, abs=1e-4)
+    (vision,) = json.loads(run(env, "teams", "--json"))        # GET /api/v1/teams
+    assert (vision["held_gpus"], vision["quota_gpus"]) == (0.8571, 1)
 
     # cluster: who holds which device, free slices, no held MIG GPU shown free
     view = json.loads(run(env, "cluster", "--json"))

@@ -243,8 +243,10 @@ class TeamOut(BaseModel):
     borrow_gpus: int | None = Field(None, description="GPUs it may hold beyond its quota "
                                     "on others' idle guarantees (0: hard quota; none: no "
                                     "limit, or no quota)")
-    held_gpus: int
-    borrowed_gpus: int = Field(0, description="GPUs held beyond its guarantee: reclaimable")
+    # a MIG device counts as its share of its GPU (compute slices / 7): 6/7 is 0.8571
+    held_gpus: int | float = Field(description="GPUs its jobs hold, MIG devices by share")
+    borrowed_gpus: int | float = Field(0, description="GPUs held beyond its guarantee: "
+                                       "reclaimable")
     lent_gpus: int = Field(0, description="GPUs of its idle guarantee that other teams' "
                            "borrowed work uses now")
     error: str | None = Field(None, description="why the team's stored setting is refused "
