@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 import yaml
 
@@ -92,6 +93,9 @@ def test_a_team_quota_stops_mig_jobs_and_accounting_charges_them(stack, tmp_path
     assert "mm......" in table and "2/8" in table
     assert f"GPU 0: 3g.20gb {ids[0][:8]}, 2x 2g.10gb free (4/7 free)" in table
     assert f"{ids[1][:8]} (1x 3g.20gb)" in table
+    metrics = httpx.get(f"{env['AIRFLOW_GPU_URL']}/metrics").text       # Prometheus too
+    assert 'airflow_gpu_gpus_allocated{host="dgx-m"} 2.0' in metrics
+    assert 'airflow_gpu_team_gpus_held{team="vision"} 0.8571' in metrics
 
     # accounting: GPU-hours = the grant's seconds x 3/7, MIG device-hours = seconds x 1
     time.sleep(1.0)

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from sqlalchemy import func, select
 
-from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow
+from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow, MigHoldRow
 from .core import LIVE
 
 # per-GPU gauges from the node agents' latest samples: (column, metric, help)
@@ -93,6 +93,9 @@ class _StoreCollector:
                 GpuRow.healthy.is_(False)).group_by(GpuRow.host)).all())
             held = dict(s.execute(select(GpuHoldRow.host, func.count())
                                   .group_by(GpuHoldRow.host)).all())
+            # a GPU in MIG mode with a device held counts as allocated (as in `cluster`)
+            for host, _ in set(s.execute(select(MigHoldRow.host, MigHoldRow.gpu)).all()):
+                held[host] = held.get(host, 0) + 1
             counts = s.execute(select(JobRow.team, JobRow.state, func.count()).where(
                 JobRow.state.in_(("pending", "admitted", "running")))
                 .group_by(JobRow.team, JobRow.state)).all()
