@@ -170,5 +170,5 @@ def test_the_service_schedules_reported_mig_devices_and_names_them(stack, fake_h
                                                                 "replicas": 1}]})
     why = until(lambda: (s.team.job(third["id"]).get("pending") or {}).get("reason"),
                 "a pending reason")
-    # the service's engine knows jobs by id
-    assert f"held by {submitted['id']} (mig-01 GPU 2 MIG 2g.10gb #0" in why
+    # named as queue names them (the engine knows jobs by id)
+    assert f"held by {spec['name']} ({submitted['id'][:8]}) (mig-01 GPU 2 MIG 2g.10gb #0" in why

@@ -100,8 +100,12 @@ def test_explain_names_blockers_by_name_and_id(api):
     assert f"held by big ({big['id'][:8]})" in why["reason"]
     assert why["blockers"] == [{"id": big["id"], "name": "big", "team": "vision",
                                 "state": "admitted"}]
-    stored = get(api, f"/api/v1/jobs/{waiting['id']}")
-    assert big["id"] in stored["pending"]["reason"]       # the store keeps ids
+    # the job itself (what run, the Airflow trigger and status print) names them too;
+    # its details keep the ids
+    for stored in (get(api, f"/api/v1/jobs/{waiting['id']}"),
+                   get(api, "/api/v1/jobs?state=pending")[0]):
+        assert f"held by big ({big['id'][:8]}) (16)" in stored["pending"]["reason"]
+        assert stored["pending"]["details"]["held_by"] == {big["id"]: 16}
 
 
 # -- queue, prio, share -----------------------------------------------------------------

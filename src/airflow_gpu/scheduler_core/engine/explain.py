@@ -52,8 +52,10 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
         what += (f" on {', '.join(only[:5])}{' ...' if len(only) > 5 else ''} "
                  "(placement.hosts)")
     gpu_need = next((n for n in needs if n.gpus), None)
-    free = sum((hs.usable_gpus & gpu_need.eligible(h.type)).bit_count()
-               for h, hs in zip(state.cluster.hosts, state.hosts, strict=True)) if gpu_need else 0
+    # only the hosts it may use count (placement.hosts, filters, enough eligible GPUs)
+    usable = [h for h in state.cluster.hosts if not state.hosts[h.index].drained
+              and trial.allowed(gpu_need, h)] if gpu_need else []
+    free = _free_on(state, gpu_need, usable) if gpu_need else 0
     details: dict = {"needs_gpus": trial.total_gpus, "cluster_free_gpus": free}
     code = "Resources"
     whole = state.cluster.hosts
@@ -76,11 +78,13 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
             details["best"] = h.name
         else:
             best = "no usable host has eligible GPUs"
-    msg = f"needs {what}; {best}; the cluster has {free} eligible GPUs free"
+    where = ("the cluster has" if trial.only is None else
+             "its host has" if len(trial.only) == 1 else "its hosts have")
+    msg = f"needs {what}; {best}; {where} {free} eligible GPUs free"
     if code == "Locality":
         msg += f" in all, but not under {within}"
     if gpu_need:
-        held = _holders(state, gpu_need)
+        held = _holders(state, gpu_need, {h.index for h in usable})
         if held:
             details["held_by"] = dict(held)
             msg += "; held by " + ", ".join(f"{j} ({n})" for j, n in held[:3])
@@ -113,7 +117,7 @@ def _largest_free_domain(trial: _Trial, gpu_need: Need | None, details: dict) ->
     n = free_of(hosts)
     details.update(best=name, best_free_gpus=n)
     return (f"the largest free NVLink domain, {name}, has {n} eligible GPU"
-            f"{'s' if n != 1 else ''} free on {len(hosts)} hosts")
+            f"{'s' if n != 1 else ''} free on {_hosts(len(_eligible_hosts(trial, hosts)))}")
 
 
 def _best_host(trial: _Trial, gpu_need: Need | None):
@@ -135,11 +139,17 @@ def _best_host(trial: _Trial, gpu_need: Need | None):
     return best
 
 
-def _holders(state: ClusterState, need: Need) -> list[tuple[str, int]]:
-    """Jobs holding GPUs this need could use, most first."""
+def _free_on(state: ClusterState, need: Need, hosts) -> int:
+    return sum((state.hosts[h.index].usable_gpus & need.eligible(h.type)).bit_count()
+               for h in hosts)
+
+
+def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[str, int]]:
+    """Jobs holding GPUs this need could use (eligible, on hosts it may use), most first."""
     counts: dict[str, int] = {}
     for job, allocs in state.allocations.items():
-        n = sum((a.gpu_mask & need.eligible(a.host.type)).bit_count() for a in allocs)
+        n = sum((a.gpu_mask & need.eligible(a.host.type)).bit_count() for a in allocs
+                if a.host.index in usable)
         if n:
             counts[job] = n
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -161,8 +171,10 @@ def why_never(trial: _Trial, within: str) -> str:
             return (f"role '{n.role}': no GPU in the cluster meets gpu "
                     f"{_constraint(n)}; the cluster has {have or 'no GPUs'}")
         if max(counts.values()) < n.gpus:
-            return (f"role '{n.role}': asks {n.gpus} GPUs per replica but the largest host "
-                    f"has {max(counts.values())} such GPUs; use more replicas with fewer GPUs")
+            h = max(cluster.hosts, key=lambda h: (n.eligible(h.type).bit_count(), -h.index))
+            return (f"role '{n.role}': asks {n.gpus} GPUs per replica but the largest host, "
+                    f"{h.name} ({h.type.model}), has {n.eligible(h.type).bit_count()} such "
+                    "GPUs; use more replicas with fewer GPUs")
     for n in trial.needs:
         hosts = [h for h in cluster.hosts if trial.allowed(n, h)]
         if not hosts and trial.only is not None:
@@ -174,7 +186,6 @@ def why_never(trial: _Trial, within: str) -> str:
         samples = list({id(h.type): h for h in hosts}.values())
         if any(fit_replica(h.type, HostState.empty(h), n) for h in samples):
             continue
-        biggest = max(samples, key=lambda h: (h.type.total_cpus, h.type.total_mem))
         loose = Need(n.role, 1, n.gpus, n.cpus, n.memory, n.models, n.min_gpu_memory,
                      "none", False, n.whole_cores, n.mig, n.slices)
         if (n.gpus or n.mig) and any(fit_replica(h.type, HostState.empty(h), loose)
@@ -186,9 +197,8 @@ def why_never(trial: _Trial, within: str) -> str:
                     f"a GPU's NUMA node has at most {local_cpus} CPUs and "
                     f"{format_size(local_mem)}; lower cpus/memory or set placement.affinity: "
                     "preferred")
-        return (f"role '{n.role}': one replica needs {n.cpus} CPUs and {format_size(n.memory)}"
-                f" but the largest host ({biggest.type.model}) has {biggest.type.total_cpus} "
-                f"CPUs and {format_size(biggest.type.total_mem)}")
+        return (f"role '{n.role}': one replica needs {n.cpus} CPU{'s' if n.cpus != 1 else ''}"
+                f" and {format_size(n.memory)} but {_largest_hosts(hosts, n)}")
     if within:
         return (f"the whole job ({describe_needs(trial.needs)}) must fit {within}, and even "
                 f"an empty {within.removeprefix('one ')} cannot hold it: "
@@ -201,6 +211,30 @@ def why_never(trial: _Trial, within: str) -> str:
                 "placement.hosts or shrink the job")
     return ("the job does not fit even on the empty cluster: "
             f"needs {describe_needs(trial.needs)}, the cluster has {_totals(trial)}")
+
+
+def _largest_hosts(hosts, n: Need) -> str:
+    """The hosts that are really the largest in what a replica lacks: CPUs, memory, or
+    (when each alone would do) both at once."""
+    def has(h) -> str:
+        return f"has {h.type.total_cpus} CPUs and {format_size(h.type.total_mem)}"
+
+    def named(h) -> str:
+        return f"{h.name} ({h.type.model})"
+
+    cpu = max(hosts, key=lambda h: (h.type.total_cpus, h.type.total_mem, -h.index))
+    mem = max(hosts, key=lambda h: (h.type.total_mem, h.type.total_cpus, -h.index))
+    short_cpus, short_mem = n.cpus > cpu.type.total_cpus, n.memory > mem.type.total_mem
+    if cpu is mem:
+        return f"the largest host, {named(cpu)}, {has(cpu)}"
+    if short_cpus and short_mem:
+        return (f"the host with the most CPUs, {named(cpu)}, {has(cpu)}, and the one with "
+                f"the most memory, {named(mem)}, {has(mem)}")
+    if short_cpus:
+        return f"the host with the most CPUs, {named(cpu)}, {has(cpu)}"
+    if short_mem:
+        return f"the host with the most memory, {named(mem)}, {has(mem)}"
+    return f"no host has both: {named(cpu)} {has(cpu)}; {named(mem)} {has(mem)}"
 
 
 def unknown_hosts(names, cluster) -> str | None:
@@ -226,18 +260,33 @@ def _constraint(n: Need) -> str:
 
 def _eligible_total(trial: _Trial, hosts) -> int:
     n = next((n for n in trial.needs if n.gpus), None)
-    return sum(n.eligible(h.type).bit_count() for h in hosts) if n else 0
+    return sum(n.eligible(h.type).bit_count() for h in _eligible_hosts(trial, hosts)) if n else 0
+
+
+def _eligible_hosts(trial: _Trial, hosts) -> list:
+    """The hosts the job's GPU role may use (placement.hosts, filters, enough eligible
+    GPUs for a replica); for a job without GPUs, those its first role may use."""
+    n = next((n for n in trial.needs if n.gpus), trial.needs[0])
+    return [h for h in hosts if trial.allowed(n, h)]
+
+
+def _hosts(n: int) -> str:
+    return f"{n} host{'s' if n != 1 else ''}"
 
 
 def _totals(trial: _Trial) -> str:
-    hosts = trial.state.cluster.hosts
-    return (f"{_eligible_total(trial, hosts)} eligible GPUs on {len(hosts)} hosts")
+    hosts = _eligible_hosts(trial, trial.state.cluster.hosts)
+    return f"{_eligible_total(trial, hosts)} eligible GPUs on {_hosts(len(hosts))}"
 
 
 def _largest_domain(trial: _Trial, within: str) -> str:
     c = trial.state.cluster
     if within == "one host":
-        h = max(c.hosts, key=lambda h: (_eligible_total(trial, [h]), h.type.total_cpus))
+        usable = [h for h in c.hosts if all(trial.allowed(n, h) for n in trial.needs)]
+        if not usable:
+            return "no host can hold one replica of each role"
+        h = max(usable, key=lambda h: (_eligible_total(trial, [h]), h.type.total_cpus,
+                                       h.type.total_mem))
         return (f"the largest host {h.name} has {_eligible_total(trial, [h])} eligible GPUs, "
                 f"{h.type.total_cpus} CPUs, {format_size(h.type.total_mem)}")
     groups = {"one switch": c.switches, "one rack": c.racks,
@@ -248,4 +297,4 @@ def _largest_domain(trial: _Trial, within: str) -> str:
     key, hosts = max(groups.items(), key=lambda kv: (_eligible_total(trial, kv[1]), len(kv[1])))
     name = key[1] if isinstance(key, tuple) else key
     return (f"the largest, {name}, has {_eligible_total(trial, hosts)} eligible GPUs on "
-            f"{len(hosts)} hosts")
+            f"{_hosts(len(_eligible_hosts(trial, hosts)))}")

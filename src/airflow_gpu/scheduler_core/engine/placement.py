@@ -259,8 +259,10 @@ class _Trial:
                    for h in domain) if need.gpus else 0
         p = self.progress
         if (placed_total, free) > (p.score, p.free_gpus):
+            hosts = sum(1 for h in domain if self.allowed(need, h)    # that it may use
+                        and not self.state.hosts[h.index].drained)
             self.progress = Progress(label, need.role, placed, need.replicas, free,
-                                      len(domain), placed_total)
+                                     hosts, placed_total)
 
     def domains(self, tier: str) -> list[tuple[str, list[Host]]]:
         """Domains of a tier that could hold the job's GPUs: those with the least capable

@@ -177,10 +177,15 @@ class Reasons:
         on = [h for h in dict.fromkeys(a.host.name for a in got.allocations) if h in drained]
         if not on:
             return
-        what = (f"{job.gpus} GPU{'s fit' if job.gpus > 1 else ' fits'}" if job.gpus
-                else "it fits")
-        why.message += (f"; {what} now only on drained hosts "
-                        f"{', '.join(map(self._label, on))}")
+        there = sum(len(a.gpus) for a in got.allocations if a.host.name in on)
+        hosts = f"drained hosts {', '.join(map(self._label, on))}"
+        if job.gpus and there < job.gpus:     # the rest on hosts in service
+            why.message += (f"; it fits now only with {hosts}, which would hold {there} of "
+                            f"its {job.gpus} GPUs")
+        else:
+            what = (f"{job.gpus} GPU{'s fit' if job.gpus > 1 else ' fits'}" if job.gpus
+                    else "it fits")
+            why.message += f"; {what} now only on {hosts}"
         why.details["drained_hosts"] = {h: state.drain_reasons.get(h) for h in on}
 
     def eta(self, job: QueuedJob) -> float | None:

@@ -174,13 +174,18 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
                   name: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
                   order: Literal["submitted", "newest"] = "submitted",
                   limit: Annotated[int, Query(ge=1, le=10_000)] = 1000):
+        from .jobcontrol import name_blockers
+
         jobs = service.list_jobs(state, team, limit, name, order == "newest")
         live = service.live_allocations([j.id for j in jobs if j.state in LIVE])
-        return [JobOut.of(j, live.get(j.id)) for j in jobs]
+        return name_blockers(service, [JobOut.of(j, live.get(j.id)) for j in jobs])
 
     @app.get("/api/v1/jobs/{job_id}", response_model=JobOut)
     def get_job(job_id: JobRef, _: Who):
-        return JobOut.of(service.get(job_id), service.allocations(job_id))
+        from .jobcontrol import name_blockers
+
+        out = JobOut.of(service.get(job_id), service.allocations(job_id))
+        return name_blockers(service, [out])[0]
 
     @app.delete("/api/v1/jobs/{job_id}", response_model=JobOut)
     def cancel(job_id: JobRef, p: Who):

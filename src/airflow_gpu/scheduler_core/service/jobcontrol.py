@@ -106,8 +106,10 @@ def names_of(svc: Service, ids) -> dict[str, JobRow]:
 def blocker_ids(details: dict) -> list[str]:
     """The jobs a pending reason's details name: GPU holders, the job whose reservation
     it would delay, the victims it preempts, the fifo head it waits behind."""
-    held = details.get("held_by")
-    out = list(held) if isinstance(held, dict) else []
+    out = []
+    for key in ("held_by", "mig_held_by"):     # GPUs, MIG devices
+        if isinstance(details.get(key), dict):
+            out += details[key]
     for key in ("reservation_for", "behind"):
         if isinstance(details.get(key), str):
             out.append(details[key])
@@ -134,6 +136,19 @@ def name_jobs(text: str | None, names: dict[str, str]) -> str | None:
     for job_id, label in names.items():
         text = text.replace(f"'{job_id}'", label).replace(job_id, label)
     return text
+
+
+def name_blockers(svc: Service, outs: list) -> list:
+    """Jobs as the API gives them, each pending reason naming the jobs it waits for by
+    name and short id ("held by big (3f5db580) (8)"), as queue and explain do; the
+    details keep their ids. One query for all of them."""
+    pend = [o.pending for o in outs if o.pending is not None and o.pending.reason
+            and o.pending.code not in HELD]
+    rows = names_of(svc, [i for p in pend for i in blocker_ids(p.details or {})])
+    names = {i: f"{r.name} ({i[:8]})" for i, r in rows.items()}
+    for p in pend if names else ():
+        p.reason = name_jobs(p.reason, names)
+    return outs
 
 
 # -- hold and release -----------------------------------------------------------------------
