@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
-from .hosttype import HostType, bits
+from .hosttype import HostType
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -38,12 +38,6 @@ def _types(cluster: Cluster) -> dict:
     return found
 
 
-def gpu_capability(t: HostType, mask: int) -> tuple[int, int]:
-    """(GPU memory, NVLink generation) of the best GPU in `mask`: higher is more capable."""
-    mem = max((t.gpu_mem[i] for i in bits(mask)), default=0)
-    return mem, t.topo.nvlink.generation or 0
-
-
 class Ranking:
     """Capability levels of the host types, for one job's GPU needs. Inactive (every level
     ()) when the job names a model or hosts, or when its GPUs are all of one kind."""
@@ -53,8 +47,8 @@ class Ranking:
         gpu_needs = [n for n in needs if n.gpus]
         self._of: dict[int, tuple[int, int]] = {}
         if gpu_needs and not chosen:
-            for t in _types(cluster)[None]:
-                caps = [gpu_capability(t, n.eligible(t)) for n in gpu_needs if n.eligible(t)]
+            for t in _types(cluster)[None]:      # (Need.capability: higher is more capable)
+                caps = [c for n in gpu_needs if (c := n.capability(t)) is not None]
                 if caps:
                     self._of[id(t)] = max(caps)
         self.levels: list[tuple] = sorted(set(self._of.values()))

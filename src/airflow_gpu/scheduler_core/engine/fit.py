@@ -25,6 +25,7 @@ class Need:
     mig: str | None = None              # MIG profile asked instead of whole GPUs
     slices: int = 0                     # MIG devices of that profile per replica
     _eligible: dict = field(default_factory=dict)
+    _capability: dict = field(default_factory=dict)
 
     def eligible(self, t: HostType) -> int:
         """Bitmask of the GPUs of this host type that meet the model/memory constraint
@@ -42,6 +43,16 @@ class Need:
                     found |= 1 << i
             self._eligible[id(t)] = found
         return found
+
+    def capability(self, t: HostType) -> tuple[int, int] | None:
+        """(GPU memory, NVLink generation) of the best GPU of this host type eligible for
+        the need (capability.py ranks hosts by it); None when none is."""
+        key = id(t)
+        if key not in self._capability:
+            mask = self.eligible(t)
+            self._capability[key] = (max(t.gpu_mem[i] for i in range(t.n_gpus) if mask >> i & 1),
+                                     t.topo.nvlink.generation or 0) if mask else None
+        return self._capability[key]
 
     def upper_bound(self, t: HostType, hs: HostState) -> int:
         """Replicas that could fit on the host by counts alone (exact fit may give fewer)."""

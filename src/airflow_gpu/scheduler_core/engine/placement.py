@@ -146,9 +146,7 @@ class _Trial:
             for bucket in self.state.by_free[self.total_gpus:]:
                 # by host index: the same state gives the same choice, whatever order
                 # hosts entered the bucket in
-                for i in sorted(bucket):
-                    if not at_level(i):
-                        continue
+                for i in sorted(filter(at_level, bucket) if rank.active else bucket):
                     got = self.on_one_host(hosts[i])
                     if got is not None:
                         return got
