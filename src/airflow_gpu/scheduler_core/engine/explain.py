@@ -116,8 +116,9 @@ def _largest_free_domain(trial: _Trial, gpu_need: Need | None, details: dict) ->
     name, hosts = max(domains.items(), key=lambda kv: free_of(kv[1]))   # ties: first
     n = free_of(hosts)
     details.update(best=name, best_free_gpus=n)
+    usable = sum(not state.hosts[h.index].drained for h in _eligible_hosts(trial, hosts))
     return (f"the largest free NVLink domain, {name}, has {n} eligible GPU"
-            f"{'s' if n != 1 else ''} free on {_hosts(len(_eligible_hosts(trial, hosts)))}")
+            f"{'s' if n != 1 else ''} free on {_hosts(usable)}")
 
 
 def _best_host(trial: _Trial, gpu_need: Need | None):
