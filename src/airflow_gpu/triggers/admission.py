@@ -93,7 +93,7 @@ class AdmissionTrigger(BaseTrigger):
                 state = job["state"]
                 if state in LIVE:
                     yield self._event("admitted", "admitted on " + ", ".join(
-                        sorted({r["host"] for r in job["replicas"]})))
+                        sorted({r["host"] for r in job["replicas"] if r.get("live", True)})))
                     return
                 if state == "preempting":   # the last admission is still stopping
                     await asyncio.sleep(self.poll_interval)
