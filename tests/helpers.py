@@ -25,6 +25,18 @@ def job(name: str, *roles: dict, **fields) -> JobSpec:
     return JobSpec.model_validate({"name": name, "roles": list(roles), **fields})
 
 
+def admit(state: ClusterState, spec: JobSpec):
+    """Place `spec` with the built-in plugins and commit it; fail with the reason if it
+    does not fit now."""
+    from airflow_gpu.scheduler_core.engine.placement import Placed, place
+    from airflow_gpu.scheduler_core.plugins import default_registry
+
+    got = place(spec, state, default_registry())
+    assert isinstance(got, Placed), getattr(got, "message", got)
+    state.commit(spec.name, got.allocations)
+    return got.allocations
+
+
 def until(check, what: str, timeout: float = 20, every: float = 0.05):
     """Poll `check` every `every` seconds until it returns something true (that is
     returned); fail naming `what` after `timeout` seconds."""

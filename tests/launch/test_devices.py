@@ -142,6 +142,30 @@ def test_a_parent_that_allows_every_gpu_by_wildcard_is_reported(monkeypatch):
                 d.rmdir()
 
 
+def open_in_group(group, paths: list) -> list[str]:
+    """A forked child joins `group` and opens each path: "opened" or the error."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            group.join()
+            found = []
+            for path in paths:
+                try:
+                    os.close(os.open(path, os.O_RDWR))
+                    found.append("opened")
+                except OSError as exc:
+                    found.append(os.strerror(exc.errno))
+            os.write(write, "|".join(found).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        found = f.read().split("|")
+    os.waitpid(pid, 0)
+    return found
+
+
 def test_cgroup_v2_device_program(nodes):
     """The v2 path: the BPF device program attached to the replica's cgroup (the unified
     hierarchy, also mounted beside v1 at /sys/fs/cgroup/unified on hybrid machines)."""
@@ -151,25 +175,7 @@ def test_cgroup_v2_device_program(nodes):
     group = cgroups.create(f"job-v2-{os.getpid()}", [], [0], 0, root=root, gpu_minors=[1])
     try:
         assert group.version == 2 and group.warnings == []
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:                      # the child: join the cgroup, open every node
-            try:
-                group.join()
-                found = []
-                for path in nodes.values():
-                    try:
-                        os.close(os.open(path, os.O_RDWR))
-                        found.append("opened")
-                    except OSError as exc:
-                        found.append(os.strerror(exc.errno))
-                os.write(write, "|".join(found).encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as f:
-            found = f.read().split("|")
-        os.waitpid(pid, 0)
+        found = open_in_group(group, list(nodes.values()))
     finally:
         group.remove()
     assert found == [os.strerror(1), os.strerror(6), os.strerror(6)]   # EPERM, ENXIO x2

@@ -23,7 +23,7 @@ from airflow_gpu.launch.local import start_command
 from airflow_gpu.launch.replica import Replica
 from airflow_gpu.scheduler_core.engine.topology import load_topology
 from tests.agent.fakenvml import FakeNVML
-from tests.launch.test_devices import OPEN, leftovers, v1_devices
+from tests.launch.test_devices import OPEN, leftovers, open_in_group, v1_devices
 
 CAPS_MAJOR = 237                 # any major: nothing is registered for it here
 
@@ -117,25 +117,7 @@ def test_cgroup_v2_device_program_confines_mig_capabilities(mig_host):
                            gpu_minors=[0], caps=caps)
     try:
         assert group.version == 2 and group.warnings == []
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:                      # the child: join the cgroup, open every node
-            try:
-                group.join()
-                found = []
-                for path in nodes.values():
-                    try:
-                        os.close(os.open(path, os.O_RDWR))
-                        found.append("opened")
-                    except OSError as exc:
-                        found.append(os.strerror(exc.errno))
-                os.write(write, "|".join(found).encode())
-            finally:
-                os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as f:
-            found = dict(zip(nodes, f.read().split("|"), strict=True))
-        os.waitpid(pid, 0)
+        found = dict(zip(nodes, open_in_group(group, list(nodes.values())), strict=True))
     finally:
         group.remove()
     allowed = [k for k, v in found.items() if v == os.strerror(6)]       # ENXIO

@@ -8,16 +8,9 @@ from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, never_
 from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.plugins import default_registry
 from airflow_gpu.scheduler_core.policy.planner import plan
-from tests.helpers import job, make_state
+from tests.helpers import admit, job, make_state
 
 REG = default_registry()
-
-
-def admit(state, spec):
-    got = place(spec, state, REG)
-    assert isinstance(got, Placed), getattr(got, "message", got)
-    state.commit(spec.name, got.allocations)
-    return got.allocations
 
 
 def four_h100() -> ClusterState:

@@ -6,16 +6,9 @@ from airflow_gpu.scheduler_core.engine.hosttype import GiB, host_type
 from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, never_fits, place
 from airflow_gpu.scheduler_core.engine.topology import Topology, load_topology
 from airflow_gpu.scheduler_core.plugins import default_registry
-from tests.helpers import job, make_state
+from tests.helpers import admit, job, make_state
 
 REG = default_registry()
-
-
-def admit(state, spec):
-    got = place(spec, state, REG)
-    assert isinstance(got, Placed), getattr(got, "message", got)
-    state.commit(spec.name, got.allocations)
-    return got.allocations
 
 
 def numa_cpus(model: str, numa_id: int) -> set[int]:

@@ -7,16 +7,9 @@ from airflow_gpu.scheduler_core.engine.placement import Placed, Unplaced, place
 from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.jobclasses import BUILTIN, resolve
 from airflow_gpu.scheduler_core.plugins import default_registry
-from tests.helpers import job, make_state
+from tests.helpers import admit, job, make_state
 
 REG = default_registry()
-
-
-def admit(state, spec):
-    got = place(spec, state, REG)
-    assert isinstance(got, Placed), getattr(got, "message", got)
-    state.commit(spec.name, got.allocations)
-    return got.allocations
 
 
 def hosts_of(allocs) -> list[str]:
