@@ -68,7 +68,7 @@ def test_a_task_that_asks_no_memory_books_some_and_is_limited_to_it(run_dag, sch
     # with a GPU it books 16GiB more, which these 8GiB hosts cannot hold: refused at once
     run = run_dag("gpu_docker.py", "gpu_docker", TEST_GPUS="1", TEST_MEMORY="")
     assert run.result()["tasks"] == {"probe": "failed"}
-    assert "one replica needs 1 CPUs and 17GiB" in run.output
+    assert "one replica needs 1 CPU and 17GiB" in run.output
 
 
 def test_device_request_holds_exactly_the_granted_gpus(docker_engine):

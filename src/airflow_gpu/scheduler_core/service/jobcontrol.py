@@ -105,12 +105,13 @@ def names_of(svc: Service, ids) -> dict[str, JobRow]:
 
 def blocker_ids(details: dict) -> list[str]:
     """The jobs a pending reason's details name: GPU holders, the job whose reservation
-    it would delay, the victims it preempts, the fifo head it waits behind."""
+    it would delay, the victims it preempts, the fifo head it waits behind, the team's job
+    whose end frees its quota."""
     out = []
     for key in ("held_by", "mig_held_by"):     # GPUs, MIG devices
         if isinstance(details.get(key), dict):
             out += details[key]
-    for key in ("reservation_for", "behind"):
+    for key in ("reservation_for", "behind", "quota_frees_with"):
         if isinstance(details.get(key), str):
             out.append(details[key])
     out += [v for v in details.get("victims") or () if isinstance(v, str)]
