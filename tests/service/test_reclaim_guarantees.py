@@ -173,5 +173,6 @@ def test_a_quota_wait_has_an_eta(db_url):
         api.tick()
         why = job(api, v1)["pending"]
         assert why["code"] == "Quota" and why["reason"].endswith(
-            f"; enough of it is expected back when job {v0['id']} ends")
+            f"; enough of it is expected back when job v0 ({v0['id'][:8]}) ends")
+        assert why["details"]["quota_frees_with"] == v0["id"]     # the details keep the id
         assert 7100 < why["eta_seconds"] <= 7200
