@@ -52,14 +52,17 @@ def add_routes(app: FastAPI, service: Service, not_agent, job_ref) -> None:
         """Slurm's squeue: live jobs (admitted, running, preempting) by start, then
         pending jobs in the order the scheduler considers them, then held ones; `all`
         adds ended jobs (newest first)."""
-        from .jobcontrol import name_blockers
         from .priority import queue as ordered
 
         jobs = ordered(service, all, state, team, limit)
         live = service.live_allocations([j.id for j, _ in jobs if j.state in LIVE])
-        outs = name_blockers(service, [JobOut.of(j, live.get(j.id)) for j, _ in jobs])
-        return [QueueEntry(**{**out.model_dump(), **extra})
-                for out, (_, extra) in zip(outs, jobs, strict=True)]
+        outs = []
+        for j, extra in jobs:
+            out = JobOut.of(j, live.get(j.id))
+            if out.pending is not None:       # the reason as queue names its jobs
+                out.pending.reason = extra["reason"]
+            outs.append(QueueEntry(**{**out.model_dump(), **extra}))
+        return outs
 
     @app.get("/api/v1/priorities")
     def priorities(_: Who, team: Annotated[str | None, Query(max_length=200,
