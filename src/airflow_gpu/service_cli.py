@@ -1,5 +1,6 @@
 """`airflow-gpu server`, `token create` and `revoke` on the database (`--db`; the `token`
-commands are token_cli.py's), `db upgrade`, and the client commands on the API
+commands are token_cli.py's), `db upgrade` (`db check`, `db repair`: db_cli.py), and the
+client commands on the API
 (`submit`, `status`, `queue`, `cluster`, `explain`, `cancel`, `drain`, `resume`,
 `slowdown`, `teams`, `team-set`)."""
 
@@ -382,6 +383,9 @@ def add_commands(sub) -> None:
     du = dsub.add_parser("upgrade", help="create or migrate the schema (idempotent)")
     _db_arg(du)
     du.set_defaults(func=cmd_db_upgrade)
+    from .db_cli import add_db_commands
+
+    add_db_commands(dsub, _db_arg)       # db check, db repair
 
     client = argparse.ArgumentParser(add_help=False)
     service_args(client)

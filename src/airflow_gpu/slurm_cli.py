@@ -161,6 +161,8 @@ def cluster_table(c: dict) -> Table:
             state = "drained" + (f": {h['drain_reason']}" if h.get("drain_reason") else "")
         else:
             state = "ok"
+        state += "".join(f"\nquarantined {q['table']} {q.get('gpu', q.get('cpu'))}: "
+                         f"{q['reason']}" for q in h.get("quarantined", ()))
         numa = "\n".join(
             f"{n['node']}: {n['gpus_allocated']}/{len(n['gpus'])} GPU "
             f"{n['cpus_allocated']}/{n['cpus_total']} CPU "
@@ -178,7 +180,8 @@ def cluster_table(c: dict) -> Table:
                   if any(u is not None for u in util) else "-",
                   f"{sum(watts):.0f} W" if watts else "-")
     t.caption = ("GPUs and cores: allocated/total (a MIG GPU with a device held counts); "
-                 "GPU map: # held, . free, x unhealthy, M MIG GPU with every device held, "
+                 "GPU map: # held, . free, x unhealthy, q quarantined (airflow-gpu db "
+                 "check), M MIG GPU with every device held, "
                  "m MIG GPU with free devices; jobs: short id (GPUs or MIG devices held)")
     return t
 
@@ -186,6 +189,8 @@ def cluster_table(c: dict) -> Table:
 def _gpu_mark(g: dict) -> str:
     if not g["healthy"]:
         return "x"
+    if g.get("quarantined"):
+        return "q"
     if g.get("mig_mode"):
         return "M" if all(m["job"] for m in g["mig"]) else "m"
     return "#" if g["job"] else "."

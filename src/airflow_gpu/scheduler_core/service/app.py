@@ -142,6 +142,9 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
         """Readiness: a write to the database commits, and the leader's passes complete
         (503 with Retry-After and the problems when not)."""
         ok, body = health.readiness(loop, service)
+        from .quarantine import ready_detail
+
+        body["quarantined"] = ready_detail(service)   # a detail; still ready
         if ok != app.state.ready:              # logged when it changes, not every probe
             app.state.ready = ok
             if ok:

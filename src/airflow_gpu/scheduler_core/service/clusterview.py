@@ -1,8 +1,9 @@
 """What the cluster view adds for `airflow-gpu cluster` (Slurm's sinfo and scontrol show
 node, Grid Engine's qhost): GPUs, cores and memory allocated per host and per NUMA node,
 from the live allocations, and the totals; GPUs on drained or unreachable hosts, and
-unhealthy ones, are counted unavailable, never free. A GPU in MIG mode with a device held
-counts as allocated; its devices, their holders and free slices are listed with it."""
+unhealthy ones, and those a wrong hold row holds (quarantine.py), are counted
+unavailable, never free. A GPU in MIG mode with a device held counts as allocated; its
+devices, their holders and free slices are listed with it."""
 
 from __future__ import annotations
 
@@ -26,10 +27,18 @@ def add_allocation(svc, view: dict) -> dict:
     for a in allocs:
         by_host.setdefault(a.host, []).append(a)
     cluster = svc.cluster
+    from .quarantine import findings, gpus_by_host, listing
+
+    found = [f for f in findings(svc) if f.host in names]    # wrong hold rows
+    quarantined = gpus_by_host(found, cluster)
     for h in view["hosts"]:
         host = cluster.by_name.get(h["name"])
         if host is None:
             continue
+        q = quarantined.get(h["name"], {})
+        for g in h["gpus"]:
+            g["quarantined"] = q.get(g["index"])
+        h["quarantined"] = listing([f for f in found if f.host == h["name"]])
         t = host.type
         pos_of_cpu = {}
         for p, mask in enumerate(t.numa_cpus):
@@ -59,7 +68,7 @@ def add_allocation(svc, view: dict) -> dict:
         h.update(
             gpus_allocated=sum(n["gpus_allocated"] for n in numa),
             gpus_unavailable=sum(1 for g in h["gpus"] if g["job"] is None and (
-                not up or not g["healthy"])),
+                not up or not g["healthy"]) or g["quarantined"] and not g.get("mig_mode")),
             cpus_total=t.total_cpus, cpus_allocated=sum(n["cpus_allocated"] for n in numa),
             memory_total=t.total_mem,
             memory_allocated=sum(n["memory_allocated"] for n in numa), numa=numa,
@@ -72,6 +81,7 @@ def add_allocation(svc, view: dict) -> dict:
         mig_gpus_held=round(sum(h.get("mig_gpus_held", 0) for h in hosts), 4),
         gpus_free=sum(h["free_gpus"] for h in hosts),
         gpus_unavailable=sum(h.get("gpus_unavailable", 0) for h in hosts),
+        quarantined=listing(found),
         cpus_total=sum(h.get("cpus_total", 0) for h in hosts),
         cpus_allocated=sum(h.get("cpus_allocated", 0) for h in hosts),
         memory_total=sum(h.get("memory_total", 0) for h in hosts),

@@ -117,6 +117,9 @@ class _StoreCollector:
                 if value is not None:
                     family.add_metric([g.host, str(g.index)], value)
         yield from (total, healthy, allocated, jobs, reach, *per_gpu)
+        from .quarantine import findings, gauge
+
+        yield gauge(svc, findings(svc))     # GPUs wrong hold rows hold (quarantine.py)
         yield from _job_gauges(svc)
         yield from _queue_gauges(svc, hosts)
 

@@ -27,7 +27,7 @@ from ..store.models import (
     MigHoldRow,
 )
 from ..units import format_duration
-from . import passerrors
+from . import passerrors, quarantine
 from .agents import silent_hosts
 from .core import (
     ENDED,
@@ -83,6 +83,7 @@ def run_pass(svc: Service) -> list[str]:
         for name, worn in worn_gpus(s, now).items():     # scored down, not excluded
             if name in cluster.by_name:
                 state.set_degraded_gpus(name, worn)
+        quarantine.apply(svc, s, state, cluster)     # wrong hold rows: placed elsewhere
         sched = Scheduler(state, policy, svc.reg, now=t_now,
                           timemodel=svc.slowdown.update(s, policy, cluster))
         specs: dict[str, tuple] = {}    # the live and pending jobs' parsed specs
