@@ -94,6 +94,9 @@ def check_token_args(args: argparse.Namespace) -> None:
                          "(repeat it, or a glob pattern such as --host 'dgx-*')")
     if args.host and not args.agent:
         raise InputError("--host: only agent tokens are for hosts; add --agent")
+    if getattr(args, "allow_new_hosts", None) and not args.agent:
+        raise InputError("--allow-new-hosts: only agent tokens register hosts; add --agent "
+                         "and --host")
     if not args.agent and not args.team:
         raise InputError("--team: a team or admin token needs a team (--team T)")
     _check_team(args.team)
@@ -110,7 +113,8 @@ def cmd_token_create(args: argparse.Namespace) -> int:
             upgrade(engine)
             token = create_token(sessions(engine), args.team, args.admin,
                                  args.host if args.agent else None,
-                                 expires_at=getattr(args, "expires_at", None))  # --expires
+                                 expires_at=getattr(args, "expires_at", None),  # --expires
+                                 new_hosts=getattr(args, "allow_new_hosts", None))
     finally:
         engine.dispose()
     print(token)

@@ -68,7 +68,8 @@ def token_create(db_create: Callable[[argparse.Namespace], int]):
         seconds, at = expiry
         with _client(args) as c:
             made = c.create_token(args.team, _role(args), args.host if args.agent else None,
-                                  seconds, at.isoformat() if at else None)
+                                  seconds, at.isoformat() if at else None,
+                                  args.allow_new_hosts)
         print(json.dumps(made, indent=2) if args.json else made["token"])
         return 0
     return run
@@ -174,7 +175,10 @@ def _tokens_table(tokens: list[dict]) -> Table:
         exp = _when(x.get("expires_at"))
         if x.get("expired"):
             exp += " (expired)"
-        t.add_row(str(x["id"]), x["team"], x["role"], ", ".join(x.get("hosts") or []) or "-",
+        hosts = ", ".join(x.get("hosts") or []) or "-"
+        if x.get("allow_new_hosts"):
+            hosts += f" (may add {', '.join(x['allow_new_hosts'])})"
+        t.add_row(str(x["id"]), x["team"], x["role"], hosts,
                   _when(x.get("created_at")), exp if x.get("expires_at") else "never",
                   x.get("hint") or "-")
     return t
@@ -224,6 +228,11 @@ def add_token_commands(sub, client: argparse.ArgumentParser,
     tc.add_argument("--host", action="append", metavar="NAME",
                     help="with --agent: a host the token is for, or a glob pattern "
                     "('dgx-*'); repeat for several")
+    tc.add_argument("--allow-new-hosts", action="append", metavar="PATTERN",
+                    help="with --agent: let it add hosts the cluster file does not list, "
+                    "those of its --host hosts whose names match PATTERN ('dgx-9*'); "
+                    "repeat for several; without it the token registers only the cluster "
+                    "file's hosts")
     tc.add_argument("--expires", metavar="WHEN", help="refused after this long (30d, 12h) "
                     "or from this time on (2027-01-31, ISO 8601, UTC unless it says); "
                     "default never")

@@ -239,8 +239,9 @@ def test_a_cluster_of_agents_only(db_url):
 
 def test_a_busy_host_keeps_its_model_until_it_is_empty(api):
     """A host with live allocations cannot become another model (its jobs were placed on
-    H100s and their NICs); the change applies once the host is empty. A re-registration
-    that changes nothing the jobs depend on (here the Docker URL) is accepted."""
+    H100s and their NICs), nor change where they were launched (the Docker URL); the
+    changes apply once the host is empty. A re-registration that changes nothing the jobs
+    depend on is accepted."""
     assert register(api, "n1", model="dgx-h100").status_code == 200
     a = submit(api, "h100", 8, model="H100", job_class="pytorch")
     start(api, a)
@@ -262,17 +263,20 @@ def test_a_busy_host_keeps_its_model_until_it_is_empty(api):
     assert host["model"] == "dgx-h100"
     assert {g["name"] for g in host["gpus"]} == {"NVIDIA H100 80GB HBM3"}
     assert all(g["job"] == a["id"] for g in host["gpus"])
-    # the same model from an agent with a new Docker URL: nothing its jobs use changes
+    # the same model at a new Docker URL: its jobs were launched at the old one
     r = register(api, "n1", model="dgx-h100", docker_url="tcp://n1:2376")
+    assert r.status_code == 409, r.text
+    assert "docker_url: none -> tcp://n1:2376" in r.json()["detail"]
+    r = register(api, "n1", model="dgx-h100")          # nothing its jobs use changes
     assert r.status_code == 200, r.text
-    assert r.json()["docker_url"] == "tcp://n1:2376" and r.json()["model"] == "dgx-h100"
+    assert r.json()["docker_url"] is None and r.json()["model"] == "dgx-h100"
     assert job(api, a["id"])["replicas"] == placed
     r = api.post(f"/api/v1/jobs/{a['id']}/finish", json={"outcome": "succeeded"},
                  headers=auth(api, "vision"))
     assert r.status_code == 200
-    r = register(api, "n1", model="dgx-1v")            # empty now: no drain needed
+    r = register(api, "n1", model="dgx-1v", docker_url="tcp://n1:2376")  # empty now
     assert r.status_code == 200, r.text
-    assert r.json()["model"] == "dgx-1v"
+    assert r.json()["model"] == "dgx-1v" and r.json()["docker_url"] == "tcp://n1:2376"
     assert {g["name"] for g in r.json()["gpus"]} == {"Tesla V100-SXM2-16GB"}
 
 

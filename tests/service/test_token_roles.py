@@ -79,6 +79,9 @@ def test_an_agent_token_with_a_pattern_or_several_hosts(api):
     assert register(api, "other-1", pattern).status_code == 403
     two = agent_token(api, "dgx-2", "n7")
     assert report(api, "dgx-2", two).status_code == 200
+    assert register(api, "n7", two).status_code == 403      # not in the cluster file
+    two = auth.create_token(api.service.sessions, None, hosts=["dgx-2", "n7"],
+                            new_hosts=["n7"])
     assert register(api, "n7", two).status_code == 200
     assert report(api, "dgx-1", two).status_code == 403
 
@@ -184,7 +187,7 @@ def test_the_token_cli_creates_agent_tokens_and_revokes(api, capsys):
 
     db = api.service.settings.db_url
     assert main(["token", "create", "--agent", "--host", "dgx-1", "--host", "n*",
-                 "--db", db]) == 0
+                 "--allow-new-hosts", "n*", "--db", db]) == 0
     token = capsys.readouterr().out.strip()
     assert register(api, "dgx-1", token).status_code == 200
     assert register(api, "n3", token).status_code == 200

@@ -173,10 +173,12 @@ class Client:
 
     def create_token(self, team: str | None, role: str = "team",
                      hosts: list[str] | None = None, expires_in: str | int | None = None,
-                     expires_at: str | None = None) -> dict:
+                     expires_at: str | None = None,
+                     allow_new_hosts: list[str] | None = None) -> dict:
         """A new token (admins); the answer's `token` is its secret, shown this once."""
         body = {k: v for k, v in (("team", team), ("role", role), ("hosts", hosts),
-                                  ("expires_in", expires_in), ("expires_at", expires_at))
+                                  ("expires_in", expires_in), ("expires_at", expires_at),
+                                  ("allow_new_hosts", allow_new_hosts))
                 if v is not None}
         return self.request("POST", "/api/v1/tokens", json=body)
 

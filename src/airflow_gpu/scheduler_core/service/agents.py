@@ -4,6 +4,12 @@ it schedules on is the cluster file's hosts plus the registered ones. A register
 replaces a file host's declared one (what NVML reports wins); the file keeps the last
 word on rack, switch and labels.
 
+An agent token registers only the cluster file's hosts and hosts already registered,
+unless an admin let it add new ones (`--allow-new-hosts`): a name it may merely serve
+("dgx-*") does not put a host into the cluster. Admin tokens register any host. While
+jobs run on a host, neither its model nor its launch addresses (docker_url, address) may
+change (409, with an event); on an idle host they may, and an event says so.
+
 A host whose agent has reported once and then stays silent longer than `host_timeout`
 is unreachable: it gets no new work until it reports again. Hosts that never had an
 agent are never unreachable."""
@@ -26,7 +32,7 @@ from ..engine.migconfig import declared_layouts
 from ..engine.state import ClusterState
 from ..engine.topology import Topology
 from ..errors import InputError
-from ..store.models import AllocationRow, GpuRow, HostRow
+from ..store.models import AllocationRow, EventRow, GpuRow, HostRow
 
 log = logging.getLogger(__name__)
 
@@ -132,18 +138,32 @@ def _current(svc, name: str, row: HostRow | None) -> HostType | None:
     return h.type if h else None
 
 
+def _launch(svc, name: str, row: HostRow | None, reg: dict | None = None) -> dict:
+    """The launch addresses host `name` is scheduled with, or would be with registration
+    `reg` ({}: none): the cluster file's where it gives one, else the agent's (compose)."""
+    from .hostdiff import LAUNCH
+
+    fh = svc.settings.cluster.by_name.get(name)
+    regd = row is not None and row.topology_hash is not None
+    return {k: (fh and getattr(fh, k)) or (reg.get(k) if reg is not None
+                                          else getattr(row, k) if regd else None)
+            for k in LAUNCH}
+
+
 def _busy_change(svc, name: str, row: HostRow | None, t: HostType,
-                 live: list[AllocationRow], forgetting: bool = False) -> str | None:
+                 live: list[AllocationRow], forgetting: bool = False,
+                 moved: list[str] | tuple = ()) -> str | None:
     """Why registering `t` for a host with live allocations is refused, if it is: its
-    jobs were placed on the current model's GPUs, NUMA nodes and NICs, so none of these
-    may change under them (nor may the new model lack what they hold). With `forgetting`,
-    `t` is the cluster file's model that removing the registration would bring back."""
+    jobs were placed on the current model's GPUs, NUMA nodes and NICs and launched at its
+    addresses (`moved`: how these would change), so none of these may change under them
+    (nor may the new model lack what they hold). With `forgetting`, `t` is the cluster
+    file's model that removing the registration would bring back."""
     if not live:
         return None
     from .hostdiff import changes
 
     current = _current(svc, name, row)
-    diff = changes(current, t) if current is not None else []
+    diff = (changes(current, t) if current is not None else []) + list(moved)
     misfit = _misfit(t, live)
     if not diff and not misfit:
         return None
@@ -177,9 +197,40 @@ def _sync_gpus(s: Session, name: str, t: HostType) -> None:
     s.execute(delete(GpuRow).where(GpuRow.host == name, GpuRow.index >= t.n_gpus))
 
 
-def register(svc, name: str, topo: Topology, reg: dict, now: datetime) -> None:
+def _refuse_new(name: str, who) -> None:
+    """403 unless `who` (an agent token's principal) may add host `name` to the cluster."""
+    from .auth import AgentPrincipal
+    from .core import Forbidden
+
+    if not isinstance(who, AgentPrincipal) or who.may_add(name):
+        return
+    token = f"agent token {who.token_id} (hosts {who.describe()}" + (
+        f", may add {', '.join(who.new_hosts)})" if who.new_hosts else ")")
+    raise Forbidden(
+        f"host {name} is not in the cluster file and was never registered, and {token} "
+        f"may register only the cluster file's hosts: add {name} to the cluster file (and "
+        f"restart the service), or have an admin create the agent's token with "
+        f"--allow-new-hosts (airflow-gpu token create --agent --host {name} "
+        f"--allow-new-hosts {name})")
+
+
+def _refused(svc, name: str, problem: str) -> None:
+    """Log a refused registration, and record it as the host's event unless its last
+    event says the same already (a refused agent retries every interval)."""
+    log.warning("%s", problem)
+    message = f"registration refused: {problem}"
+    with svc.sessions.begin() as s:
+        last = s.scalars(select(EventRow.message).where(EventRow.host == name)
+                         .order_by(EventRow.id.desc()).limit(1)).first()
+        if last != message:
+            svc._event(s, "host", message, host=name)
+
+
+def register(svc, name: str, topo: Topology, reg: dict, now: datetime,
+             who=None) -> None:
     """Store the agent's model of host `name` (and its rack, switch... for hosts the
-    cluster file does not list)."""
+    cluster file does not list); `who`: the token's principal (an agent's adds hosts only
+    as it was allowed to)."""
     from .core import Conflict
 
     if len(topo.gpus) > MAX_GPUS:
@@ -190,16 +241,32 @@ def register(svc, name: str, topo: Topology, reg: dict, now: datetime) -> None:
     except (ValueError, KeyError, IndexError, OverflowError) as exc:
         raise InputError(f"topology: the model cannot be compiled ({exc}); check "
                          "host.numa_nodes, gpus and pcie_switches") from None
-    doc = topo.document()
     in_file = name in svc.settings.cluster.by_name
+    try:
+        _store(svc, name, topo, t, reg, now, who, in_file)
+    except Conflict as exc:          # recorded apart: the registration's own is undone
+        _refused(svc, name, str(exc))
+        raise
+
+
+def _store(svc, name: str, topo: Topology, t: HostType, reg: dict, now: datetime, who,
+           in_file: bool) -> None:
+    from .core import Conflict
+    from .hostdiff import launch_changes
+
+    doc = topo.document()
     with svc.sessions.begin() as s:
         live = list(s.scalars(select(AllocationRow).where(
             AllocationRow.host == name, AllocationRow.live.is_(True))))
         row = s.get(HostRow, name)
-        problem = _busy_change(svc, name, row, t, live)
+        if not in_file and (row is None or row.registered_at is None):
+            _refuse_new(name, who)
+        was = _launch(svc, name, row)
+        moved = launch_changes(was, _launch(svc, name, row, reg))
+        problem = _busy_change(svc, name, row, t, live, moved=moved)
         if problem:
-            log.warning("%s", problem)
             raise Conflict(problem)
+        known = in_file or (row is not None and row.topology_hash is not None)
         if row is None:
             row = HostRow(name=name, drained=False, rack="default", switch="default",
                           labels={})
@@ -214,13 +281,17 @@ def register(svc, name: str, topo: Topology, reg: dict, now: datetime) -> None:
         _sync_gpus(s, name, t)
         svc._event(s, "host", f"host {name} registered by its node agent: {t.describe()}"
                    + ("" if in_file else f", rack {row.rack}, switch {row.switch}"), host=name)
+        if moved and known:
+            svc._event(s, "host", f"host {name}: its launch addresses changed (no jobs ran "
+                       "there): " + "; ".join(moved), host=name)
 
 
 def forget(svc, name: str) -> None:
     """Drop the agent's registration: a file host goes back to its declared model (and is
     never unreachable), a host only the agent knew leaves the cluster. Refused (409) while
     jobs run there, unless the host is in the cluster file and its declared model is the
-    registered one in all the jobs were placed on (the rule registrations follow)."""
+    registered one in all the jobs were placed on, at the same launch addresses (the rule
+    registrations follow)."""
     from .core import Conflict, NotFound
 
     in_file = name in svc.settings.cluster.by_name
@@ -238,8 +309,11 @@ def forget(svc, name: str) -> None:
                            f"run{'' if len(jobs) > 1 else 's'} there; drain the host "
                            f"(airflow-gpu drain {name}), let its jobs end, then remove it")
         if in_file:
+            from .hostdiff import launch_changes
+
+            moved = launch_changes(_launch(svc, name, row), _launch(svc, name, row, {}))
             problem = _busy_change(svc, name, row, svc.settings.cluster.by_name[name].type,
-                                   live, forgetting=True)
+                                   live, forgetting=True, moved=moved)
             if problem:
                 log.warning("%s", problem)
                 raise Conflict(problem)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -335,7 +336,8 @@ def _host_agent(name: str, p: Annotated[Principal, Depends(_who)]) -> Principal:
             raise _Http(403, f"this agent token (role agent) is for hosts {p.describe()}, "
                         f"not {name}: use the agent token of {name} (airflow-gpu token "
                         f"create --agent --host {name})")
-        return Principal(p.team, admin=True)     # for this host's register and report
+        # for this host's register and report; still an agent's (agents.register)
+        return replace(p, admin=True)
     return p
 
 

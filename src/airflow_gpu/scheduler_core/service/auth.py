@@ -59,15 +59,22 @@ def _iso(at: datetime) -> str:
 @dataclass(frozen=True)
 class AgentPrincipal(Principal):
     """A node agent's token: it may register and report the hosts that match `hosts`
-    (names or fnmatch patterns, case-sensitive) and nothing else."""
+    (names or fnmatch patterns, case-sensitive) and nothing else. Of these, it registers
+    hosts the cluster file does not list (nor any registration) only where they also match
+    `new_hosts`, which an admin gives it (--allow-new-hosts)."""
 
     hosts: tuple[str, ...] = ()
+    new_hosts: tuple[str, ...] = ()
+    token_id: int | None = None
 
     def may_act_for(self, team: str) -> bool:
         return False
 
     def serves(self, host: str) -> bool:
         return any(fnmatchcase(host, pattern) for pattern in self.hosts)
+
+    def may_add(self, host: str) -> bool:
+        return self.serves(host) and any(fnmatchcase(host, p) for p in self.new_hosts)
 
     def describe(self) -> str:
         return ", ".join(self.hosts)
@@ -79,16 +86,20 @@ def _hash(token: str) -> str:
 
 def create_token(sessions: sessionmaker[Session], team: str | None, admin: bool = False,
                  hosts: list[str] | tuple[str, ...] | None = None,
-                 expires_at: datetime | None = None) -> str:
+                 expires_at: datetime | None = None,
+                 new_hosts: list[str] | tuple[str, ...] | None = None) -> str:
     """A new token: a team's, an admin's (`admin`), or a node agent's (`hosts`: the host
-    names or patterns it may register and report); refused from `expires_at` on."""
-    return issue_token(sessions, team, admin, hosts, expires_at)[0]
+    names or patterns it may register and report; `new_hosts`: the names or patterns of
+    those it may add to the cluster); refused from `expires_at` on."""
+    return issue_token(sessions, team, admin, hosts, expires_at, new_hosts)[0]
 
 
 def issue_token(sessions: sessionmaker[Session], team: str | None, admin: bool = False,
                 hosts: list[str] | tuple[str, ...] | None = None,
-                expires_at: datetime | None = None) -> tuple[str, TokenRow]:
+                expires_at: datetime | None = None,
+                new_hosts: list[str] | tuple[str, ...] | None = None) -> tuple[str, TokenRow]:
     """create_token, with the stored row (never holding the secret) besides the token."""
+    new_hosts = _new_hosts(new_hosts, hosts)
     if hosts is not None:
         if admin:
             raise InputError("--agent: an agent token cannot be an admin token too")
@@ -115,13 +126,28 @@ def issue_token(sessions: sessionmaker[Session], team: str | None, admin: bool =
                              "a time to come, or a duration such as 30d")
     token = PREFIX + secrets.token_urlsafe(32)
     row = TokenRow(token_hash=_hash(token), team=team, admin=admin, role=role,
-                   hosts=hosts, created_at=now, expires_at=expires_at,
-                   hint=token[-HINT:])
+                   hosts=hosts, allow_new_hosts=new_hosts, created_at=now,
+                   expires_at=expires_at, hint=token[-HINT:])
     with sessions.begin() as s:
         s.add(row)
         s.flush()
         s.expunge(row)
     return token, row
+
+
+def _new_hosts(patterns, hosts) -> list[str] | None:
+    """--allow-new-hosts, checked: agent tokens only, names or glob patterns."""
+    if not patterns:
+        return None
+    if hosts is None:
+        raise InputError("--allow-new-hosts: only agent tokens register hosts; add --agent "
+                         "and --host, or leave --allow-new-hosts out")
+    patterns = list(dict.fromkeys(patterns))
+    for p in patterns:
+        if len(p) > 200 or not HOST_PATTERN.match(p):
+            raise InputError(f"--allow-new-hosts: {p!r} is not a host name or glob pattern "
+                             "(letters, digits, '_', '.', '-', and *, ?, [...])")
+    return patterns
 
 
 def check_team(team: str) -> str:
@@ -148,6 +174,7 @@ def token_view(row: TokenRow, now: datetime | None = None) -> dict:
     role = row.role or ("admin" if row.admin else "team")
     return {"id": row.id, "team": row.team, "role": role,
             "hosts": list(row.hosts or []) if role == "agent" else None,
+            "allow_new_hosts": list(row.allow_new_hosts or []) if role == "agent" else None,
             "created_at": _aware(row.created_at), "expires_at": _aware(row.expires_at),
             "expired": row.expires_at is not None and _ts(row.expires_at) <= _ts(now),
             "hint": f"{PREFIX}...{row.hint}" if row.hint else None}
@@ -202,7 +229,8 @@ CACHE_SECONDS = 1.0     # the bound on how long a revoked token keeps working (d
 
 def _principal(row: TokenRow) -> Principal:
     if row.role == "agent":
-        return AgentPrincipal(row.team, False, tuple(row.hosts or ()))
+        return AgentPrincipal(row.team, False, tuple(row.hosts or ()),
+                              tuple(row.allow_new_hosts or ()), row.id)
     return Principal(row.team, row.admin)
 
 

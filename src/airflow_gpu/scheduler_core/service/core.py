@@ -258,7 +258,7 @@ class Service:
         if not who.admin:
             raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
                             f"{name}) or an admin token registers hosts")
-        register(self, name, topology, reg, utcnow())
+        register(self, name, topology, reg, utcnow(), who)
         self.refresh_cluster(force=True)
         self.wake.set()
         return self.host_view(name)

@@ -1,7 +1,8 @@
 """What differs between two models of one host, in the terms its jobs were placed in: GPU
 names and memory, MIG layouts, NUMA nodes (ids, CPUs, memory) and NICs (names, which
-GPUs they serve). A host with live allocations keeps the model it is scheduled with while
-any of these would change (agents.py)."""
+GPUs they serve), and the addresses its jobs are launched and reached through. A host with
+live allocations keeps the model and addresses it is scheduled with while any of these
+would change (agents.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ def changes(old: HostType, new: HostType) -> list[str]:
     else:
         out += _per_gpu("NICs of GPU", old.gpu_nics, new.gpu_nics, _names)
     return out
+
+
+LAUNCH = ("docker_url", "address")      # where a host's jobs are launched and reached
+
+
+def launch_changes(old: dict, new: dict) -> list[str]:
+    """Readable differences of two hosts' launch addresses (LAUNCH); [] if none."""
+    return [f"{k}: {old.get(k) or 'none'} -> {new.get(k) or 'none'}" for k in LAUNCH
+            if (old.get(k) or None) != (new.get(k) or None)]
 
 
 def _per_gpu(what: str, old: list, new: list, show) -> list[str]:

@@ -38,6 +38,11 @@ class TokenCreate(_In):
     hosts: list[Annotated[str, Field(max_length=200, pattern=HOST_PATTERN.pattern)]] | None \
         = Field(None, min_length=1, max_length=1000, description="agent tokens: the host "
                 "names or glob patterns ('dgx-*') it serves")
+    allow_new_hosts: list[Annotated[str, Field(max_length=200,
+                                               pattern=HOST_PATTERN.pattern)]] | None \
+        = Field(None, min_length=1, max_length=1000, description="agent tokens: the host "
+                "names or glob patterns of its `hosts` that it may add to the cluster; "
+                "without it, it registers only hosts the cluster file lists")
     expires_in: Duration | None = Field(None, gt=0, description="refused after this long "
                                         "(30d, 12h, seconds); default never")
     expires_at: datetime | None = Field(None, description="refused from then on (ISO 8601; "
@@ -60,6 +65,9 @@ class TokenCreate(_In):
         if (self.role == "agent") != (self.hosts is not None):
             raise ValueError("hosts: agent tokens (role agent) name their hosts, and only "
                              "they")
+        if self.allow_new_hosts is not None and self.role != "agent":
+            raise ValueError("allow_new_hosts: only agent tokens (role agent) register "
+                             "hosts; give role agent and hosts, or leave it out")
         if self.role != "agent" and not self.team:
             raise ValueError(f"team: a {self.role} token needs a team")
         return self
@@ -70,6 +78,8 @@ class TokenOut(BaseModel):
     team: str
     role: str
     hosts: list[str] | None = None
+    allow_new_hosts: list[str] | None = Field(None, description="agent tokens: the hosts "
+                                              "outside the cluster file it may add")
     created_at: datetime
     expires_at: datetime | None = None
     expired: bool = False
@@ -104,7 +114,8 @@ def create(service: Service, p: Principal, body: TokenCreate) -> dict:
         raise InputError(f"expires_at: {at.isoformat()} is over 100 years away; give a "
                          "nearer time, or none (the token never expires)")
     token, row = issue_token(service.sessions, body.team, body.role == "admin",
-                             body.hosts if body.role == "agent" else None, at)
+                             body.hosts if body.role == "agent" else None, at,
+                             body.allow_new_hosts)
     return {**token_view(row), "token": token}
 
 

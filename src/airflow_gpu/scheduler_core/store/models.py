@@ -251,6 +251,8 @@ class TokenRow(Base):
     # "team", "admin" or "agent" (None: made before roles; then `admin` says which)
     role: Mapped[str | None] = mapped_column(String(16))
     hosts: Mapped[list[Any] | None]     # an agent token's host names or glob patterns
+    # of these, the ones it may add to the cluster (None: only the cluster file's hosts)
+    allow_new_hosts: Mapped[list[Any] | None]
     # refused from then on (None: never); the secret's last characters, which lists show
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     hint: Mapped[str | None] = mapped_column(String(16))
