@@ -23,6 +23,7 @@ from airflow_gpu.scheduler_core.store.models import (
     CpuHoldRow,
     EventRow,
     GpuHoldRow,
+    MigHoldRow,
 )
 from airflow_gpu.slurm_cli import cluster_table
 from tests.helpers import REPO
@@ -198,3 +199,43 @@ def test_check_against_the_cluster_finds_indexes_the_host_lacks(api, db_url, tmp
         "has 8 GPUs (0-7); fix: delete it: airflow-gpu db repair"]
     assert cli("db", "repair", "--db", db_url, "--cluster", str(cluster)).returncode == 0
     assert cli("db", "check", "--db", db_url, "--cluster", str(cluster)).returncode == 0
+
+
+MIG_HOSTS = ({"name": "dgx-m", "model": "dgx-a100", "rack": "r1", "switch": "s1",
+              "mig": [{"gpus": [0], "layout": ["3g.20gb", "3g.20gb"]}]},)
+
+
+def mig_job(api, name: str) -> str:
+    r = api.post("/api/v1/jobs", headers=auth(api), json={"spec": {
+        "name": name, "expected_runtime": "1h",
+        "roles": [{"name": "w", "cpus": 1, "gpu": {"mig": "3g.20gb"}}]}})
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def test_an_orphan_mig_hold_quarantines_that_device_only(db_url):
+    for api in serve(db_url, hosts=MIG_HOSTS):
+        first = mig_job(api, "first")
+        api.tick()
+        with Session(api.service.engine) as s:
+            device = s.scalars(select(AllocationRow).where(
+                AllocationRow.job_id == first)).one().mig[0]["index"]
+        api.delete(f"/api/v1/jobs/{first}", headers=auth(api))
+        with Session(api.service.engine) as s, s.begin():
+            s.add(MigHoldRow(host="dgx-m", gpu=0, device=device, job_id=first))
+        second, third = mig_job(api, "second"), mig_job(api, "third")
+        api.tick()
+        assert job(api, second)["state"] == "admitted"       # on the other device
+        assert job(api, third)["state"] == "pending"         # the quarantined one is not
+        view = api.get("/api/v1/cluster", headers=auth(api)).json()
+        gpu0 = view["hosts"][0]["gpus"][0]
+        assert "airflow-gpu db repair" in gpu0["quarantined"]
+        assert view["quarantined"][0]["device"] == device
+        assert 'airflow_gpu_gpus_quarantined{host="dgx-m"} 1.0' in api.get("/metrics").text
+        check = cli("db", "check", "--db", db_url)
+        assert check.returncode == 1
+        assert check.stdout.startswith(f"mig_holds host=dgx-m gpu=0 device={device} "
+                                       f"job={first}: its job {first} is cancelled")
+        assert cli("db", "repair", "--db", db_url).returncode == 0
+        api.tick()
+        assert job(api, third)["state"] == "admitted"
