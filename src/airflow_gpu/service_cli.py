@@ -70,9 +70,27 @@ def cmd_server(args: argparse.Namespace) -> int:
     if args.workers > 1 and args.db.startswith("sqlite"):
         raise InputError(f"--workers: {args.workers} processes cannot share a SQLite "
                          "database; use PostgreSQL (--db postgresql+psycopg://...) or 1")
+    from .scheduler_core.service.probes import ENV, protect_mode
     from .scheduler_core.store.db import open_database
 
-    open_database(args.db, create=args.create).dispose()   # reachable, or one line here
+    # each worker process reads it (service/app.py); a bad value fails here, in one line
+    os.environ[ENV] = (protect_mode(args.protect_metrics) if args.protect_metrics is not None
+                       else protect_mode(os.environ.get(ENV), ENV))
+    if args.db_pool_timeout is not None:
+        from .scheduler_core.store.db import POOL_TIMEOUT_ENV, pool_timeout_from
+
+        os.environ[POOL_TIMEOUT_ENV] = str(pool_timeout_from(args.db_pool_timeout))
+    from .scheduler_core.service.app import _log_to_stderr
+    from .scheduler_core.store.budget import at_start
+    from .scheduler_core.store.db import database_errors
+
+    _log_to_stderr(args.log_level)          # the budget's line, as the workers log
+    engine = open_database(args.db, create=args.create)   # reachable, or one line here
+    try:
+        with database_errors(args.db):      # PostgreSQL: the pool from max_connections
+            at_start(engine, args.replicas, args.workers)
+    finally:
+        engine.dispose()
     # Each worker process builds its own app from these (uvicorn needs an import string
     # to start several); with PostgreSQL one of them schedules, all serve the API.
     os.environ.update({
@@ -367,15 +385,28 @@ def add_commands(sub) -> None:
                    "deployments in different schemas of one database each schedule); "
                    "/healthz shows it and who holds the lock")
     s.add_argument("--db-pool-size", help="PostgreSQL: connections each API process pools, "
-                   "at most (default $AIRFLOW_GPU_DB_POOL_SIZE, else 41: the API's 40 "
-                   "threads and the scheduling loop); a replica uses this plus one per "
-                   "process for the scheduler lock, times --workers (docs/service.md, "
-                   "Connection budget)")
+                   "at most (default $AIRFLOW_GPU_DB_POOL_SIZE, else sized at start-up: "
+                   "half of the server's max_connections less its reserved ones, split "
+                   "among --replicas x --workers, one per process kept for the scheduler "
+                   "lock, at most 41); a replica uses this plus one per process for the "
+                   "scheduler lock, times --workers (docs/service.md, Connection budget)")
+    s.add_argument("--replicas", help="PostgreSQL: how many servers (replicas) share the "
+                   "database, for the connection budget (default $AIRFLOW_GPU_REPLICAS, "
+                   "else 3)")
+    s.add_argument("--db-pool-timeout", metavar="SECONDS",
+                   help="PostgreSQL: how long a request waits for a pooled connection "
+                   "before it answers 503 with Retry-After (default "
+                   "$AIRFLOW_GPU_DB_POOL_TIMEOUT, else 30)")
     s.add_argument("--leader-lease", type=float, metavar="SECONDS",
                    help="PostgreSQL: how long the scheduling leader's lease lasts unrenewed: "
                    "a frozen leader is replaced after it, and a pass may take at most that "
                    "long (default $AIRFLOW_GPU_LEADER_LEASE, else 3 scheduling rounds, at "
                    "least 5 s; docs/service.md, Leadership)")
+    s.add_argument("--protect-metrics", metavar="none|token|admin",
+                   help="who may read /metrics and /healthz, which name teams, jobs and "
+                   "database backends: none (anyone), token (any valid bearer token) or "
+                   "admin (an admin token); /livez and /readyz stay open (default "
+                   "$AIRFLOW_GPU_PROTECT_METRICS, else none)")
     s.add_argument("--log-level", default="info",
                    choices=("critical", "error", "warning", "info", "debug", "trace"),
                    help="what the server logs on stderr (default info: who schedules, who "

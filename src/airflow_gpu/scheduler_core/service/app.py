@@ -19,7 +19,8 @@ from sqlalchemy.exc import DataError, DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ..errors import InputError
-from . import acct, health
+from ..store.budget import fit_threads
+from . import acct, health, probes
 from .auth import AgentPrincipal, TokenExpired, principal_for
 from .bodies import MAX_BODY, BodyLimit, DecodedOffLoop, invalid, safe
 from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service, utcnow
@@ -66,7 +67,8 @@ def app_from_env() -> FastAPI:
                         float(env.get("AIRFLOW_GPU_INTERVAL", 2)),
                         host_timeout=float(env.get("AIRFLOW_GPU_HOST_TIMEOUT") or 60),
                         deployment=env.get("AIRFLOW_GPU_DEPLOYMENT") or None)
-    return create_app(Service(settings))
+    protect = probes.protect_mode(env.get(probes.ENV), probes.ENV)
+    return create_app(Service(settings), protect=protect)
 
 
 def _log_to_stderr(level: str) -> None:
@@ -85,12 +87,14 @@ def _log_to_stderr(level: str) -> None:
     logger.setLevel("DEBUG" if level == "TRACE" else level)    # uvicorn's "trace" too
 
 
-def create_app(service: Service, run_loop: bool = True) -> FastAPI:
+def create_app(service: Service, run_loop: bool = True, protect: str = "none") -> FastAPI:
+    """The API on `service`; `protect`: who may read /metrics and /healthz (probes.py)."""
     metrics = Metrics(service)
     loop = SchedulerLoop(service, metrics)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        fit_threads(service.engine)           # a connection always free for the pass
         if run_loop:
             loop.start()
         yield
@@ -103,6 +107,7 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
                   lifespan=lifespan)
     app.state.service, app.state.loop, app.state.metrics = service, loop, metrics
     app.state.parsers = None
+    app.state.protect = probes.protect_mode(protect, "protect")
     app.router.route_class = DecodedOffLoop      # JSON bodies decode in worker threads
     app.add_middleware(BodyLimit, limit=MAX_BODY)
     app.add_exception_handler(RequestValidationError, invalid)
@@ -125,7 +130,7 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
         {"detail": e.detail}, status_code=e.status,
         headers={"WWW-Authenticate": "Bearer"} if e.status == 401 else None))
 
-    @app.get("/healthz")
+    @app.get("/healthz", dependencies=[Depends(_probe_reader)])
     def healthz() -> dict:
         """Who schedules, when the last pass completed, and why passes fail if they do."""
         return health.report(loop)
@@ -139,9 +144,10 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
     app.state.ready = True
 
     @app.get("/readyz")
-    def readyz() -> JSONResponse:
+    def readyz(request: Request, cred: Bearer) -> JSONResponse:
         """Readiness: a write to the database commits, and the leader's passes complete
-        (503 with Retry-After and the problems when not)."""
+        (503 with Retry-After and the problems when not; the problems only to callers
+        that may read /healthz). Open to anyone: orchestrators' probes send no token."""
         ok, body = health.readiness(loop, service)
         from .quarantine import ready_detail
 
@@ -152,10 +158,12 @@ def create_app(service: Service, run_loop: bool = True) -> FastAPI:
                 health.log.info("ready again")
             else:
                 health.log.warning("not ready: %s", "; ".join(body["problems"]))
-        return JSONResponse(body, status_code=200 if ok else 503,
+        shown = probes.ready_body(body, probes.check(request, cred) is None)
+        return JSONResponse(shown, status_code=200 if ok else 503,
                             headers=None if ok else {"Retry-After": str(health.RETRY_AFTER)})
 
-    @app.get("/metrics", response_class=PlainTextResponse)
+    @app.get("/metrics", response_class=PlainTextResponse,
+             dependencies=[Depends(_probe_reader)])
     def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
@@ -315,6 +323,16 @@ def _who(request: Request,
         raise _Http(401, "unknown token (or revoked): create one with airflow-gpu token "
                     "create")
     return p
+
+
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def _probe_reader(request: Request, cred: Bearer) -> None:
+    """/metrics and /healthz: a token (or an admin's) when --protect-metrics asks."""
+    refused = probes.check(request, cred)
+    if refused:
+        raise _Http(*refused)
 
 
 def _not_agent(p: Annotated[Principal, Depends(_who)]) -> Principal:

@@ -24,6 +24,9 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 API_THREADS = 40
 POOL_SIZE = API_THREADS + 1
 POOL_SIZE_ENV = "AIRFLOW_GPU_DB_POOL_SIZE"
+# How long a request waits for a pooled connection before it answers 503 (Retry-After).
+POOL_TIMEOUT = 30.0
+POOL_TIMEOUT_ENV = "AIRFLOW_GPU_DB_POOL_TIMEOUT"
 
 # SQLite errors after which a connection is thrown away rather than pooled again: one
 # opened while the file or its folder was read-only stays read-only for good, and one that
@@ -48,13 +51,30 @@ def pool_size_from(value: str | int | None, what: str = "--db-pool-size") -> int
     return n
 
 
+def pool_timeout_from(value: str | float | None,
+                      what: str = "--db-pool-timeout") -> float | None:
+    """Seconds to wait for a pooled connection (0.1 to 600); None when unset."""
+    if value is None or value == "":
+        return None
+    try:
+        t = float(value)
+    except ValueError:
+        raise InputError(f"{what}: {value!r} is not a number of seconds") from None
+    if not 0.1 <= t <= 600:
+        raise InputError(f"{what}: {t:g} is out of bounds; use 0.1 to 600 seconds (default "
+                         f"{POOL_TIMEOUT:g})")
+    return t
+
+
 def make_engine(url: str, writes: bool = True, pool_size: int | None = None) -> Engine:
     """An engine for `url` (sqlite:///FILE or postgresql+psycopg://...).
 
     On SQLite, `writes` engines begin every transaction with the write lock; `writes=False`
     gives an engine for reads only, which WAL lets run beside a writer. On PostgreSQL the
     pool holds at most `pool_size` connections (else $AIRFLOW_GPU_DB_POOL_SIZE, else
-    POOL_SIZE), never more."""
+    POOL_SIZE), never more; a thread waits for one at most $AIRFLOW_GPU_DB_POOL_TIMEOUT
+    (else POOL_TIMEOUT) seconds. `airflow-gpu server` sizes the pool from the database
+    server's max_connections at start-up (budget.py)."""
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite":
         engine = _create(url, connect_args={"timeout": 30})
@@ -90,7 +110,10 @@ def make_engine(url: str, writes: bool = True, pool_size: int | None = None) -> 
     # on each old connection fails and the pool replaces them all.
     size = pool_size or pool_size_from(os.environ.get(POOL_SIZE_ENV), POOL_SIZE_ENV) \
         or POOL_SIZE
-    return _create(url, pool_size=size, max_overflow=0, pool_timeout=30, pool_recycle=3600)
+    wait = pool_timeout_from(os.environ.get(POOL_TIMEOUT_ENV), POOL_TIMEOUT_ENV) \
+        or POOL_TIMEOUT
+    return _create(url, pool_size=size, max_overflow=0, pool_timeout=wait,
+                   pool_recycle=3600)
 
 
 _EXAMPLES = "sqlite:///path/to/file.db or postgresql+psycopg://user@host/db"
