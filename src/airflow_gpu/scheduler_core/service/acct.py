@@ -9,17 +9,19 @@ count the UTC days that touch the window."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+import bisect
+import math
+from datetime import UTC, date, datetime, timedelta
 
-from sqlalchemy import or_, select
+from sqlalchemy import func, or_, select, union
 
 from ..policy.quota import plain
 from ..store.models import AllocationRow, JobRow, SampleRow, UsageRow
+from . import readlimit
 from .accounting import (
     SERIES_STEP,
     charged_gpus,
     day_of,
-    days_between,
     granted_seconds,
     mig_devices,
 )
@@ -80,26 +82,59 @@ def window(since: datetime | None, until: datetime | None, now: datetime,
     return since, until
 
 
+# what a 503 for a report stopped by the read limit asks for instead
+NARROW = {"job": "give a later since (or an earlier until), a team or a job",
+          "team": "give a later since (or an earlier until) or a team",
+          "day": "give a later since (or an earlier until), a team, or report by team"}
+
+
 def report(svc, by: str, since: datetime | None, until: datetime | None,
            team: str | None, job: str | None, now: datetime) -> dict:
+    """The report over the window: allocations clipped to it, usage summed by the
+    database per job, team or day and team (each day's grants from each allocation's
+    first and last day, its full days in between added per team at once)."""
     since, until = window(since, until, now, by)
-    with svc.reads() as s:
-        q = (select(AllocationRow, JobRow.team, JobRow.name).join(
-            JobRow, JobRow.id == AllocationRow.job_id).where(
+    with readlimit.bounded(svc, f"since: {NARROW[by]}") as limit:
+        s = limit.session
+        q = (select(AllocationRow.job_id, JobRow.team, AllocationRow.granted_at,
+                    AllocationRow.released_at, AllocationRow.gpus, AllocationRow.mig)
+             .join(JobRow, JobRow.id == AllocationRow.job_id).where(
             AllocationRow.granted_at < until,
             or_(AllocationRow.released_at.is_(None), AllocationRow.released_at >= since)))
-        u = select(UsageRow).where(UsageRow.day >= day_of(since), UsageRow.day <= day_of(until))
+        where = [UsageRow.day >= day_of(since), UsageRow.day <= day_of(until)]
         if team:
-            q, u = q.where(JobRow.team == team), u.where(UsageRow.team == team)
+            q, where = q.where(JobRow.team == team), [*where, UsageRow.team == team]
         if job:
-            q, u = q.where(JobRow.id == job), u.where(UsageRow.job_id == job)
+            q, where = q.where(JobRow.id == job), [*where, UsageRow.job_id == job]
+        keys = {"job": (UsageRow.job_id,), "team": (UsageRow.team,),
+                "day": (UsageRow.day, UsageRow.team)}[by]
         allocs = s.execute(q).all()
-        usage = list(s.scalars(u))
-        ids = {a.job_id for a, _, _ in allocs} | {r.job_id for r in usage}
-        jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
-    rows = {"job": _by_job, "team": _by_team, "day": _by_day}[by](
-        allocs, usage, jobs, since, until, now)
+        limit.check()
+        usage = s.execute(select(*keys, *_SUMMED).where(*where).group_by(*keys)).all()
+        limit.check()
+        who = []              # (team or (day, team)), job): the jobs each row counts
+        if by != "job":
+            who = s.execute(select(*keys, UsageRow.job_id).where(*where).distinct()).all()
+        jobs = {}
+        if by == "job":
+            ids = union(q.with_only_columns(AllocationRow.job_id),
+                        select(UsageRow.job_id).where(*where))
+            jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
+        limit.check()
+        if by == "job":
+            rows = _by_job(allocs, usage, jobs, since, until, now)
+        elif by == "team":
+            rows = _by_team(allocs, usage, who, since, until, now)
+        else:
+            rows = _by_day(allocs, usage, who, since, until, now)
+        limit.check()
     return {"by": by, "since": since, "until": until, "rows": rows}
+
+
+# usage summed per group, named as UsageRow's columns (_add reads them)
+_SUMMED = (*(func.sum(getattr(UsageRow, k)).label(k) for k in SUMS),
+           func.max(UsageRow.util_peak).label("util_peak"),
+           func.max(UsageRow.memory_peak_bytes).label("memory_peak_bytes"))
 
 
 def _grant(acc: dict, a, now, since=None, until=None) -> None:
@@ -112,7 +147,7 @@ def _by_job(allocs, usage, jobs, since, until, now) -> list[dict]:
     acc: dict[str, dict] = {}
     grants: dict[tuple, list] = {}        # (job, admission's grant time) -> [GPUs, MIG]
     first: dict[str, datetime] = {}
-    for a, _, _ in allocs:
+    for a in allocs:
         d = acc.setdefault(a.job_id, _blank())
         _grant(d, a, now, since, until)
         got = grants.setdefault((a.job_id, a.granted_at), [0.0, 0])
@@ -144,40 +179,106 @@ def _by_job(allocs, usage, jobs, since, until, now) -> list[dict]:
     return out
 
 
-def _by_team(allocs, usage, jobs, since, until, now) -> list[dict]:
+def _by_team(allocs, usage, who, since, until, now) -> list[dict]:
     acc: dict[str, dict] = {}
     count: dict[str, set] = {}
-    for a, team, _ in allocs:
-        _grant(acc.setdefault(team, _blank()), a, now, since, until)
-        count.setdefault(team, set()).add(a.job_id)
+    for a in allocs:
+        _grant(acc.setdefault(a.team, _blank()), a, now, since, until)
+        count.setdefault(a.team, set()).add(a.job_id)
     for r in usage:
         _add(acc.setdefault(r.team, _blank()), r)
-        count.setdefault(r.team, set()).add(r.job_id)
+    for team, job_id in who:
+        count.setdefault(team, set()).add(job_id)
     return [{"team": t, "jobs": len(count.get(t, ())), **_finish(d)}
             for t, d in sorted(acc.items())]
 
 
-def _by_day(allocs, usage, jobs, since, until, now) -> list[dict]:
-    acc: dict[tuple[str, str], dict] = {}
-    count: dict[tuple[str, str], set] = {}
-    for midnight in days_between(since, until):
-        lo, hi = max(since, midnight), min(until, midnight + timedelta(days=1))
-        for a, team, _ in allocs:
-            if granted_seconds([a], now, lo, hi):
-                key = (day_of(midnight), team)
-                _grant(acc.setdefault(key, _blank()), a, now, lo, hi)
-                count.setdefault(key, set()).add(a.job_id)
+DAY = 86400.0
+
+
+def _changes(n_days: int) -> list[list]:
+    return [[0.0, 0.0, 0] for _ in range(n_days + 1)]
+
+
+def _by_day(allocs, usage, who, since, until, now) -> list[dict]:
+    """Per UTC day and team. An allocation adds its first and last day's part; the days
+    in between, whole, go to a running sum per team (a difference array): the work is one
+    step per allocation and per day and team, not per allocation and day."""
+    first_day = since.replace(hour=0, minute=0, second=0, microsecond=0)
+    t0, lo_w, hi_w, now_s = _ts(first_day), _ts(since), _ts(until), _ts(now)
+    n_days = (until.date() - first_day.date()).days + 1
+    part: dict[tuple[int, str], list] = {}       # (day, team) -> [GPU-s, MIG-s]
+    whole: dict[str, list] = {}      # team -> per day: change of [GPUs, MIG, jobs]
+    spans: dict[tuple[str, str], list] = {}      # (team, job) -> [(first, last day)]
+    for a in allocs:
+        n, m = charged_gpus(a), mig_devices(a)
+        if a.granted_at is None or not n:
+            continue
+        lo = max(_ts(a.granted_at), lo_w)
+        hi = min(_ts(a.released_at) if a.released_at else now_s, hi_w)
+        if hi <= lo:
+            continue
+        k1 = int((lo - t0) // DAY)
+        k2 = max(k1, math.ceil((hi - t0) / DAY) - 1)
+        spans.setdefault((a.team, a.job_id), []).append((k1, k2))
+        for k, sec in ((k1, min(hi, t0 + (k1 + 1) * DAY) - lo),
+                       (k2, hi - max(lo, t0 + k2 * DAY)) if k2 > k1 else (k1, 0.0)):
+            if sec > 0:
+                got = part.setdefault((k, a.team), [0.0, 0.0])
+                got[0] += sec * n
+                got[1] += sec * m
+        d = whole.get(a.team) or whole.setdefault(a.team, _changes(n_days))
+        if k2 > k1 + 1:
+            d[k1 + 1][0] += n
+            d[k1 + 1][1] += m
+            d[k2][0] -= n
+            d[k2][1] -= m
+    merged: dict[tuple[str, str], list] = {}
+    for key, ranges in spans.items():         # a job's grants, as runs of days
+        ranges.sort()
+        runs = [list(ranges[0])]
+        for k1, k2 in ranges[1:]:
+            if k1 <= runs[-1][1] + 1:
+                runs[-1][1] = max(runs[-1][1], k2)
+            else:
+                runs.append([k1, k2])
+        merged[key] = runs
+        d = whole.get(key[0]) or whole.setdefault(key[0], _changes(n_days))
+        for k1, k2 in runs:
+            d[k1][2] += 1
+            d[k2 + 1][2] -= 1
+    acc: dict[tuple[int, str], dict] = {}
+    jobs: dict[tuple[int, str], int] = {}
+    for team, d in whole.items():
+        gpus = mig = 0.0
+        running = 0
+        for k in range(n_days):
+            gpus, mig, running = gpus + d[k][0], mig + d[k][1], running + d[k][2]
+            if running:                  # a day some grant of the team overlaps
+                v = acc[(k, team)] = _blank()
+                v["gpu_seconds"], v["mig_seconds"] = gpus * DAY, mig * DAY
+                jobs[(k, team)] = running
+    for key, (g, mg) in part.items():
+        acc[key]["gpu_seconds"] += g
+        acc[key]["mig_seconds"] += mg
+    start = first_day.date()
     for r in usage:
-        key = (r.day, r.team)
-        _add(acc.setdefault(key, _blank()), r)
-        count.setdefault(key, set()).add(r.job_id)
-    return [{"day": d, "team": t, "jobs": len(count.get((d, t), ())), **_finish(v)}
-            for (d, t), v in sorted(acc.items())]
+        _add(acc.setdefault(((date.fromisoformat(r.day) - start).days, r.team), _blank()), r)
+    for day, team, job_id in who:          # a job with usage but no grant that day
+        k = (date.fromisoformat(day) - start).days
+        ranges = merged.get((team, job_id), ())
+        i = bisect.bisect_right(ranges, [k, math.inf]) - 1
+        if i < 0 or ranges[i][1] < k:
+            jobs[(k, team)] = jobs.get((k, team), 0) + 1
+    return [{"day": day_of(first_day + timedelta(days=k)), "team": t,
+             "jobs": jobs.get((k, t), 0), **_finish(v)} for (k, t), v in sorted(acc.items())]
 
 
 def job_usage(svc, job_id: str, now: datetime) -> dict:
     """One job: its totals, each replica's, and its utilization over time."""
-    with svc.reads() as s:
+    with readlimit.bounded(svc, f"job: read its totals alone with GET /api/v1/accounting"
+                           f"?job={job_id}") as limit:
+        s = limit.session
         j = s.get(JobRow, job_id)
         if j is None:
             raise NotFound(f"job {job_id!r} not found")

@@ -20,7 +20,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ..errors import InputError
 from ..store.budget import fit_threads
-from . import acct, health, probes
+from . import acct, health, probes, readlimit
 from .auth import AgentPrincipal, TokenExpired, principal_for
 from .bodies import MAX_BODY, BodyLimit, DecodedOffLoop, invalid, safe
 from .core import LIVE, Conflict, Forbidden, NotFound, Principal, Service, utcnow
@@ -94,10 +94,12 @@ def create_app(service: Service, run_loop: bool = True, protect: str = "none") -
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        readlimit.stop_on_signals(service)    # long reads must not hold up a shutdown
         fit_threads(service.engine)           # a connection always free for the pass
         if run_loop:
             loop.start()
         yield
+        readlimit.stop(service)
         if run_loop:
             loop.stop()
 
@@ -126,6 +128,8 @@ def create_app(service: Service, run_loop: bool = True, protect: str = "none") -
         {"detail": "the service's database connections are all busy; retry shortly (or "
          "raise --db-pool-size within the database's max_connections)"}, status_code=503,
         headers={"Retry-After": str(health.RETRY_AFTER)}))
+    app.add_exception_handler(readlimit.ReadTooLong, lambda _, e: JSONResponse(
+        {"detail": str(e)}, status_code=503, headers={"Retry-After": str(health.RETRY_AFTER)}))
     app.add_exception_handler(_Http, lambda _, e: JSONResponse(
         {"detail": e.detail}, status_code=e.status,
         headers={"WWW-Authenticate": "Bearer"} if e.status == 401 else None))

@@ -157,9 +157,11 @@ class AllocationRow(Base):
     # MIG devices held ([{gpu, index, profile, start, uuid, label}]); None: none
     mig: Mapped[list[Any] | None] = mapped_column(nullable=True)
     live: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
-    # when the grant began and ended: GPU-seconds granted, for accounting
-    granted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    # when the grant began and ended: GPU-seconds granted, for accounting (indexed: a
+    # report reads the grants that overlap its window, not every grant ever made)
+    granted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True),
+                                                         index=True)
 
 
 class GpuHoldRow(Base):
