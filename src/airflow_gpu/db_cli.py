@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace, repair: bool) -> int:
     engine = open_database(args.db)
     try:
         with database_errors(args.db), sessions(engine).begin() as s:
-            found = integrity.find(s, _cluster(s, args.cluster))
+            found = integrity.find(s, _cluster(s, args.cluster), exact=True)
             if not repair:
                 for f in found:
                     print(f.line())

@@ -239,3 +239,21 @@ def test_an_orphan_mig_hold_quarantines_that_device_only(db_url):
         assert cli("db", "repair", "--db", db_url).returncode == 0
         api.tick()
         assert job(api, third)["state"] == "admitted"
+
+
+def test_a_core_hold_its_live_allocation_lacks_is_found_each_pass(api, db_url):
+    j = submit(api, "j", 1, cpus=4)
+    api.tick()
+    where = placed(api, j)
+    moved_from = where["cpus"][0]
+    moved_to = next(c for c in range(moved_from + 1, 256) if c not in where["cpus"])
+    with Session(api.service.engine) as s, s.begin():     # same count, other cores
+        a = s.scalars(select(AllocationRow).where(AllocationRow.job_id == j)).one()
+        a.cpus = sorted([*where["cpus"][1:], moved_to])
+    api.tick()
+    view = api.get("/api/v1/cluster", headers=auth(api)).json()
+    assert [(q["cpu"], q["problem"]) for q in view["quarantined"]] == [
+        (moved_from, f"no live allocation of job {j} holds it")]
+    check = cli("db", "check", "--db", db_url)
+    assert check.returncode == 1
+    assert check.stdout.startswith(f"cpu_holds host={where['host']} cpu={moved_from} ")
