@@ -231,7 +231,7 @@ def test_leadership_never_waits_for_the_pool(pg_schema, monkeypatch):
     the other sees it), the leader renews its lease, and requests answer 503 with
     Retry-After once the pool's wait is over; released, everything works again."""
     monkeypatch.setenv(POOL_TIMEOUT_ENV, "1")
-    a, b = _service(pg_schema, 2), _service(pg_schema, 2)
+    a, b = _service(pg_schema, 3), _service(pg_schema, 3)
     assert a.engine.pool.timeout() == 1
     token = create_token(a.sessions, "vision")
     app = create_app(a, run_loop=False)
@@ -239,13 +239,14 @@ def test_leadership_never_waits_for_the_pool(pg_schema, monkeypatch):
     held = []
     try:
         with TestClient(app) as client:
-            # the API runs one thread fewer than the pool holds: one stays for the pass
+            # the API runs two threads fewer than the pool holds: those stay for the
+            # scheduling loop's pass and lease checks
             async def threads() -> float:
                 return anyio.to_thread.current_default_thread_limiter().total_tokens
 
             assert client.portal.call(threads) == 1
             for engine in (a.engine, b.engine):
-                for _ in range(2):
+                for _ in range(3):
                     conn = engine.connect()
                     conn.execute(text("SELECT 1"))
                     held.append(conn)

@@ -20,6 +20,8 @@ REPLICAS_ENV = "AIRFLOW_GPU_REPLICAS"
 # on the same server), CLI commands, psql and monitoring.
 SHARE = 0.5
 LEADERSHIP = 1                    # per process: the scheduler lock's connection
+# Threads of the scheduling loop that use the pool beside the API's: passes, lease checks.
+LOOP_THREADS = 2
 
 _SETTINGS = text("SELECT name, setting FROM pg_settings WHERE name IN ('max_connections', "
                  "'superuser_reserved_connections', 'reserved_connections')")
@@ -136,12 +138,13 @@ def at_start(engine: Engine, replicas: str | int | None, workers: int) -> Budget
 
 
 def fit_threads(engine: Engine) -> None:
-    """In the API's event loop, on PostgreSQL: at most one API thread fewer than the pool
-    holds (FastAPI runs routes in anyio's default threads), so requests wait for a thread,
-    not for a connection, and the scheduling pass always finds one free."""
+    """In the API's event loop, on PostgreSQL: at most LOOP_THREADS API threads fewer than
+    the pool holds (FastAPI runs routes in anyio's default threads), so requests wait for
+    a thread, not for a connection, and the scheduling loop always finds one free."""
     import anyio.to_thread
 
     if engine.dialect.name != "postgresql":
         return
     limiter = anyio.to_thread.current_default_thread_limiter()
-    limiter.total_tokens = max(1, min(limiter.total_tokens, engine.pool.size() - 1))
+    limiter.total_tokens = max(1, min(limiter.total_tokens,
+                                      engine.pool.size() - LOOP_THREADS))
