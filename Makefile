@@ -37,6 +37,7 @@ bench: $(BIN)/.installed
 	command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null || true
 	$(BIN)/python bench/placement.py
 	$(BIN)/python bench/scheduling_pass.py
+	$(BIN)/python bench/reads.py
 	$(BIN)/python bench/replay.py --jobs 2
 	$(BIN)/python bench/preemption.py
 	$(BIN)/python bench/nvlink_domain.py
