@@ -6,17 +6,21 @@ refused refuses the batch, naming the job by its index and name. The jobs are th
 inserted in one transaction. Idempotency keys work as for single submits: a key seen
 before (per team) returns the job it created, a key seen before with another spec is a
 Conflict (409), and a batch whose keys were all seen before creates nothing (200).
+Batches sharing keys may arrive at once: each inserts its keys in one order (no deadlock),
+and one that meets a key inserted meanwhile looks again (ATTEMPTS times, then a 409
+naming the key).
 """
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 from fastapi import FastAPI, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import Field
 from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..errors import InputError
 from ..jobspec import JobSpec
@@ -26,6 +30,7 @@ from .core import Conflict, Forbidden, NotFound, Principal, Service, _columns, s
 from .schemas import JobOut, SubmitRequest, _In
 
 MAX_JOBS = 1000      # jobs in one batch (a body is at most 1 MiB anyway)
+ATTEMPTS = 5         # lookups and inserts, while concurrent submits insert the same keys
 
 
 class BatchSubmitRequest(_In):
@@ -74,15 +79,43 @@ def submit_batch(service: Service, specs: list[JobSpec], who: Principal,
         if rows and row.submitted_at <= rows[-1].submitted_at:   # the queue keeps the
             row.submitted_at = rows[-1].submitted_at + timedelta(microseconds=1)  # order
         rows.append(row)
-    try:
-        out, created = _store(service, rows, specs)
-    except IntegrityError:
-        # a concurrent submit inserted one of these keys after our lookup: nothing of
-        # this batch was written; look again (now it finds that job)
-        out, created = _store(service, rows, specs)
+    for _ in range(ATTEMPTS):
+        try:
+            out, created = _store(service, rows, specs)
+            break
+        except (IntegrityError, OperationalError) as exc:
+            # A concurrent submit inserted one of these keys after our lookup (or, on
+            # PostgreSQL, two batches waited on each other's keys): nothing of this batch
+            # was written; look again (now it finds that job).
+            if isinstance(exc, OperationalError) and not _retryable(exc):
+                raise
+            last = exc
+    else:
+        raise Conflict(_collided(last, rows, specs))
     if created:
         service.wake.set()
     return out, created
+
+
+def _retryable(exc: OperationalError) -> bool:
+    """A deadlock or a serialization failure (PostgreSQL): the transaction may be rerun."""
+    return getattr(exc.orig, "sqlstate", None) in ("40P01", "40001")
+
+
+def _collided(exc: Exception, rows: list[JobRow], specs: list[JobSpec]) -> str:
+    """The 409's text once every attempt met a concurrent submit: the job of the batch
+    whose key collided when the database names it (PostgreSQL does), else the batch."""
+    said = re.search(r"\(team, idempotency_key\)=\((.*), (.*)\) already exists",
+                     str(exc.orig) if isinstance(exc, IntegrityError) else "")
+    for i, r in enumerate(rows):
+        if said and (r.team, r.idempotency_key) == said.groups():
+            return (f"{_which(i, specs[i])}: idempotency_key {r.idempotency_key!r} was "
+                    f"being submitted by another request at the same time ({ATTEMPTS} "
+                    "tries); send the batch again (jobs already created are returned, "
+                    "not created twice)")
+    return (f"jobs: other requests were submitting the same idempotency keys at the same "
+            f"time ({ATTEMPTS} tries); send the batch again (jobs already created are "
+            "returned, not created twice)")
 
 
 def _store(service: Service, rows: list[JobRow],
@@ -114,7 +147,11 @@ def _store(service: Service, rows: list[JobRow],
                 raise _named(exc, i, specs[i]) from None
             out.append(old)
         if new:
-            s.execute(insert(JobRow), [_columns(r) for r in new])
+            # Keys in one order for every batch: two batches that share keys then never
+            # wait on each other both ways (a deadlock on PostgreSQL); the later one fails
+            # on the first shared key and looks again.
+            new_sorted = sorted(new, key=lambda r: (r.team, r.idempotency_key or ""))
+            s.execute(insert(JobRow), [_columns(r) for r in new_sorted])
         s.expunge_all()
     return out, bool(new)
 

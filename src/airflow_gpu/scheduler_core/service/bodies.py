@@ -18,6 +18,9 @@ from starlette.exceptions import HTTPException
 MAX_BODY = 1 << 20          # bytes; larger request bodies get 413, chunked or not
 PARSERS = 4                 # threads that decode request bodies at once (not the API's pool)
 MAX_ERRORS = 20             # field errors a 422 lists
+# A 413 closes the connection: the server would otherwise read (and drop) the rest of the
+# body to keep the connection for a next request, as long as the client sends.
+CLOSE = {"Connection": "close"}
 
 
 class TooLarge(HTTPException):
@@ -26,13 +29,13 @@ class TooLarge(HTTPException):
                 else f"of over {received} bytes")
         super().__init__(413, f"request body {size} is over the limit of {MAX_BODY} bytes "
                          "(1 MiB); send less: a job spec is a few KiB (at most 64 roles), "
-                         "a host report one entry per GPU")
+                         "a host report one entry per GPU", headers=CLOSE)
 
 
 class BodyLimit:
     """Counts a request body's bytes as they arrive, whether it declares a Content-Length or
     comes chunked, and answers 413 as soon as they pass the limit: no larger body is ever
-    buffered or parsed."""
+    buffered or parsed, and the connection is closed rather than read to the body's end."""
 
     def __init__(self, app, limit: int = MAX_BODY):
         self.app, self.limit = app, limit
@@ -45,7 +48,8 @@ class BodyLimit:
             if key == b"content-length":
                 declared = value.decode("latin-1").strip()
                 if declared.isdigit() and int(declared) > self.limit:
-                    await _json(413, TooLarge(declared=declared).detail)(scope, receive, send)
+                    await _json(413, TooLarge(declared=declared).detail, CLOSE)(
+                        scope, receive, send)
                     return
         received, started = 0, False
 
@@ -68,11 +72,11 @@ class BodyLimit:
         except TooLarge as exc:          # a route that let it through: answer it here
             if started:
                 raise
-            await _json(413, exc.detail)(scope, receive, send)
+            await _json(413, exc.detail, CLOSE)(scope, receive, send)
 
 
-def _json(status: int, detail) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
+def _json(status: int, detail, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status, headers=headers)
 
 
 class DecodedOffLoop(APIRoute):
