@@ -99,6 +99,11 @@ def cmd_server(args: argparse.Namespace) -> int:
         "AIRFLOW_GPU_LEASE_TTL": str(args.lease_ttl),
         "AIRFLOW_GPU_HOST_TIMEOUT": str(args.host_timeout),
         "AIRFLOW_GPU_INTERVAL": str(args.interval), "AIRFLOW_GPU_LOG_LEVEL": args.log_level})
+    import faulthandler
+
+    # A fatal signal (SIGBUS: SQLite's -shm made immutable while it runs) names itself
+    # and where it struck on stderr, instead of ending the process without a line.
+    faulthandler.enable()
     uvicorn.run("airflow_gpu.scheduler_core.service.app:app_from_env", factory=True,
                 host=args.host, port=args.port, log_level=args.log_level,
                 workers=args.workers)

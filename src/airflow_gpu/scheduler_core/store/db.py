@@ -13,6 +13,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import InputError
+from .sqlitefiles import check_writable
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 
@@ -193,6 +194,7 @@ def check_database_url(url: str, create: bool) -> None:
                          f"database with `airflow-gpu db upgrade --db {url}` first, or pass "
                          "--create (a mistyped path would otherwise start a new, empty "
                          "database)")
+    check_writable(path)        # not immutable: SQLite would die on its -shm (SIGBUS)
 
 
 def _reason(error: BaseException) -> str:

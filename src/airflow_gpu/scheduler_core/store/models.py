@@ -4,7 +4,7 @@ database itself refuses a double booking."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    TypeDecorator,
     UniqueConstraint,
     false,
 )
@@ -25,8 +26,27 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 NAME = 200
 
 
+class UtcDateTime(TypeDecorator):
+    """A time column, read back as an aware UTC datetime on every database: SQLite keeps
+    no zone (it holds the UTC time written, which this type makes sure of) and PostgreSQL
+    answers in its session's zone. Every time the API answers then carries an offset."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):
+        if isinstance(value, datetime) and value.tzinfo is not None:
+            return value.astimezone(UTC)
+        return value
+
+    def process_result_value(self, value, dialect):
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
-    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON, datetime: UtcDateTime}
 
 
 class HostRow(Base):
@@ -40,12 +60,12 @@ class HostRow(Base):
     drained: Mapped[bool] = mapped_column(Boolean, default=False)
     # why it is drained, since when and by whom (cleared when it is resumed)
     drain_reason: Mapped[str | None] = mapped_column(Text)
-    drained_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    drained_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     drained_by: Mapped[str | None] = mapped_column(String(NAME))
-    reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reported_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # Set by the host's node agent: a host with an agent that goes silent is unreachable.
     address: Mapped[str | None] = mapped_column(String(1000))
-    registered_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    registered_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     topology: Mapped[dict[str, Any] | None] = mapped_column()   # gpu-topology/v1 document
     topology_hash: Mapped[str | None] = mapped_column(String(64))
 
@@ -61,7 +81,7 @@ class GpuRow(Base):
     numa_node: Mapped[int] = mapped_column(Integer)
     healthy: Mapped[bool] = mapped_column(Boolean, default=True)
     health_reason: Mapped[str | None] = mapped_column(Text)
-    reported_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    reported_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # the latest utilization sample from the node agent
     utilization_gpu: Mapped[float | None] = mapped_column(Float)        # percent
     utilization_memory: Mapped[float | None] = mapped_column(Float)     # percent
@@ -76,8 +96,8 @@ class GpuRow(Base):
     ecc_corrected_total: Mapped[int | None] = mapped_column(BigInteger)
     nvlink_errors_total: Mapped[int | None] = mapped_column(BigInteger)
     thermal_throttle: Mapped[bool | None] = mapped_column(Boolean)
-    ecc_rose_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    nvlink_rose_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    ecc_rose_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    nvlink_rose_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
 
 class JobRow(Base):
@@ -94,11 +114,11 @@ class JobRow(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     details: Mapped[dict[str, Any]] = mapped_column(default=dict)
     eta_at: Mapped[float | None] = mapped_column(Float)   # planned start, epoch seconds
-    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    admitted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    submitted_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    admitted_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     outcome: Mapped[str | None] = mapped_column(String(20))
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # admissions so far; a launcher names the one it started, so a requeued and
@@ -106,11 +126,11 @@ class JobRow(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # a GPU of the job turned unhealthy while it held it: which one, why, and when
     gpu_fault: Mapped[str | None] = mapped_column(Text)
-    gpu_fault_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    gpu_fault_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # time limits: when a live job is stopped (SIGTERM; gone after stop_grace seconds),
     # the job whose reservation its limit was cut for (backfill), and a pending protected
     # job's promised start (epoch seconds), which no backfilled job may delay
-    deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     stop_grace: Mapped[int | None] = mapped_column(Integer)
     limit_cut_by: Mapped[str | None] = mapped_column(String(36))
     promised_at: Mapped[float | None] = mapped_column(Float)
@@ -120,7 +140,7 @@ class JobRow(Base):
     # admission was requeued ("preempted", "gpu_fault") and how often it was preempted
     preempted_by: Mapped[str | None] = mapped_column(String(36))
     preempt_reason: Mapped[str | None] = mapped_column(Text)
-    preempt_deadline_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    preempt_deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     preempt_signal: Mapped[str | None] = mapped_column(String(10))   # its class's
     preempt_grace: Mapped[int | None] = mapped_column(Integer)       # seconds to SIGKILL
     preemptors: Mapped[list[Any] | None] = mapped_column()
@@ -129,12 +149,12 @@ class JobRow(Base):
     preemptions: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # idle-GPU policy: since when every GPU of the job stays under the threshold, when it
     # was flagged for it (a warning, an event), and when the action was taken
-    idle_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    idle_flagged_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    idle_since: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    idle_flagged_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # how often the idle policy requeued it (held at `idle.hold_after`), and when it was
     # last requeued for it: it then waits at the back of its band, aging from that time
     idle_requeues: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
-    queued_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    queued_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # SHA-256 of the spec as submitted (every default filled in), for jobs with an
     # idempotency key: a submit reusing the key with another spec is refused, whatever
     # changed in the job since
@@ -159,8 +179,8 @@ class AllocationRow(Base):
     live: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
     # when the grant began and ended: GPU-seconds granted, for accounting (indexed: a
     # report reads the grants that overlap its window, not every grant ever made)
-    granted_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
-    released_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True),
+    granted_at: Mapped[datetime | None] = mapped_column(UtcDateTime, index=True)
+    released_at: Mapped[datetime | None] = mapped_column(UtcDateTime,
                                                          index=True)
 
 
@@ -211,8 +231,8 @@ class UsageRow(Base):
     memory_peak_bytes: Mapped[int | None] = mapped_column(BigInteger)
     energy_joules: Mapped[float] = mapped_column(Float, default=0.0)
     zero_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # at 0 % utilization
-    below_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    last_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    below_since: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     last_util: Mapped[float | None] = mapped_column(Float)
     last_power: Mapped[float | None] = mapped_column(Float)
     last_energy: Mapped[float | None] = mapped_column(Float)
@@ -226,7 +246,7 @@ class SampleRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
     host: Mapped[str] = mapped_column(String(NAME))
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    at: Mapped[datetime] = mapped_column(UtcDateTime)
     gpus: Mapped[int] = mapped_column(Integer)
     utilization_gpu: Mapped[float | None] = mapped_column(Float)     # mean, percent
     memory_used_bytes: Mapped[int | None] = mapped_column(BigInteger)  # sum
@@ -236,7 +256,7 @@ class SampleRow(Base):
 class EventRow(Base):
     __tablename__ = "events"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
     job_id: Mapped[str | None] = mapped_column(String(36), index=True)
     host: Mapped[str | None] = mapped_column(String(NAME))
     kind: Mapped[str] = mapped_column(String(40))
@@ -249,14 +269,14 @@ class TokenRow(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     team: Mapped[str] = mapped_column(String(NAME))
     admin: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
     # "team", "admin" or "agent" (None: made before roles; then `admin` says which)
     role: Mapped[str | None] = mapped_column(String(16))
     hosts: Mapped[list[Any] | None]     # an agent token's host names or glob patterns
     # of these, the ones it may add to the cluster (None: only the cluster file's hosts)
     allow_new_hosts: Mapped[list[Any] | None]
     # refused from then on (None: never); the secret's last characters, which lists show
-    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     hint: Mapped[str | None] = mapped_column(String(16))
 
 
@@ -281,5 +301,5 @@ class LeaderLeaseRow(Base):
     holder: Mapped[str] = mapped_column(String(NAME))        # its application_name
     pid: Mapped[int | None] = mapped_column(Integer)          # its lease backend's pid
     token: Mapped[int] = mapped_column(BigInteger)            # the fencing token
-    acquired_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    acquired_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
