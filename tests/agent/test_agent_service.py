@@ -66,11 +66,13 @@ class Stack:
         self.clients.append(Client(self.server.url, token))
         return Agent(cfg, src, self.clients[-1])
 
-    def agent_token(self, *hosts: str) -> str:
-        """A node agent's token for `hosts` (as `airflow-gpu token create --agent`)."""
+    def agent_token(self, *hosts: str, new: tuple[str, ...] = ()) -> str:
+        """A node agent's token for `hosts` (as `airflow-gpu token create --agent`), which
+        may add the hosts `new` (--allow-new-hosts) the cluster file does not list."""
         engine = make_engine(self.server.db)
         try:
-            return create_token(sessions(engine), None, hosts=list(hosts))
+            return create_token(sessions(engine), None, hosts=list(hosts),
+                                new_hosts=list(new) or None)
         finally:
             engine.dispose()
 
@@ -266,7 +268,7 @@ def test_an_agent_with_an_agent_token_serves_its_host_and_nothing_else(stack, fa
     registers and heartbeats (a fault arrives); the same token cannot act for another host,
     nor on jobs, teams or admin routes."""
     s = stack()
-    token = s.agent_token("agent-01")
+    token = s.agent_token("agent-01", new=("agent-01",))    # not in the cluster file
     host = fake_host("dgx-h100")
     a = s.agent(host, "agent-01", token=token, interval=3600)
     stop = threading.Event()

@@ -204,12 +204,12 @@ def _refuse_new(name: str, who) -> None:
 
     if not isinstance(who, AgentPrincipal) or who.may_add(name):
         return
-    token = f"agent token {who.token_id} (hosts {who.describe()}" + (
-        f", may add {', '.join(who.new_hosts)})" if who.new_hosts else ")")
+    may = (f"may add only hosts matching {', '.join(who.new_hosts)}" if who.new_hosts
+           else "may register only the cluster file's hosts and registered ones")
     raise Forbidden(
-        f"host {name} is not in the cluster file and was never registered, and {token} "
-        f"may register only the cluster file's hosts: add {name} to the cluster file (and "
-        f"restart the service), or have an admin create the agent's token with "
+        f"host {name} is not in the cluster file and was never registered, and agent "
+        f"token {who.token_id} (hosts {who.describe()}) {may}: add {name} to the "
+        f"cluster file (and restart the service), or have an admin create the agent's token with "
         f"--allow-new-hosts (airflow-gpu token create --agent --host {name} "
         f"--allow-new-hosts {name})")
 
