@@ -178,7 +178,7 @@ def test_three_replicas_on_defaults_fit_the_server_and_elect_a_leader(
         load = Load([s.url for s in servers], token, clients=60)
         peak, other = 0, []
         try:
-            end = time.monotonic() + 6
+            end = time.monotonic() + 5
             while time.monotonic() < end:
                 peak = max(peak, pg.gpu_connections())
                 try:       # a role that is not a superuser: no reserved slot for it
