@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 from rich.console import Console
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import create_engine, delete, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -257,3 +257,33 @@ def test_a_core_hold_its_live_allocation_lacks_is_found_each_pass(api, db_url):
     check = cli("db", "check", "--db", db_url)
     assert check.returncode == 1
     assert check.stdout.startswith(f"cpu_holds host={where['host']} cpu={moved_from} ")
+
+
+def test_a_gpu_held_whole_and_by_a_mig_device_is_listed_not_deleted(db_url):
+    for api in serve(db_url, hosts=MIG_HOSTS):
+        mig = mig_job(api, "mig")
+        whole = submit(api, "whole", 1)
+        api.tick()
+        # the whole-GPU job's grant rewritten onto the MIG GPU (by hand, say)
+        with Session(api.service.engine) as s, s.begin():
+            a = s.scalars(select(AllocationRow).where(AllocationRow.job_id == whole)).one()
+            s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == whole))
+            a.gpus = [0]
+            s.add(GpuHoldRow(host="dgx-m", gpu=0, job_id=whole))
+        api.tick()                                            # passes go on
+        device = placed_mig(api, mig)
+        check = cli("db", "check", "--db", db_url)
+        assert check.returncode == 1
+        assert check.stdout.splitlines() == [
+            f"mig_holds host=dgx-m gpu=0 device={device} job={mig}: GPU 0 is also held "
+            f"whole by job {whole}; fix: cancel job {mig} or job {whole} (airflow-gpu "
+            "cancel ID)"]
+        left = cli("db", "repair", "--db", db_url)
+        assert left.returncode == 1 and left.stdout.startswith("left: mig_holds"), left
+        api.delete(f"/api/v1/jobs/{whole}", headers=auth(api))
+        assert cli("db", "check", "--db", db_url).returncode == 0
+
+
+def placed_mig(api, job_id: str) -> int:
+    with Session(api.service.engine) as s:
+        return s.scalars(select(MigHoldRow.device).where(MigHoldRow.job_id == job_id)).one()
