@@ -19,6 +19,7 @@ import argparse
 import collections
 import json
 import platform
+import shutil
 import sys
 import time
 from datetime import UTC, datetime
@@ -82,6 +83,7 @@ def main() -> None:
         for s in servers:
             s.stop()
         pg.close()
+        shutil.rmtree(work, ignore_errors=True)
     results = list(load.results)
     codes = collections.Counter(str(r[1]) for r in results)
     failed = sum(n for c, n in codes.items() if c not in ("200", "201"))
