@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -211,7 +212,6 @@ def test_a_read_only_shm_stops_the_start_for_its_user_and_not_for_root(left_behi
     pid = os.fork()
     if pid == 0:                                  # the child, as nobody
         try:
-            import sqlite3
             said = []
             try:
                 os.setgid(65534)
@@ -234,7 +234,13 @@ def test_a_read_only_shm_stops_the_start_for_its_user_and_not_for_root(left_behi
         finally:
             os._exit(0)
     os.close(write)
-    os.waitpid(pid, 0)
+    end = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > end:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            raise AssertionError("the check as another user did not end within 60 s")
+        time.sleep(0.05)
     with os.fdopen(read) as got:
         said = got.read().splitlines()
     assert len(said) == 2, said
