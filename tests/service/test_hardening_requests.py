@@ -269,7 +269,7 @@ def test_after_the_service_itself_stalled_leases_are_extended_not_expired(api):
     with api.service.sessions.begin() as s:            # its lease ran out 5 s ago ...
         s.execute(update(JobRow).where(JobRow.id == job["id"]).values(
             lease_expires_at=datetime.now(UTC) - timedelta(seconds=5)))
-    api.service._leases_checked -= 20                  # ... while the service stalled 20 s
+    api.app.state.loop.lease_checks.stalls._last -= 20  # ... while the service stalled 20 s
     api.tick()
     got = api.get(f"/api/v1/jobs/{job['id']}", headers=auth(api, "vision")).json()
     assert got["state"] == "admitted"                  # extended by the stall, not lost

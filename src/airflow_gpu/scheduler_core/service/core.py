@@ -29,7 +29,7 @@ from ..engine.nvlink_groups import nvlink_groups
 from ..engine.placement import compile_needs, never_fits
 from ..engine.state import ClusterState
 from ..errors import InputError, describe_validation_error
-from ..jobclasses import resolve, timeout_message
+from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
@@ -207,7 +207,6 @@ class Service:
         self._cluster_checked = 0.0
         self._cluster_lock = threading.Lock()
         self._silent: set[str] = set()       # hosts the last pass found unreachable
-        self._leases_checked: float | None = None   # monotonic time of the last expiry
         self.policy_errors: dict[str, str] = {}   # team -> why its stored setting is refused
         self.pass_errors: list[str] = []     # kinds of errors the last pass got past
         self.preemptions: list[str] = []     # the last pass's preemptions, by reason
@@ -564,72 +563,6 @@ class Service:
                     raise Conflict(_stale(s.get(JobRow, job_id), attempt,
                                           "admitted or running jobs take heartbeats"))
         return self.get(job_id)
-
-    def expire_leases(self) -> list[str]:
-        """Admitted or running jobs whose lease ran out become `lost`, and those past their
-        time limit and grace `timeout`; resources return either way. Leases are measured
-        against this process's own responsiveness: after a stall (frozen, starved) longer
-        than a third of a lease, the launchers may not have reached it either, so every
-        live lease is first extended by the stall instead of expiring."""
-        now = utcnow()
-        lost = self._time_out(now)
-        from .preemption import requeue_overdue
-
-        requeue_overdue(self, now)      # preempted, and not confirmed stopped in time
-        checked, self._leases_checked = self._leases_checked, time.monotonic()
-        stall = self._leases_checked - checked if checked is not None else 0.0
-        if stall > self.settings.lease_ttl / 3:
-            self._extend_leases(stall)
-        with self.sessions.begin() as s:
-            ids = list(s.scalars(select(JobRow.id).where(
-                JobRow.state.in_(LIVE), JobRow.lease_expires_at < now)))
-            for job_id in ids:
-                done = s.execute(_update(JobRow).where(
-                    JobRow.id == job_id, JobRow.state.in_(LIVE),
-                    JobRow.lease_expires_at < now).values(
-                    state="lost", finished_at=now, outcome="lost", lease_expires_at=None))
-                if done.rowcount == 1:
-                    self._release(s, job_id)
-                    self._event(s, "lost", "lease expired: no heartbeat from the launcher "
-                                f"for {self.settings.lease_ttl:g}s", job=job_id)
-                    lost.append(job_id)
-        if lost:
-            self.wake.set()
-        return lost
-
-    def _extend_leases(self, stall: float) -> None:
-        log.warning("no lease was checked for %.1fs (this process stalled): live jobs' "
-                    "leases are extended by that much instead of expiring", stall)
-        by = timedelta(seconds=stall)
-        with self.sessions.begin() as s:
-            for job_id, expires in s.execute(select(JobRow.id, JobRow.lease_expires_at).where(
-                    JobRow.state.in_(LIVE), JobRow.lease_expires_at.is_not(None))).all():
-                s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
-                          .values(lease_expires_at=expires + by))
-
-    def _time_out(self, now: datetime) -> list[str]:
-        """End the live jobs past their time limit and grace: their launcher should have
-        stopped them at the limit (and said so); whether it did or is gone, their GPUs
-        return now."""
-        ended = []
-        with self.sessions.begin() as s:
-            rows = list(s.execute(select(JobRow.id, JobRow.deadline_at, JobRow.stop_grace,
-                                         JobRow.admitted_at, JobRow.limit_cut_by).where(
-                JobRow.state.in_(LIVE), JobRow.deadline_at < now)))
-            for job_id, deadline, grace, admitted, cut_by in rows:
-                if _ts(deadline) + (grace or 0) >= _ts(now):
-                    continue
-                done = s.execute(_update(JobRow).where(
-                    JobRow.id == job_id, JobRow.state.in_(LIVE)).values(
-                    state="timeout", finished_at=now, outcome="timeout",
-                    lease_expires_at=None))
-                if done.rowcount == 1:
-                    self._release(s, job_id)
-                    limit = _ts(deadline) - _ts(admitted)
-                    self._event(s, "timeout", timeout_message(limit, cut_by, grace or 0)
-                                + "; its resources are released", job=job_id)
-                    ended.append(job_id)
-        return ended
 
     @staticmethod
     def _release(s: Session, job_id: str) -> None:

@@ -14,10 +14,43 @@ RETRY_AFTER = 10      # seconds a client is told to wait when the database canno
 log = logging.getLogger(__name__)
 
 
+class Failures:
+    """What failed (a pass, the leader election check, a lease check) since it last
+    succeeded, for /healthz. Each failure is logged: a database's in one line with its
+    cause (the traceback at DEBUG), anything else with its traceback."""
+
+    def __init__(self, logger: logging.Logger):
+        self.log = logger
+        self._errors: dict[str, dict] = {}
+
+    @property
+    def last(self) -> dict | None:
+        """The latest failure not followed by a success of its kind: message, at, during."""
+        return max(self._errors.values(), key=lambda e: e["at"], default=None)
+
+    def failed(self, exc: BaseException, during: str, who: str) -> None:
+        from sqlalchemy.exc import SQLAlchemyError
+
+        why = describe(exc)
+        self._errors[during] = {"message": why, "at": time.time(), "during": during}
+        what = f"{who}: {_DURING[during]} failed"
+        if isinstance(exc, SQLAlchemyError):
+            self.log.error("%s: %s", what, why)
+            self.log.debug("%s", what, exc_info=exc)
+        else:
+            self.log.error("%s", what, exc_info=exc)
+
+    def succeeded(self, *kinds: str) -> None:
+        for kind in kinds:
+            self._errors.pop(kind, None)
+
+
 def report(loop, now: float | None = None) -> dict:
     """/healthz: `scheduling` (this replica leads), the deployment and its lock key, the
     leader (this replica, or the backend holding the lock as pg_stat_activity shows it),
-    seconds since this replica's last completed pass, the last pass error since, and a
+    who runs the passes (`passes_by`: this replica, or the leader's application_name),
+    seconds since this replica's last completed pass, this replica's last error since
+    (and `during` what: its pass, its leader election check, its lease check), and a
     `warning` when passes have stopped where this replica should see them run."""
     now = time.time() if now is None else now
     if loop.leader:
@@ -29,7 +62,7 @@ def report(loop, now: float | None = None) -> dict:
     warn = _warning(loop, leader, error, now)
     loop.note_quiet(warn)          # logged too (when it starts, then once a minute)
     return {"status": "ok", "scheduling": loop.leader, "deployment": loop.deployment,
-            "lock_key": loop.lock_key, "leader": leader,
+            "lock_key": loop.lock_key, "leader": leader, "passes_by": _passes_by(loop, leader),
             "seconds_since_last_pass": None if loop.last_pass_at is None
             else round(now - loop.last_pass_at, 3),
             "last_pass_error": error, "warning": warn}
@@ -42,9 +75,22 @@ def warning(loop, now: float | None = None) -> str | None:
     return _warning(loop, leader, _error(loop), now)
 
 
+def _passes_by(loop, leader: dict | None) -> str | None:
+    if leader is None:            # SQLite: one process schedules, whatever just failed
+        return "this replica" if loop.service.engine.dialect.name == "sqlite" else None
+    if leader["this_replica"]:
+        return "this replica"
+    return leader.get("application_name") or f"backend pid {leader.get('pid')}"
+
+
 def _error(loop) -> dict | None:
-    return loop.last_error and {"message": loop.last_error["message"],
-                                "at": _iso(loop.last_error["at"])}
+    error = loop.last_error
+    return error and {"message": error["message"], "at": _iso(error["at"]),
+                      "during": f"this replica's {_DURING[error['during']]}"}
+
+
+_DURING = {"pass": "scheduling pass", "election": "leader election check",
+           "lease check": "lease check"}
 
 
 def _warning(loop, leader: dict | None, error: dict | None, now: float) -> str | None:

@@ -1,5 +1,6 @@
-"""The scheduling loop: expire leases and run a pass on a short interval, and at once
-after submits and finishes. With PostgreSQL, the replicas of one deployment elect one
+"""The scheduling loop: run a pass on a short interval, and at once after submits and
+finishes; check the jobs' leases on threads of their own, which no pass delays
+(leases.py). With PostgreSQL, the replicas of one deployment elect one
 scheduler: a replica leads while it holds the deployment's lease, a row of the
 `leader_lease` table with the holder, a fencing token and an expiry measured with the
 database's clock, renewed each round by the leader.
@@ -31,7 +32,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.pool import NullPool
 
+from . import leases
 from .core import Service
+from .health import Failures
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +75,13 @@ _RENEW = text(f"""
     UPDATE leader_lease SET expires_at = {_LEASE_FOR}
     WHERE deployment = :d AND token = :t
     RETURNING token""")
-# First in every pass's transaction: lock the row, still this leader's and unexpired; no
-# takeover can then happen before the pass commits.
+# First in every pass's (and lease check's) transaction: lock the row, still this
+# leader's and unexpired; no takeover can then happen before it commits. A share lock: a
+# lease check never waits for a pass in flight, while a takeover waits for both.
 _FENCE = text("""
     SELECT token FROM leader_lease
     WHERE deployment = :d AND token = :t AND expires_at > clock_timestamp()
-    FOR UPDATE""")
+    FOR SHARE""")
 _LEASE = text("""
     SELECT l.holder, l.pid, l.token, l.expires_at > clock_timestamp() AS live,
            l.expires_at <= clock_timestamp() AS expired, host(a.client_addr) AS client_addr,
@@ -151,7 +155,7 @@ class SchedulerLoop:
         self.leader = False
         self.last_pass = 0.0     # seconds the last pass took
         self.last_pass_at: float | None = None    # when the last pass completed (epoch s)
-        self.last_error: dict | None = None       # the last failed pass since: message, at
+        self.failures = Failures(log)             # what failed since it last succeeded
         self.started_at: float | None = None
         name = service.settings.deployment
         # what the lock is for: "deployment NAME", else "schema NAME" (known on first try)
@@ -167,17 +171,28 @@ class SchedulerLoop:
         self.has_lock = False                     # leading with the advisory lock too
         self._elected = False                     # took part in an election: passes fence
         service.leader_fence = self.fence         # run_pass calls it (storepass.py)
+        # lease checks run on threads of their own, apart from passes (leases.py)
+        self.lease_checks = leases.LeaseChecks(self)
+        self._helpers: list[threading.Thread] = []
+
+    @property
+    def last_error(self) -> dict | None:
+        return self.failures.last
 
     def start(self) -> None:
         self.started_at = time.time()
         self._thread = threading.Thread(target=self._run, name="scheduler-loop", daemon=True)
-        self._thread.start()
+        self._helpers = self.lease_checks.threads(self._stop, self.check_leases,
+                                                  self._lease_check_failed)
+        for t in (self._thread, *self._helpers):
+            t.start()
 
     def stop(self) -> None:
         self._stop.set()
         self.service.wake.set()
-        if self._thread:
-            self._thread.join(timeout=10)
+        for t in (self._thread, *self._helpers):
+            if t:
+                t.join(timeout=10)
         if self._lock_conn is not None and self.token is not None:
             with contextlib.suppress(Exception):  # the successor need not wait it out
                 self._lock_conn.execute(_GIVE_UP, {"d": self.deployment, "t": self.token})
@@ -188,15 +203,19 @@ class SchedulerLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            during = "election"
             try:
                 if self._lead():
-                    self.tick()
+                    self._succeeded("election")
+                    during = "pass"
+                    self._pass()
+                else:                  # a follower's check succeeded: its old errors are
+                    self._succeeded("election", "pass", "lease check")   # no news
             except NotLeader as exc:   # taken over: stop at once, write nothing
                 log.warning("%s: %s", self.deployment, exc)
                 self._release()
             except Exception as exc:   # a bad pass must not stop the loop; the next retries
-                log.exception("scheduling pass failed")
-                self.failed(exc)
+                self.failed(exc, during)
                 self._release()
             from .health import warning
 
@@ -208,17 +227,31 @@ class SchedulerLoop:
             self.service.wake.clear()
 
     def tick(self) -> list[str]:
+        """A lease check, then a pass (run by hand: tests, tools); returns the admitted."""
+        self.check_leases()
+        return self._pass()
+
+    def check_leases(self) -> list[str]:
+        """One lease check (leases.py), by the leader only; returns the jobs it ended."""
+        ended = self.lease_checks.once()
+        self._succeeded("lease check")
+        return ended
+
+    def _lease_check_failed(self, exc: Exception) -> None:
+        if not isinstance(exc, NotLeader):      # taken over: the loop's next round steps down
+            self.failed(exc, "lease check")
+
+    def _pass(self) -> list[str]:
         from .metrics import queue_waits
 
-        lost = self.service.expire_leases()
         t0 = time.perf_counter()
         admitted = self.service.schedule_pass()
         self.last_pass = time.perf_counter() - t0
-        self.last_pass_at, self.last_error = time.time(), None
+        self.last_pass_at = time.time()
+        self._succeeded("pass", "election")
         if self.metrics:
             self.metrics.pass_seconds.observe(self.last_pass)
             self.metrics.admissions.inc(len(admitted))
-            self.metrics.lease_expiries.inc(len(lost))
             for kind in self.service.pass_errors:    # one job or team it got past
                 self.metrics.pass_errors.labels(kind).inc()
             for reason in self.service.preemptions:
@@ -227,13 +260,15 @@ class SchedulerLoop:
                 self.metrics.queue_wait.observe(wait)
         return admitted
 
-    def failed(self, exc: Exception) -> None:
-        """A pass (or the leader election) raised: /healthz says what and when."""
-        from .health import describe
-
-        self.last_error = {"message": describe(exc), "at": time.time()}
+    def failed(self, exc: Exception, during: str = "pass") -> None:
+        """A pass, the leader election or a lease check raised: /healthz says what and
+        when, and the log (health.Failures)."""
+        self.failures.failed(exc, during, self.deployment or "scheduler")
         if self.metrics:
             self.metrics.pass_errors.labels("pass").inc()
+
+    def _succeeded(self, *kinds: str) -> None:
+        self.failures.succeeded(*kinds)
 
     def note_quiet(self, warning: str | None, every: float = 60.0) -> None:
         """Log /healthz's warning that passes have stopped: when it starts, then at most
@@ -276,6 +311,9 @@ class SchedulerLoop:
             self.leader = True          # SQLite: one process
             return True
         self._elected = True
+        if self._lock_conn is not None and self.token is None:
+            self._release()             # a lease check's fence found the lease taken over
+            return False
         if self._lock_conn is not None:
             try:
                 if self._renew():
