@@ -52,11 +52,23 @@ def _cluster(s, path: str | None):
 
 
 def _run(args: argparse.Namespace, repair: bool) -> int:
+    from .scheduler_core.errors import InputError
     from .scheduler_core.store import integrity
-    from .scheduler_core.store.db import database_errors, open_database, sessions
+    from .scheduler_core.store.db import (
+        current_revision,
+        database_errors,
+        open_database,
+        sessions,
+        shown_url,
+    )
 
     engine = open_database(args.db)
     try:
+        with database_errors(args.db):
+            if current_revision(engine) is None:
+                raise InputError(f"--db: {shown_url(args.db)} holds no airflow-gpu "
+                                 "schema; point --db at the server's database (or create "
+                                 f"one: airflow-gpu db upgrade --db {shown_url(args.db)})")
         with database_errors(args.db), sessions(engine).begin() as s:
             found = integrity.find(s, _cluster(s, args.cluster), exact=True)
             if not repair:
