@@ -6,6 +6,7 @@ instead of reading the rest of the body."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -192,6 +193,32 @@ def test_an_immutable_sqlite_file_stops_the_start_in_one_line_naming_it(left_beh
         assert f"the SQLite file '{path}' is " in str(said.value)
         assert f"run `chattr -{flag} {path}`" in str(said.value)
     open_database(url).dispose()                 # once fixed, it opens
+
+
+def test_a_shm_made_immutable_while_the_server_runs_leaves_a_line(left_behind):
+    """SQLite writes -shm through a memory map: made immutable under a running server,
+    the next write kills it with SIGBUS, which no Python code can catch. The server
+    reports it on stderr (faulthandler) instead of vanishing without a line."""
+    db, cluster, files = left_behind
+    engine = make_engine(f"sqlite:///{db}")
+    token = create_token(sessions(engine), "nlp")
+    engine.dispose()
+    log = db.with_name("running.log")
+    server = Server(f"sqlite:///{db}", cluster, log=log, interval=0.1)
+    try:
+        _chattr("+i", files[2])
+        end = time.monotonic() + 60
+        while server.proc.poll() is None:       # a submit writes
+            assert time.monotonic() < end, "the server still runs 60 s later"
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(f"{server.url}/api/v1/jobs", timeout=5, json={
+                    "spec": spec("a", 1)}, headers={"Authorization": f"Bearer {token}"})
+            time.sleep(0.1)
+    finally:
+        _chattr("-i", files[2])
+        server.stop()
+    assert server.proc.returncode == -7, server.proc.returncode        # SIGBUS
+    assert "Fatal Python error: Bus error" in log.read_text(), log.read_text()[-2000:]
 
 
 def test_a_read_only_shm_stops_the_start_for_its_user_and_not_for_root(left_behind):
