@@ -141,7 +141,8 @@ def pg(tmp_path, monkeypatch):
         _drop_pg_schema(schema)
 
 
-def test_a_replica_that_leads_again_after_following_does_not_extend_leases(pg):
+def test_a_replica_that_leads_again_after_following_does_not_extend_leases(pg, monkeypatch):
+    monkeypatch.setenv("AIRFLOW_GPU_LEADER_LEASE", "10")   # the lead changes hands only here
     services = [Service(Settings(pg, make_cluster(*HOSTS), lease_ttl=TTL)) for _ in range(2)]
     a, b = (SchedulerLoop(s, interval=0.1) for s in services)
     vision = Principal("vision")
@@ -319,8 +320,7 @@ def test_lease_checks_are_fenced_like_passes(pg):
         with services[0].sessions.begin() as s:            # its launcher is long gone
             s.execute(update(JobRow).where(JobRow.id == row.id).values(
                 lease_expires_at=datetime(2000, 1, 1, tzinfo=UTC)))
-        time.sleep(1.2)                                    # a's leader lease runs out
-        assert b._lead()                                   # b takes it over
+        until(b._lead, "a's leader lease runs out and b takes it over", timeout=30)
         from airflow_gpu.scheduler_core.service.loop import NotLeader
 
         with pytest.raises(NotLeader):
