@@ -129,16 +129,13 @@ def check(svc: Service, now: datetime, stall: float = 0.0,
     returns the jobs that ended (lost or timed out)."""
     if not stall and not due(svc, now):
         return []
-    from .preemption import requeue
+    from .preemption import requeue_overdue
 
     with svc.sessions.begin() as s:
         if fence is not None:     # first: still the leader, or this check writes nothing
             fence(s)
         ended = _time_out(svc, s, now)
-        for job_id in list(s.scalars(select(JobRow.id).where(
-                JobRow.state == "preempting", JobRow.preempt_deadline_at < now))):
-            if requeue(svc, s, job_id, JobRow.preempt_deadline_at < now, forced=True):
-                svc.wake.set()    # preempted, and not confirmed stopped in time
+        requeue_overdue(svc, s, now)
         if stall:
             _extend(s, stall)
         for job_id in list(s.scalars(select(JobRow.id).where(

@@ -93,10 +93,10 @@ def stopped(svc: Service, job_id: str, attempt: int | None) -> JobRow:
     return svc.get(job_id)
 
 
-def requeue_overdue(svc: Service, now: datetime) -> None:
-    """Requeue the preempting jobs whose launcher did not confirm the stop in time."""
-    with svc.sessions.begin() as s:
-        for job_id in list(s.scalars(select(JobRow.id).where(
-                JobRow.state == "preempting", JobRow.preempt_deadline_at < now))):
-            if requeue(svc, s, job_id, JobRow.preempt_deadline_at < now, forced=True):
-                svc.wake.set()
+def requeue_overdue(svc: Service, s: Session, now: datetime) -> None:
+    """Requeue the preempting jobs whose launcher did not confirm the stop in time (in the
+    lease check's fenced transaction `s`)."""
+    for job_id in list(s.scalars(select(JobRow.id).where(
+            JobRow.state == "preempting", JobRow.preempt_deadline_at < now))):
+        if requeue(svc, s, job_id, JobRow.preempt_deadline_at < now, forced=True):
+            svc.wake.set()
