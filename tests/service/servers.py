@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import collections
 import signal
 import subprocess
 import sys
 import time
 
 import httpx
+import yaml
 
 from airflow_gpu.demo_stack import free_port
 from tests.helpers import REPO
@@ -47,3 +49,24 @@ class Server:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(timeout=10)
+
+
+def prepared(db_url: str, tmp_path, cluster: dict, team: str):
+    """The database at `db_url` with its tables, a token of `team`, and `cluster` written
+    to a file: what a server of the tests starts from. Returns (engine, token, file)."""
+    from airflow_gpu.scheduler_core.service.auth import create_token
+    from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
+
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(cluster))
+    engine = make_engine(db_url)
+    upgrade(engine)
+    return engine, create_token(sessions(engine), team), path
+
+
+def no_failed_requests(results: list, at_least: int) -> None:
+    """A load's (what, status) results: more than `at_least`, none of them failed."""
+    failed = [r for r in results if r[1] not in (200, 201)]
+    assert len(results) > at_least and not failed, (
+        f"{len(failed)} of {len(results)} requests failed: "
+        f"{collections.Counter(r[1] for r in failed)}, e.g. {failed[:2]}")

@@ -35,7 +35,7 @@ from airflow_gpu.scheduler_core.store.db import make_engine, open_database, sess
 from airflow_gpu.scheduler_core.store.models import Base, JobRow, UtcDateTime
 from airflow_gpu.scheduler_core.store.sqlitefiles import check_writable
 from tests.helpers import REPO
-from tests.service.servers import Server
+from tests.service.servers import Server, prepared
 from tests.service.test_api import auth, spec, submit
 
 CLUSTER = {"hosts": [{"name": "dgx-1", "model": "dgx-a100"},
@@ -45,11 +45,7 @@ CLUSTER = {"hosts": [{"name": "dgx-1", "model": "dgx-a100"},
 @pytest.fixture
 def live(db_url, tmp_path):
     """`airflow-gpu server` in a process of its own (a real socket), with a team token."""
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    engine = make_engine(db_url)
-    upgrade(engine)
-    token = create_token(sessions(engine), "nlp")
+    engine, token, cluster = prepared(db_url, tmp_path, CLUSTER, "nlp")
     server = Server(db_url, cluster, log=tmp_path / "server.log")
     server.token, server.engine = token, engine
     yield server

@@ -43,7 +43,7 @@ from airflow_gpu.scheduler_core.store.models import (
 )
 from tests.helpers import make_cluster, until
 from tests.service.conftest import HOSTS, _drop_pg_schema, _pg_schema_url
-from tests.service.servers import Server
+from tests.service.servers import Server, prepared
 
 LEASE = 2.0     # seconds: the servers' leader lease here
 
@@ -57,11 +57,8 @@ def spec(name: str, gpus: int = 1) -> dict:
 def pg(tmp_path):
     """A fresh PostgreSQL schema with its tables and a token, and a cluster file."""
     schema, url = _pg_schema_url()
-    engine = make_engine(url)
-    upgrade(engine)
-    token = create_token(sessions(engine), "vision")
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"cluster": "lead", "hosts": list(HOSTS)}))
+    engine, token, cluster = prepared(url, tmp_path, {"cluster": "lead", "hosts": list(HOSTS)},
+                                      "vision")
     try:
         yield {"url": url, "engine": engine, "token": token, "cluster": cluster,
                "tmp": tmp_path}

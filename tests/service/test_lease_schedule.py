@@ -26,20 +26,18 @@ from datetime import UTC, datetime
 
 import httpx
 import pytest
-import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, insert, select, text, update
 
 from airflow_gpu.scheduler_core.jobspec import JobSpec
 from airflow_gpu.scheduler_core.service.app import create_app
-from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Principal, Service, Settings
 from airflow_gpu.scheduler_core.service.loop import _GIVE_UP, SchedulerLoop
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from airflow_gpu.scheduler_core.store.models import EventRow, JobRow
 from tests.helpers import make_cluster, until
 from tests.service.conftest import HOSTS, PG_ADMIN, _drop_pg_schema, _pg_schema_url
-from tests.service.servers import Server
+from tests.service.servers import Server, prepared
 
 TTL = 3.0          # seconds: the jobs' lease here
 PENDING = 4000     # pending jobs of one team: passes of a few tenths of a second each
@@ -53,11 +51,8 @@ def spec(name: str, gpus: int = 8, replicas: int = 1) -> dict:
 @pytest.fixture
 def store(db_url, tmp_path):
     """The database with its tables and a token for team vision, and a cluster file."""
-    engine = make_engine(db_url)
-    upgrade(engine)
-    token = create_token(sessions(engine), "vision")
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"cluster": "leases", "hosts": list(HOSTS)}))
+    engine, token, cluster = prepared(db_url, tmp_path, {"cluster": "leases",
+                                                         "hosts": list(HOSTS)}, "vision")
     try:
         yield {"url": db_url, "engine": engine, "cluster": cluster, "tmp": tmp_path,
                "headers": {"Authorization": f"Bearer {token}"}}

@@ -10,11 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import yaml
 from sqlalchemy import select
 
-from airflow_gpu.scheduler_core.service.auth import create_token
-from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
+from airflow_gpu.scheduler_core.store.db import make_engine, sessions
 from airflow_gpu.scheduler_core.store.models import (
     AllocationRow,
     CpuHoldRow,
@@ -22,7 +20,7 @@ from airflow_gpu.scheduler_core.store.models import (
     JobRow,
 )
 from tests.helpers import until
-from tests.service.servers import Server
+from tests.service.servers import Server, prepared
 
 CLUSTER = {"cluster": "load", "hosts": [
     {"name": "dgx-[1-4]", "model": "dgx-a100", "rack": "r1", "switch": "s1"}]}
@@ -30,11 +28,7 @@ CLUSTER = {"cluster": "load", "hosts": [
 
 @pytest.fixture
 def setup(db_url, tmp_path):
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump(CLUSTER))
-    engine = make_engine(db_url)
-    upgrade(engine)
-    token = create_token(sessions(engine), "load")
+    engine, token, cluster = prepared(db_url, tmp_path, CLUSTER, "load")
     servers: list[Server] = []
     yield {"db": db_url, "cluster": cluster, "token": token, "engine": engine,
            "start": lambda **kw: servers.append(Server(db_url, cluster, **kw)) or servers[-1]}
