@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace, repair: bool) -> int:
         shown_url,
     )
 
-    engine = open_database(args.db)
+    engine = open_database(args.db, create=None)
     try:
         with database_errors(args.db):
             if current_revision(engine) is None:

@@ -146,7 +146,7 @@ def cmd_token_list(args: argparse.Namespace) -> int:
         from .scheduler_core.service.auth import list_tokens, token_view
         from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
 
-        engine = open_database(args.db)
+        engine = open_database(args.db, create=None)
         try:
             with database_errors(args.db):
                 upgrade(engine)

@@ -57,6 +57,15 @@ def test_a_sqlite_file_that_does_not_exist_is_not_created_unasked(tmp_path, comm
     assert not path.exists()
 
 
+@pytest.mark.parametrize("command", [("db", "check"), ("db", "repair"), ("token", "list")])
+def test_commands_without_create_do_not_suggest_it(tmp_path, command):
+    path = tmp_path / "airflow-gpu.bd"
+    err = one_line_error(cli(*command, "--db", sqlite(path)),
+                         f"--db: the SQLite file '{path}' does not exist; create the database "
+                         f"with `airflow-gpu db upgrade --db {sqlite(path)}` first")
+    assert "--create" not in err and not path.exists()
+
+
 def test_db_upgrade_and_create_make_the_file(tmp_path):
     made = tmp_path / "made.db"
     out = cli("db", "upgrade", "--db", sqlite(made))

@@ -175,9 +175,10 @@ def sqlite_file(url: str) -> Path | None:
     return Path(parsed.database)
 
 
-def check_database_url(url: str, create: bool) -> None:
+def check_database_url(url: str, create: bool | None) -> None:
     """Before a command opens `url`: a SQLite file's folder must exist, and the file too
-    unless `create` (a mistyped path would otherwise start a new, empty database)."""
+    unless `create` (a mistyped path would otherwise start a new, empty database); None:
+    the command has no --create to suggest."""
     path = sqlite_file(url)
     if path is None:
         return
@@ -191,9 +192,9 @@ def check_database_url(url: str, create: bool) -> None:
                          "in it, e.g. sqlite:///" + str(path / "airflow-gpu.db"))
     if not create and not path.exists():
         raise InputError(f"--db: the SQLite file {str(path)!r} does not exist; create the "
-                         f"database with `airflow-gpu db upgrade --db {url}` first, or pass "
-                         "--create (a mistyped path would otherwise start a new, empty "
-                         "database)")
+                         f"database with `airflow-gpu db upgrade --db {url}` first"
+                         + (", or pass --create (a mistyped path would otherwise start a "
+                            "new, empty database)" if create is not None else ""))
     check_writable(path)        # not immutable: SQLite would die on its -shm (SIGBUS)
 
 
@@ -226,9 +227,10 @@ def database_errors(url: str) -> Iterator[None]:
                          "check that the URL names an airflow-gpu database") from None
 
 
-def open_database(url: str, create: bool = False) -> Engine:
-    """An engine on `url`, checked: the SQLite file exists (or `create`), the database
-    answers. Errors are InputErrors naming the URL and the fix."""
+def open_database(url: str, create: bool | None = False) -> Engine:
+    """An engine on `url`, checked: the SQLite file exists (or `create`; None: the command
+    has no --create), the database answers. Errors are InputErrors naming the URL and the
+    fix."""
     check_database_url(url, create)
     engine = make_engine(url)
     try:
