@@ -157,6 +157,22 @@ def test_a_busy_hosts_launch_address_does_not_move(one):
     assert job(api, running)["state"] == "admitted"
 
 
+def test_a_restart_keeps_the_launch_addresses_agents_registered(db_url):
+    """The service starting again on the same store (cluster file without a docker_url)
+    keeps the agent's docker_url: its jobs still launch there, and the agent's next
+    registration, the same as before, is no change (not a 409)."""
+    for api in serve(db_url, hosts=ONE):
+        token, _ = agent(api, "dgx-1")
+        assert register(api, "dgx-1", token, docker_url="tcp://dgx-1:2376").status_code == 200
+        running = submit(api, "running", 8, "vision")
+        assert api.tick() == [running]
+    for api in serve(db_url, hosts=ONE):          # the restart
+        assert hosts(api)["dgx-1"]["docker_url"] == "tcp://dgx-1:2376"
+        r = register(api, "dgx-1", token, docker_url="tcp://dgx-1:2376")
+        assert r.status_code == 200, r.text
+        assert job(api, running)["state"] == "admitted"
+
+
 def test_an_idle_hosts_launch_address_changes_with_an_event(one):
     api = one
     token, _ = agent(api, "dgx-1")
