@@ -1,6 +1,5 @@
-"""What Airflow's provider manager reads about this package."""
-
-from . import __version__
+"""What Airflow's provider manager reads about this package (its version is added by
+`airflow_gpu.get_provider_info`, so that this module need not import the package)."""
 
 _INTEGRATION = "GPU scheduler"
 
@@ -9,7 +8,6 @@ PROVIDER_INFO = {
     "name": "GPU scheduler (airflow-provider-gpu)",
     "description": "GPU-aware workload management for NVIDIA DGX clusters: topology-aware "
                    "admission, gangs, fair share and backfill, CPU/NUMA/cgroup isolation.",
-    "versions": [__version__],
     "integrations": [{"integration-name": _INTEGRATION, "tags": ["service"]}],
     "hooks": [{"integration-name": _INTEGRATION,
                "python-modules": ["airflow_gpu.hooks.scheduler"]}],
