@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .plugins import hookimpl
+from .hookmarkers import hookimpl
 
 if TYPE_CHECKING:
     from .engine.cluster import Host

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from .errors import InputError
+from .hookmarkers import hookimpl
 from .jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU, JobSpec
-from .plugins import hookimpl
 from .units import format_duration
 
 STOP_GRACE = 30     # seconds from SIGTERM to SIGKILL at the time limit (Slurm's KillWait)

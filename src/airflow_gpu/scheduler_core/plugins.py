@@ -30,15 +30,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import pluggy
 
+from . import healthscore, jobclasses
+from .hookmarkers import PROJECT, hookimpl, hookspec
+
 if TYPE_CHECKING:
     from .engine.cluster import Host
     from .engine.state import HostState
     from .jobclasses import JobClass
     from .jobspec import JobSpec, Role
 
-PROJECT = "airflow_gpu"
-hookspec = pluggy.HookspecMarker(PROJECT)
-hookimpl = pluggy.HookimplMarker(PROJECT)
+__all__ = ["PROJECT", "hookimpl", "hookspec"]     # plugins mark their hooks with these
 
 
 class HostFilter(Protocol):
@@ -88,8 +89,6 @@ def make_registry(extra_plugins: tuple = (), entry_points: bool = True) -> Regis
     pm.add_hookspecs(Hooks)
     if entry_points:
         pm.load_setuptools_entrypoints(PROJECT)
-    from . import healthscore, jobclasses
-
     for builtin in (jobclasses, healthscore):
         if not pm.is_registered(builtin) and not any(
                 getattr(p, "__name__", None) == builtin.__name__ for p in pm.get_plugins()):
