@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import InputError
-from .simulator import SimResult
+from .metrics import SimResult
 
 DAY = 86400.0
 

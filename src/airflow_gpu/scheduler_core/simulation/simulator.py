@@ -18,7 +18,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig
 from ..policy.scheduler import PassResult, Rejected, Scheduler
-from .metrics import replay_metrics
+from .metrics import JobRecord, SimResult
 from .progress import Run, stop
 from .trace import TraceJob, job_spec
 
@@ -52,59 +51,6 @@ class SimOptions:
     # (bench/nvlink_domain.py: placement blind to NVLink domains); hosts are matched by
     # name and the slowdown tier is taken on these. None: the scheduler's own cluster.
     true_cluster: Cluster | None = None
-
-
-@dataclass
-class JobRecord:
-    job_id: str
-    team: str
-    gpus: int
-    submit: float
-    duration: float
-    priority: int = 0
-    start: float | None = None        # its first start (the wait ends there)
-    end: float | None = None          # its final end
-    hosts: int = 0                    # of its last placement
-    switches: int = 0
-    rejected: str | None = None
-    timeout: bool = False             # stopped at its time limit
-    preemptions: int = 0
-    held_gpu_s: float = 0.0           # GPU-seconds held, over every admission
-    lost_gpu_s: float = 0.0           # of which lost to preemption (rerun or stopping)
-    borrowed: bool = False            # it ran on borrowed quota at least once
-
-
-@dataclass
-class SimResult:
-    policy: str
-    cluster: str
-    total_gpus: int
-    host_gpus: int
-    records: list[JobRecord]
-    times: array = field(default_factory=lambda: array("d"))      # one sample per pass
-    # GPUs held (a MIG device by its share of its GPU, as quotas charge it)
-    busy: array = field(default_factory=lambda: array("d"))
-    queued: array = field(default_factory=lambda: array("l"))     # jobs waiting
-    passes: int = 0
-    wall_s: float = 0.0
-    high_priority: int = 100
-
-    def write_records(self, path: str) -> None:
-        """One CSV row per job: when it was submitted, started and ended, and where."""
-        import csv
-
-        with open(path, "w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(["job_id", "team", "gpus", "submit", "start", "end", "duration",
-                        "hosts", "switches", "rejected", "priority", "preemptions",
-                        "held_gpu_s", "lost_gpu_s", "borrowed"])
-            for r in self.records:
-                w.writerow([r.job_id, r.team, r.gpus, r.submit, r.start, r.end, r.duration,
-                            r.hosts, r.switches, r.rejected or "", r.priority, r.preemptions,
-                            round(r.held_gpu_s, 3), round(r.lost_gpu_s, 3), int(r.borrowed)])
-
-    def metrics(self) -> dict:
-        return replay_metrics(self)
 
 
 class _Events:
