@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from airflow_gpu.scheduler_core.engine.gpu_selection import ranked_gpu_sets
 from airflow_gpu.scheduler_core.engine.placement import Placed, _Trial, compile_needs, place
 from airflow_gpu.scheduler_core.healthscore import HealthScorer
 from airflow_gpu.scheduler_core.plugins import default_registry, make_registry
@@ -151,11 +152,11 @@ def test_worn_gpus_inside_a_host_go_last_on_dgx1_within_the_best_nvlink_sets():
 def test_the_gpu_set_cache_keys_on_the_worn_gpus():
     state = make_state({"name": "h-1", "model": "dgx-h100"})
     t = state.cluster.hosts[0].type
-    plain = t.ranked_gpu_sets(0xFF, 1)
-    worn = t.ranked_gpu_sets(0xFF, 1, plain[0])
+    plain = ranked_gpu_sets(t, 0xFF, 1)
+    worn = ranked_gpu_sets(t, 0xFF, 1, plain[0])
     assert worn[0] != plain[0] and sorted(worn) == sorted(plain) and worn[-1] == plain[0]
-    assert t.ranked_gpu_sets(0xFF, 1) == plain
-    assert t.ranked_gpu_sets(0xFF, 1, 1 << 8) == plain     # worn GPUs outside free: ignored
+    assert ranked_gpu_sets(t, 0xFF, 1) == plain
+    assert ranked_gpu_sets(t, 0xFF, 1, 1 << 8) == plain     # worn GPUs outside free: ignored
 
 
 # -- random clusters and job streams ------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .gpu_selection import ranked_gpu_sets
 from .hosttype import Cores, HostType, lowest_bits, round_robin
 from .state import HostState, ReplicaAllocation, take
 
@@ -159,7 +160,7 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
     free = hs.usable_gpus & need.eligible(t)
     if free.bit_count() < need.gpus:
         return None
-    sets = t.ranked_gpu_sets(free, need.gpus, hs.worn_gpus)
+    sets = ranked_gpu_sets(t, free, need.gpus, hs.worn_gpus)
     # strict and preferred first look for a GPU set whose own NUMA nodes hold the cores;
     # preferred then widens, none widens at once.
     passes = {"strict": (False,), "preferred": (False, True), "none": (True,)}[need.affinity]

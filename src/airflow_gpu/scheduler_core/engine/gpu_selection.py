@@ -109,3 +109,15 @@ def rank_gpu_sets(htype: HostType, free: int, count: int, worn: int = 0) -> tupl
     if worn and clean.bit_count() >= count:
         found |= _candidates(htype, clean, count)
     return tuple(sorted(found, key=key))
+
+
+def ranked_gpu_sets(htype: HostType, free: int, count: int, worn: int = 0) -> tuple[int, ...]:
+    """rank_gpu_sets, kept on the host type: every host of one model shares the answers."""
+    worn &= free
+    key = (free, count, worn) if worn else (free, count)
+    found = htype._ranked.get(key)
+    if found is None:
+        if len(htype._ranked) > 200_000:
+            htype._ranked.clear()
+        found = htype._ranked[key] = rank_gpu_sets(htype, free, count, worn)
+    return found

@@ -121,22 +121,11 @@ class HostType:
     total_cpus: int
     total_mem: int
     # (free_mask, count[, worn_mask]) -> GPU sets best first; shared by all hosts of this
-    # model. The worn mask (within free) is in the key only when it is not empty.
+    # model (gpu_selection.ranked_gpu_sets). The worn mask (within free) is in the key
+    # only when it is not empty.
     _ranked: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
     # GPUs in MIG mode and their MIG devices (mig.py); None: no GPU in MIG mode
     mig: MigLayout | None = None
-
-    def ranked_gpu_sets(self, free: int, count: int, worn: int = 0) -> tuple[int, ...]:
-        worn &= free
-        key = (free, count, worn) if worn else (free, count)
-        found = self._ranked.get(key)
-        if found is None:
-            if len(self._ranked) > 200_000:
-                self._ranked.clear()
-            from .gpu_selection import rank_gpu_sets
-
-            found = self._ranked[key] = rank_gpu_sets(self, free, count, worn)
-        return found
 
     def describe(self) -> str:
         mem = self.gpu_mem[0] // GiB if self.n_gpus else 0
