@@ -36,7 +36,7 @@ from typing import Any
 
 import airflow_gpu
 from airflow_gpu.scheduler_core.engine.cluster import Cluster, synthetic_cluster
-from airflow_gpu.scheduler_core.engine.fit import Need
+from airflow_gpu.scheduler_core.engine.need import Need
 from airflow_gpu.scheduler_core.engine.placement import Placed, compile_needs, place
 from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.jobspec import JobSpec

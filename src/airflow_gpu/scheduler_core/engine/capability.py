@@ -16,7 +16,7 @@ from .hosttype import HostType
 
 if TYPE_CHECKING:
     from .cluster import Cluster
-    from .fit import Need
+    from .need import Need
 
 # per cluster: its distinct host types, and those of each switch and rack (clusters are
 # rebuilt, never changed, when hosts come and go)

@@ -5,8 +5,7 @@ counted the same way: free devices of the profile asked, anywhere."""
 
 from __future__ import annotations
 
-from .fit import Need
-from .migfit import mig_eligible
+from .need import Need, mig_eligible
 from .placement import Placed
 from .state import ClusterState, ReplicaAllocation
 

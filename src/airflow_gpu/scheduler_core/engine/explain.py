@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from ..units import format_size
 from . import migfit
-from .fit import Need, fit_replica
+from .fit import fit_replica
+from .need import Need
 from .state import HostState
 
 if TYPE_CHECKING:

@@ -2,147 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
+from .cpumem import free_cpus, numa_pools, take_from
 from .gpu_selection import ranked_gpu_sets
-from .hosttype import Cores, HostType, lowest_bits, round_robin
+from .hosttype import HostType, round_robin
+from .migfit import fit_slices
+from .need import Need
 from .state import HostState, ReplicaAllocation, take
-
-
-@dataclass(eq=False)
-class Need:
-    """What each replica of one role needs, compiled for the hot path."""
-
-    role: str
-    replicas: int
-    gpus: int
-    cpus: int
-    memory: int
-    models: tuple[str, ...] | None      # substrings of the GPU name, any case
-    min_gpu_memory: int
-    affinity: str                       # strict | preferred | none
-    nics: bool
-    whole_cores: bool = True            # cores with all their SMT threads, never halves
-    mig: str | None = None              # MIG profile asked instead of whole GPUs
-    slices: int = 0                     # MIG devices of that profile per replica
-    _eligible: dict = field(default_factory=dict)
-    _capability: dict = field(default_factory=dict)
-
-    def eligible(self, t: HostType) -> int:
-        """Bitmask of the GPUs of this host type that meet the model/memory constraint
-        (never GPUs in MIG mode: they are handed out only as MIG devices)."""
-        found = self._eligible.get(id(t))
-        if found is None:
-            found = 0
-            models = [m.lower() for m in self.models] if self.models else None
-            for i in range(t.n_gpus):
-                if t.mig_gpus >> i & 1:
-                    continue
-                name = t.gpu_name[i].lower()
-                if t.gpu_mem[i] >= self.min_gpu_memory and (
-                        models is None or any(m in name for m in models)):
-                    found |= 1 << i
-            self._eligible[id(t)] = found
-        return found
-
-    def capability(self, t: HostType) -> tuple[int, int] | None:
-        """(GPU memory, NVLink generation) of the best GPU of this host type eligible for
-        the need (capability.py ranks hosts by it); None when none is."""
-        key = id(t)
-        if key not in self._capability:
-            mask = self.eligible(t)
-            self._capability[key] = (max(t.gpu_mem[i] for i in range(t.n_gpus) if mask >> i & 1),
-                                     t.topo.nvlink.generation or 0) if mask else None
-        return self._capability[key]
-
-    def upper_bound(self, t: HostType, hs: HostState) -> int:
-        """Replicas that could fit on the host by counts alone (exact fit may give fewer)."""
-        if self.mig:
-            from .migfit import upper_bound
-
-            return upper_bound(t, hs, self)
-        n = 1 << 30
-        if self.gpus:
-            n = (hs.usable_gpus & self.eligible(t)).bit_count() // self.gpus
-            if not n:
-                return 0
-        elif hs.drained:
-            return 0
-        n = min(n, hs.n_cpus() // self.cpus)
-        if self.memory:
-            n = min(n, sum(hs.free_mem) // self.memory)
-        return n
-
-
-def free_cpus(avail: int, cores: Cores | None) -> int:
-    """How many of the `avail` CPUs can be handed out: with `cores`, only whole cores."""
-    return avail.bit_count() if cores is None else cores.free(avail)
-
-
-def _cpus_from(avail: int, want: int, cores: Cores | None) -> int:
-    """`want` CPUs from `avail`, lowest first; with `cores`, whole cores (the last one may
-    bring more threads than asked)."""
-    return lowest_bits(avail, want) if cores is None else cores.take(avail, want)
-
-
-def _take_from(pools: list[int], hs: HostState, cpus: int, memory: int,
-               shares: dict[int, int] | None = None,
-               cores: list[Cores] | None = None):
-    """Cores (lowest ids first) and memory from NUMA positions in `pools` order, or None.
-
-    With `shares` (GPUs per NUMA position), cores and memory are first split in
-    proportion, so each GPU's process finds cores and memory on its own node. With
-    `cores` (the physical cores per NUMA position) CPUs come as whole cores.
-    """
-    cpu_got: dict[int, int] = {}
-    mem_got: dict[int, int] = {}
-    total = sum(shares.values()) if shares else 0
-    for want, got, free, is_cpu in ((cpus, cpu_got, hs.free_cpus, True),
-                                    (memory, mem_got, hs.free_mem, False)):
-        rounds = []
-        if total:
-            rounds.append({p: -(-want * n // total) for p, n in shares.items()})
-        rounds.append(None)
-        for cap in rounds:
-            for p in pools:
-                if want <= 0:
-                    break
-                pool_cores = cores[p] if cores is not None else None
-                avail = free[p] & ~got.get(p, 0) if is_cpu else 0
-                have = free_cpus(avail, pool_cores) if is_cpu else free[p] - got.get(p, 0)
-                n = min(have, want, cap.get(p, 0) if cap is not None else want)
-                if n <= 0:
-                    continue
-                if is_cpu:
-                    taken = _cpus_from(avail, n, pool_cores)
-                    got[p] = got.get(p, 0) | taken
-                    n = taken.bit_count()
-                else:
-                    got[p] = got.get(p, 0) + n
-                want -= n
-        if want > 0:
-            return None
-    return sorted(cpu_got.items()), sorted(mem_got.items())
-
-
-def _pools(t: HostType, hs: HostState, local: list[int], widen: bool) -> list[int]:
-    """NUMA positions to draw from: the GPUs' own first, then (if `widen`) the same socket,
-    then the rest; remote nodes with the fewest free GPUs first, so their cores stay free."""
-    if not widen:
-        return local
-    sockets = {t.numa_socket[p] for p in local}
-    rest = [p for p in range(len(t.numa_ids)) if p not in local]
-    rest.sort(key=lambda p: (t.numa_socket[p] not in sockets,
-                             (t.numa_gpus[p] & hs.usable_gpus).bit_count(), p))
-    return local + rest
 
 
 def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
     """(gpu_mask, cpu_take, mem_take) for one replica on this host, best choice first; or None.
     For a need of MIG devices, the first is the mask of MIG slots (migfit.fit_slices)."""
     if need.mig:
-        from .migfit import fit_slices
-
         return fit_slices(t, hs, need)
     cores = t.numa_cores if need.whole_cores else None
     if need.gpus == 0:
@@ -154,8 +25,8 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
         for p in order:
             if (free_cpus(hs.free_cpus[p], cores[p] if cores else None) >= need.cpus
                     and hs.free_mem[p] >= need.memory):
-                return 0, *_take_from([p], hs, need.cpus, need.memory, cores=cores)
-        got = _take_from(order, hs, need.cpus, need.memory, cores=cores)
+                return 0, *take_from([p], hs, need.cpus, need.memory, cores=cores)
+        got = take_from(order, hs, need.cpus, need.memory, cores=cores)
         return (0, *got) if got else None
     free = hs.usable_gpus & need.eligible(t)
     if free.bit_count() < need.gpus:
@@ -167,7 +38,7 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
     for widen in passes:
         for gset in sets if widen else (*sets, *_spread_by_cores(t, hs, free, need)):
             shares = _gpu_numas(t, gset)
-            got = _take_from(_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
+            got = take_from(numa_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
                              shares, cores)
             if got:
                 return gset, *got

@@ -12,40 +12,14 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
-from .fit import _pools, _take_from
+from .cpumem import numa_pools, take_from
 from .hosttype import HostType
 from .mig import ALL_PROFILES, FAMILIES, family_of, slice_labels, unknown_profile
+from .need import Need, mig_eligible
 
 if TYPE_CHECKING:
     from .cluster import Cluster, Host
-    from .fit import Need
     from .state import ClusterState, HostState
-
-
-def mig_eligible(t: HostType, need: Need) -> int:
-    """Slots of the host type's MIG devices of the need's profile (and GPU model)."""
-    key = ("mig", id(t))
-    found = need._eligible.get(key)
-    if found is None:
-        found = 0
-        if t.mig is not None:
-            models = [m.lower() for m in need.models] if need.models else None
-            for s in t.mig.slices:
-                if s.profile == need.mig and (
-                        models is None or any(m in t.gpu_name[s.gpu].lower() for m in models)):
-                    found |= 1 << s.slot
-        need._eligible[key] = found
-    return found
-
-
-def upper_bound(t: HostType, hs: HostState, need: Need) -> int:
-    n = (hs.usable_slices & mig_eligible(t, need)).bit_count() // need.slices
-    if not n:
-        return 0
-    n = min(n, hs.n_cpus() // need.cpus)
-    if need.memory:
-        n = min(n, sum(hs.free_mem) // need.memory)
-    return n
 
 
 def _gpu_order(t: HostType, hs: HostState, cand: int) -> list[int]:
@@ -96,7 +70,7 @@ def fit_slices(t: HostType, hs: HostState, need: Need) -> tuple | None:
     passes = {"strict": (False,), "preferred": (False, True), "none": (True,)}[need.affinity]
     for widen in passes:
         for picked, shares in choices:
-            got = _take_from(_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
+            got = take_from(numa_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
                              shares if len(shares) > 1 else None, cores)
             if got:
                 return picked, *got

@@ -30,8 +30,9 @@ from ..jobspec import JobSpec
 from ..plugins import Registry
 from .capability import Ranking
 from .cluster import Host
-from .fit import Need, allocate_replica
-from .migfit import host_order, mig_eligible
+from .fit import allocate_replica
+from .migfit import host_order
+from .need import Need, mig_eligible
 from .placed import Placed, Progress, Unplaced
 from .state import ClusterState, HostState, ReplicaAllocation
 

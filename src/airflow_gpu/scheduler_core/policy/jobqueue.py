@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..engine.fit import Need
+from ..engine.need import Need
 from ..engine.placement import compile_needs
 from ..jobspec import JobSpec
 from .quota import spec_need
