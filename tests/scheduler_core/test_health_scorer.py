@@ -6,7 +6,8 @@ import dataclasses
 import random
 
 from airflow_gpu.scheduler_core.engine.gpu_selection import ranked_gpu_sets
-from airflow_gpu.scheduler_core.engine.placement import Placed, _Trial, compile_needs, place
+from airflow_gpu.scheduler_core.engine.placement import Placed, compile_needs, place
+from airflow_gpu.scheduler_core.engine.trial import Trial
 from airflow_gpu.scheduler_core.healthscore import HealthScorer
 from airflow_gpu.scheduler_core.plugins import default_registry, make_registry
 from tests.helpers import job, make_state
@@ -68,9 +69,9 @@ def test_set_degraded_gpus_keeps_them_usable():
 def test_scorers_that_do_not_apply_are_left_out_of_the_trial():
     state = make_state({"name": "h-1", "model": "dgx-h100"})
     spec = gpus_job("j", 1)
-    assert _Trial(spec, compile_needs(spec), state, REG).scorers == []
+    assert Trial(spec, compile_needs(spec), state, REG).scorers == []
     state.set_degraded_gpus("h-1", {0: "thermal throttling"})
-    assert len(_Trial(spec, compile_needs(spec), state, REG).scorers) == 1
+    assert len(Trial(spec, compile_needs(spec), state, REG).scorers) == 1
 
 
 def test_weight_grows_with_the_expected_runtime():

@@ -11,8 +11,8 @@ from .need import Need
 from .state import HostState
 
 if TYPE_CHECKING:
-    from .placement import _Trial
     from .state import ClusterState
+    from .trial import Trial
 
 
 def describe_need(n: Need) -> str:
@@ -44,7 +44,7 @@ def _host_free(state: ClusterState, needs: list[Need], h) -> str:
     return f"{gpus}{hs.n_cpus()} CPUs, {format_size(sum(hs.free_mem))} free"
 
 
-def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
+def pending_reason(trial: Trial, within: str) -> tuple[str, str, dict]:
     """(code, message, details) for a job that cannot be placed now."""
     state, needs = trial.state, trial.needs
     what = describe_needs(needs) + (f" under {within}" if within else "")
@@ -99,7 +99,7 @@ def pending_reason(trial: _Trial, within: str) -> tuple[str, str, dict]:
     return code, msg, details
 
 
-def _largest_free_domain(trial: _Trial, gpu_need: Need | None, details: dict) -> str:
+def _largest_free_domain(trial: Trial, gpu_need: Need | None, details: dict) -> str:
     """The NVLink domain with the most eligible GPUs free now (Slurm's topology/block
     says the same of blocks)."""
     state = trial.state
@@ -122,7 +122,7 @@ def _largest_free_domain(trial: _Trial, gpu_need: Need | None, details: dict) ->
             f"{'s' if n != 1 else ''} free on {_hosts(usable)}")
 
 
-def _best_host(trial: _Trial, gpu_need: Need | None):
+def _best_host(trial: Trial, gpu_need: Need | None):
     """The usable host with the most eligible free GPUs (then most free cores); buckets of
     hosts by free GPUs are walked from the top, so a busy cluster is not scanned whole."""
     state, best, best_key = trial.state, None, None
@@ -157,7 +157,7 @@ def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[st
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
-def why_never(trial: _Trial, within: str) -> str:
+def why_never(trial: Trial, within: str) -> str:
     """Why the job cannot run even on the empty cluster: the constraint, and the fix."""
     cluster = trial.state.cluster
     types = {id(h.type): h.type for h in cluster.hosts}.values()
@@ -260,12 +260,12 @@ def _constraint(n: Need) -> str:
     return " and ".join(parts) or "(none)"
 
 
-def _eligible_total(trial: _Trial, hosts) -> int:
+def _eligible_total(trial: Trial, hosts) -> int:
     n = next((n for n in trial.needs if n.gpus), None)
     return sum(n.eligible(h.type).bit_count() for h in _eligible_hosts(trial, hosts)) if n else 0
 
 
-def _eligible_hosts(trial: _Trial, hosts) -> list:
+def _eligible_hosts(trial: Trial, hosts) -> list:
     """The hosts the job's GPU role may use (placement.hosts, filters, enough eligible
     GPUs for a replica); for a job without GPUs, those its first role may use."""
     n = next((n for n in trial.needs if n.gpus), trial.needs[0])
@@ -276,12 +276,12 @@ def _hosts(n: int) -> str:
     return f"{n} host{'s' if n != 1 else ''}"
 
 
-def _totals(trial: _Trial) -> str:
+def _totals(trial: Trial) -> str:
     hosts = _eligible_hosts(trial, trial.state.cluster.hosts)
     return f"{_eligible_total(trial, hosts)} eligible GPUs on {_hosts(len(hosts))}"
 
 
-def _largest_domain(trial: _Trial, within: str) -> str:
+def _largest_domain(trial: Trial, within: str) -> str:
     c = trial.state.cluster
     if within == "one host":
         usable = [h for h in c.hosts if all(trial.allowed(n, h) for n in trial.needs)]

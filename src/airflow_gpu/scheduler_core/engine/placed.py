@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .cluster import Host
 from .state import ReplicaAllocation, tier_of
-
-if TYPE_CHECKING:
-    from .placement import _Trial
 
 
 @dataclass
@@ -31,17 +28,15 @@ class Unplaced:
     """Why a job cannot be placed now. Explained on first read (the scheduling hot path
     seldom asks), from the state as it was: read it before changing the state."""
 
-    def __init__(self, trial: _Trial, within: str):
-        self._trial, self._within = trial, within
+    def __init__(self, why: Callable[[], tuple[str, str, dict]]):
+        self._explain: Callable[[], tuple[str, str, dict]] | None = why
         self._why: tuple[str, str, dict] | None = None
 
     def explain(self) -> tuple[str, str, dict]:
         """(code, message, details), computed once."""
         if self._why is None:
-            from .explain import pending_reason
-
-            self._why = pending_reason(self._trial, self._within)
-            self._trial = None
+            self._why = self._explain()
+            self._explain = None          # lets the trial and its state copies go
         return self._why
 
     @property
