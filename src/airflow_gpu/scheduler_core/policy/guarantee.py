@@ -17,10 +17,8 @@ from .reservations import place_best
 
 if TYPE_CHECKING:
     from ..engine.placement import Placed
-    from .jobqueue import QueuedJob
-    from .onepass import Pass
     from .quota import Quotas
-    from .scheduler import Scheduler
+    from .types import PassView, QueuedJob, SchedulerView
 
 BROKEN = "guarantee broken: "     # how a preemption message names it (service reads it)
 
@@ -45,7 +43,7 @@ def below(quotas: Quotas, team: str, less, gone=(0, 0, 0)) -> float:
     return short
 
 
-def stopping_by_team(s: Scheduler) -> dict[str, list[float]]:
+def stopping_by_team(s: SchedulerView) -> dict[str, list[float]]:
     """What each team's jobs that are stopping already give back."""
     out: dict[str, list[float]] = {}
     for name in s.stopping:
@@ -68,7 +66,7 @@ def _n(v: float) -> str:
     return f"{float(v):g}"
 
 
-def broken_teams(s: Scheduler, job: QueuedJob, victims: list[QueuedJob], gone=None
+def broken_teams(s: SchedulerView, job: QueuedJob, victims: list[QueuedJob], gone=None
                  ) -> dict[str, str]:
     """Per team that stopping `victims` (on top of `gone`, per team: default, the jobs
     stopping already) takes below its guarantee: what the preemptor's reason says."""
@@ -86,7 +84,7 @@ def broken_teams(s: Scheduler, job: QueuedJob, victims: list[QueuedJob], gone=No
     return out
 
 
-def broken_guarantees(p: Pass, job: QueuedJob, chosen, placed: Placed
+def broken_guarantees(p: PassView, job: QueuedJob, chosen, placed: Placed
                       ) -> tuple[dict[str, str], dict[str, str]]:
     """Per victim of a team the set takes below its guarantee, what its preemption says
     (whose guarantee, for whom, and whether it may restart on what is left); per such
@@ -102,7 +100,7 @@ def broken_guarantees(p: Pass, job: QueuedJob, chosen, placed: Placed
     return out, teams
 
 
-def still_broken(s: Scheduler, job: QueuedJob, victims: list[QueuedJob]) -> dict[str, str]:
+def still_broken(s: SchedulerView, job: QueuedJob, victims: list[QueuedJob]) -> dict[str, str]:
     """`broken_teams` of a preemptor whose victims are stopping already (a later pass)."""
     others = [n for n in s.stopping if n not in {v.name for v in victims}]
     gone: dict[str, list[float]] = {}
@@ -113,7 +111,7 @@ def still_broken(s: Scheduler, job: QueuedJob, victims: list[QueuedJob]) -> dict
     return broken_teams(s, job, victims, gone)
 
 
-def restarts(p: Pass, v: QueuedJob, chosen, placed: Placed) -> bool:
+def restarts(p: PassView, v: QueuedJob, chosen, placed: Placed) -> bool:
     """The victim would place again once all `chosen` have stopped and the preemptor
     holds its placement (reservations aside)."""
     s = p.s

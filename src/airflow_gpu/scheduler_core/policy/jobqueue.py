@@ -24,12 +24,12 @@ import heapq
 import math
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from ..engine.need import Need
 from ..engine.placement import compile_needs
 from ..jobspec import JobSpec
 from .quota import spec_need
+from .types import QueuedJob
 
 # Job size: GPU-minutes of work from 1 (size factor 1) to 10^7 (size factor 0), log scale.
 _SIZE_DECADES = 7.0
@@ -51,43 +51,6 @@ def size_factor(gpus: int, runtime: float) -> float:
     Slurm's job-size factor, weighed by expected runtime as well as by GPUs."""
     work = max(1.0, max(gpus, 1) * runtime / 60.0)
     return max(0.0, 1.0 - math.log10(work) / _SIZE_DECADES)
-
-
-@dataclass(eq=False)
-class QueuedJob:
-    spec: JobSpec            # with its job class applied
-    submit: float
-    seq: int
-    runtime: float           # expected runtime on one host, seconds
-    base: float              # the business band: priority + class weight
-    needs: list[Need]
-    shape: tuple
-    gpus: int = 0            # GPUs of the whole gang
-    charge: float = 0        # GPUs charged (quotas, fair share): gpus + MIG shares
-    size: float = 0.0        # size factor (0..1)
-    limit: float = math.inf  # its time limit, seconds (inf: none)
-    grace: float = 0.0       # seconds from SIGTERM to SIGKILL at the limit
-    cpus: int = 0            # logical CPUs of the whole gang (team quotas)
-    memory: int = 0          # host memory bytes of the whole gang
-    borrowed: bool = False   # started beyond its team's guarantee (quota.py)
-    preempted_by: frozenset[str] = frozenset()   # jobs that once preempted it
-    preemptible: bool = True
-    preempt_signal: str = "SIGTERM"
-    preempt_grace: float = 0.0                   # seconds from the signal to SIGKILL
-    checkpoint_interval: float | None = None     # seconds (what a preemption loses)
-    behind: bool = False     # requeued as idle: at the back of its band (point 4 above)
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def team(self) -> str:
-        return self.spec.team
-
-    @property
-    def job_class(self) -> str | None:
-        return self.spec.job_class
 
 
 class JobQueue:

@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING
 
 from ..engine.countfit import place_by_count
 from ..engine.placement import Placed
-from .jobqueue import QueuedJob
 from .passplan import PassPlan
-from .pending import Pending, Reasons, locality_wait
+from .pending import Reasons, locality_wait
 from .preempt import Preemption, claimed, preempt
 from .reservations import Reservation, earliest_end, place_best
+from .types import Pending, QueuedJob
 from .upcoming import upcoming
 
 if TYPE_CHECKING:
-    from .scheduler import Scheduler
+    from .types import SchedulerView
 
 
 @dataclass
@@ -39,7 +39,7 @@ class PassResult:
 class Pass:
     """The working memory of one pass."""
 
-    def __init__(self, sched: Scheduler, now: float, explain: bool):
+    def __init__(self, sched: SchedulerView, now: float, explain: bool):
         self.s, self.now, self.explain = sched, now, explain
         self.mode = sched.config.mode
         self.result = PassResult(now)

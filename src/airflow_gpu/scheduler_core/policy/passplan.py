@@ -12,12 +12,11 @@ from ..engine.placement import Placed
 from .reservations import Hold, Reservation
 
 if TYPE_CHECKING:
-    from .jobqueue import QueuedJob
-    from .scheduler import Scheduler
+    from .types import QueuedJob, SchedulerView
 
 
 class PassPlan:
-    def __init__(self, sched: Scheduler, now: float):
+    def __init__(self, sched: SchedulerView, now: float):
         self.s, self.now = sched, now
         epoch, last, stood, carried_before = sched._planned
         self.planned = {r.job.name: r for r in stood}  # the last pass's, by job

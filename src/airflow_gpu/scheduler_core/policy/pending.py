@@ -6,7 +6,6 @@ never pay for them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..engine.cluster import TIERS
@@ -14,25 +13,11 @@ from ..engine.hosttype import bits
 from ..engine.placement import Placed, never_fits, place
 from ..units import format_duration
 from .reservations import earliest_end
+from .types import Pending
 
 if TYPE_CHECKING:
-    from .jobqueue import QueuedJob
-    from .onepass import Pass
     from .reservations import Reservation
-
-
-@dataclass
-class Pending:
-    """Why a job waits: a code, a message with numbers, details, and an ETA if planned."""
-
-    code: str            # Resources | Locality | Priority | Quota | Unhealthy
-    message: str
-    details: dict = field(default_factory=dict)
-    eta: float | None = None     # seconds from the pass until the planned start
-
-    def to_dict(self) -> dict:
-        return {"code": self.code, "reason": self.message, "details": self.details,
-                "eta_seconds": None if self.eta is None else round(self.eta)}
+    from .types import PassView, QueuedJob
 
 
 def quota_wait(job: QueuedJob, quota: int, held: int) -> Pending:
@@ -57,7 +42,7 @@ def locality_wait(job: QueuedJob, now: Reservation, better: Reservation,
 class Reasons:
     """The pass's reasons for blocked jobs; jobs of one shape share one (not its ETA)."""
 
-    def __init__(self, p: Pass):
+    def __init__(self, p: PassView):
         self.p = p
         self._why: dict[tuple, Pending | tuple] = {}
         self._eta: dict[tuple, float | None] = {}

@@ -30,14 +30,12 @@ from .guarantee import (
     stopping_by_team,
     taken_by_team,
 )
-from .pending import Pending
 from .quota import need
 from .reservations import Reservation, earliest_end, place_best
+from .types import Pending
 
 if TYPE_CHECKING:
-    from .jobqueue import QueuedJob
-    from .onepass import Pass
-    from .scheduler import Scheduler
+    from .types import PassView, QueuedJob, SchedulerView
 
 HOST_SCOPES = 16          # hosts tried alone for a job that fits on one
 EXHAUSTIVE = 10           # up to this many candidates, every set of them is tried
@@ -64,7 +62,7 @@ def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
     return unsaved(max(0.0, now - started), job.checkpoint_interval)
 
 
-def pool(s: Scheduler, now: float, soon: bool = False) -> list[tuple[tuple, QueuedJob]]:
+def pool(s: SchedulerView, now: float, soon: bool = False) -> list[tuple[tuple, QueuedJob]]:
     """(cost, job) of every running job that may be preempted at all, cheapest first.
     `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
     cfg = s.config.preemption
@@ -80,13 +78,13 @@ def pool(s: Scheduler, now: float, soon: bool = False) -> list[tuple[tuple, Queu
     return out
 
 
-def reclaims(s: Scheduler, job: QueuedJob, own_team: bool = False) -> bool:
+def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
     """The job may reclaim: its team's GPU guarantee covers it (not waiting for quota)."""
     return (s.config.preemption.reclaim and job.gpus > 0 and not own_team
             and s.quotas.guaranteed(job.team) and s.quotas.covered(job))
 
 
-def candidates(p: Pass, job: QueuedJob, own_team: bool = False,
+def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
                victims: list[tuple[tuple, QueuedJob]] | None = None
                ) -> list[tuple[tuple, QueuedJob, str]]:
     """(cost, victim, reason) of every job `job` may stop, cheapest first; `own_team`:
@@ -128,7 +126,7 @@ class Trial:
     """Places the job with some running jobs' resources given back (then taken again),
     around the pass's reservations that start before it would end."""
 
-    def __init__(self, p: Pass, job: QueuedJob, freed: list[QueuedJob],
+    def __init__(self, p: PassView, job: QueuedJob, freed: list[QueuedJob],
                  own_team: bool = False):
         self.p, self.job = p, job
         self.freed = freed         # stopping already for this job: free for every trial
@@ -235,7 +233,7 @@ def _total(chosen) -> tuple:
     return (sum(c[0][0] for c in chosen), len(chosen), sum(c[0][1] for c in chosen))
 
 
-def preempt(p: Pass, job: QueuedJob, own_team: bool = False) -> Pending | None:
+def preempt(p: PassView, job: QueuedJob, own_team: bool = False) -> Pending | None:
     """Stop the cheapest set of jobs that lets `job` start now, if the policy allows
     it: they are marked stopping (`Scheduler.stop`), the job waits for them with a
     reservation on the placement found. Returns its pending reason, or None.
@@ -300,7 +298,7 @@ def search(trial: Trial, cands: list[tuple[tuple, QueuedJob, str]], limit: int
     return best
 
 
-def _wait_without(p: Pass, job: QueuedJob) -> float | None:
+def _wait_without(p: PassView, job: QueuedJob) -> float | None:
     """How long the job would wait without preempting (None: no start is planned)."""
     s = p.s
     p.plan.hold_first(0)
@@ -309,7 +307,7 @@ def _wait_without(p: Pass, job: QueuedJob) -> float | None:
     return None if r is None else r.start - p.now
 
 
-def _team_frees(p: Pass, job: QueuedJob) -> float | None:
+def _team_frees(p: PassView, job: QueuedJob) -> float | None:
     """How long until the first of the team's running jobs is expected to end (what a
     job waiting for its team's quota waits for at least)."""
     s = p.s
@@ -318,7 +316,7 @@ def _team_frees(p: Pass, job: QueuedJob) -> float | None:
     return min(ends) - p.now if ends else None
 
 
-def stop_for(p: Pass, job: QueuedJob, chosen, placed: Placed,
+def stop_for(p: PassView, job: QueuedJob, chosen, placed: Placed,
              wait: float | None) -> Pending:
     s, now = p.s, p.now
     names, reasons = [], set()
@@ -344,7 +342,7 @@ def stop_for(p: Pass, job: QueuedJob, chosen, placed: Placed,
                       teams)
 
 
-def claim_wait(p: Pass, job: QueuedJob, victims: list[str], placed: Placed,
+def claim_wait(p: PassView, job: QueuedJob, victims: list[str], placed: Placed,
                stop_at: float, reason: str = "", wait: float | None = None,
                broken: dict[str, str] | None = None) -> Pending:
     """The preemptor waits for its victims to stop, its placement reserved from then on
@@ -366,7 +364,7 @@ def claim_wait(p: Pass, job: QueuedJob, victims: list[str], placed: Placed,
         + saved), details, max(0.0, stop_at - now))
 
 
-def claimed(p: Pass, job: QueuedJob) -> Pending | None:
+def claimed(p: PassView, job: QueuedJob) -> Pending | None:
     """A job that preempted others in an earlier pass and has not started: while its
     victims are still stopping it waits for them; once they are all gone the claim ends
     (None: the job is considered like any other, and may preempt again)."""

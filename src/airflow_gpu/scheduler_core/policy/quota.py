@@ -17,10 +17,10 @@ from ..engine.mig import gpu_share
 from ..jobspec import JobSpec
 from ..units import format_size
 from .config import RESOURCES, PolicyConfig
-from .pending import Pending
+from .types import Pending
 
 if TYPE_CHECKING:
-    from .jobqueue import QueuedJob
+    from .types import QueuedJob
 
 Usage = list[float]            # [gpus, cpus, memory bytes]
 SAY = ("GPUs", "CPUs", "of memory")

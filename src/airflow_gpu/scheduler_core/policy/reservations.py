@@ -21,7 +21,7 @@ from .timemodel import reestimate
 
 if TYPE_CHECKING:
     from ..plugins import Registry
-    from .jobqueue import QueuedJob
+    from .types import QueuedJob
 
 
 @dataclass(eq=False)

@@ -16,12 +16,12 @@ from ..jobclasses import preempt_options, resolve, stop_grace
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from .config import FairShare, PolicyConfig
-from .jobqueue import JobQueue, QueuedJob
+from .jobqueue import JobQueue
 from .onepass import Pass, PassResult
-from .pending import Pending
 from .quota import Quotas, need, over_quota
 from .reservations import Reservation
 from .timemodel import LocalityModel
+from .types import Pending, QueuedJob
 
 __all__ = ["PassResult", "Rejected", "Reservation", "Scheduler", "planned_runtime"]
 

@@ -15,12 +15,10 @@ from .preempt import Trial, candidates, pool, reclaims
 from .quota import most, need
 
 if TYPE_CHECKING:
-    from .jobqueue import QueuedJob
-    from .onepass import Pass
-    from .pending import Pending
+    from .types import PassView, Pending, QueuedJob
 
 
-def upcoming(p: Pass, job: QueuedJob, why: Pending, own_team: bool = False) -> Pending:
+def upcoming(p: PassView, job: QueuedJob, why: Pending, own_team: bool = False) -> Pending:
     """`why` with the preemption to come when it starts the job before `why.eta` does;
     for a `Quota` wait (`own_team`), its ETA first: when the team frees enough."""
     if not p.explain or p.mode == "count":
@@ -79,7 +77,7 @@ def upcoming(p: Pass, job: QueuedJob, why: Pending, own_team: bool = False) -> P
     return why
 
 
-def quota_eta(p: Pass, job: QueuedJob, why: Pending) -> None:
+def quota_eta(p: PassView, job: QueuedJob, why: Pending) -> None:
     """A `Quota` wait's ETA: when the team's running jobs, ending as expected, have
     freed enough for the job to fit its team's limit (GPUs, CPUs, memory)."""
     s = p.s

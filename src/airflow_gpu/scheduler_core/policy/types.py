@@ -1,0 +1,121 @@
+"""The types the policy's modules share, below all of them: a queued job, why a job
+waits, and what the pass's helpers read of the Scheduler and of the pass.
+
+SchedulerView and PassView describe scheduler.Scheduler and onepass.Pass for the modules
+those two drive (guarantee, passplan, pending, preempt, upcoming), so that these need not
+import the modules that import them. Members whose classes live above this module are
+typed Any, their class named in the comment.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..engine.need import Need
+    from ..engine.state import ClusterState
+    from ..jobspec import JobSpec
+    from ..plugins import Registry
+    from .config import PolicyConfig
+
+
+@dataclass(eq=False)
+class QueuedJob:
+    spec: JobSpec            # with its job class applied
+    submit: float
+    seq: int
+    runtime: float           # expected runtime on one host, seconds
+    base: float              # the business band: priority + class weight
+    needs: list[Need]
+    shape: tuple
+    gpus: int = 0            # GPUs of the whole gang
+    charge: float = 0        # GPUs charged (quotas, fair share): gpus + MIG shares
+    size: float = 0.0        # size factor (0..1)
+    limit: float = math.inf  # its time limit, seconds (inf: none)
+    grace: float = 0.0       # seconds from SIGTERM to SIGKILL at the limit
+    cpus: int = 0            # logical CPUs of the whole gang (team quotas)
+    memory: int = 0          # host memory bytes of the whole gang
+    borrowed: bool = False   # started beyond its team's guarantee (quota.py)
+    preempted_by: frozenset[str] = frozenset()   # jobs that once preempted it
+    preemptible: bool = True
+    preempt_signal: str = "SIGTERM"
+    preempt_grace: float = 0.0                   # seconds from the signal to SIGKILL
+    checkpoint_interval: float | None = None     # seconds (what a preemption loses)
+    behind: bool = False     # requeued as idle: at the back of its band (point 4 above)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def team(self) -> str:
+        return self.spec.team
+
+    @property
+    def job_class(self) -> str | None:
+        return self.spec.job_class
+
+
+@dataclass
+class Pending:
+    """Why a job waits: a code, a message with numbers, details, and an ETA if planned."""
+
+    code: str            # Resources | Locality | Priority | Quota | Unhealthy
+    message: str
+    details: dict = field(default_factory=dict)
+    eta: float | None = None     # seconds from the pass until the planned start
+
+    def to_dict(self) -> dict:
+        return {"code": self.code, "reason": self.message, "details": self.details,
+                "eta_seconds": None if self.eta is None else round(self.eta)}
+
+
+class SchedulerView(Protocol):
+    """What the pass and its helpers use of scheduler.Scheduler."""
+
+    state: ClusterState
+    config: PolicyConfig
+    reg: Registry
+    queue: Any                          # jobqueue.JobQueue
+    quotas: Any                         # quota.Quotas
+    running: dict[str, QueuedJob]
+    stopping: dict[str, str]
+    claims: dict[str, list[str]]
+    promised: dict[str, float]
+    reuse_reservations: bool
+    _planned: tuple                     # the last pass's reservations (Scheduler.__init__)
+
+    def stop(self, victim: QueuedJob, by: QueuedJob, now: float) -> float: ...
+
+    def best_tier(self, job: QueuedJob) -> int: ...
+
+    def runtime(self, job: QueuedJob, tier: int) -> float: ...
+
+    def protect_before(self, now: float) -> float: ...
+
+    def plan_epoch(self) -> tuple[int, int]: ...
+
+    def _start(self, job: QueuedJob, allocations, now: float,
+               deadline: float | None = None) -> None: ...
+
+
+class PassView(Protocol):
+    """What the helpers of one pass use of onepass.Pass."""
+
+    s: SchedulerView
+    now: float
+    mode: str
+    explain: bool
+    head: QueuedJob | None
+    plan: Any                           # passplan.PassPlan
+    result: Any                         # onepass.PassResult
+    reasons: Any                        # pending.Reasons, or None when not explaining
+    cannot_preempt: dict[tuple, float]
+    victim_pool: list | None
+
+    @property
+    def reservations(self) -> list: ...     # of reservations.Reservation
+
+    def add(self, r: Any) -> None: ...      # a reservations.Reservation
