@@ -9,7 +9,7 @@ import typing
 import pytest
 
 from airflow_gpu import __version__
-from airflow_gpu.slurm_cli import STATES
+from airflow_gpu.cli.commands.slurm_command import STATES
 from tests.scheduler_core.test_input_errors import cli, one_line_error
 
 NOWHERE = ("--url", "http://127.0.0.1:1", "--token", "t")
@@ -38,7 +38,7 @@ def test_token_create_on_the_database_refuses_a_past_expiry_too(tmp_path):
 
 
 def test_the_cli_knows_the_api_job_states():
-    from airflow_gpu.scheduler_core.service.slurmroutes import States
+    from airflow_gpu.scheduler_core.api.models.base import States
 
     assert typing.get_args(States) == STATES
 

@@ -26,11 +26,11 @@ import yaml
 from sqlalchemy import DateTime, func, select
 from sqlalchemy.exc import IntegrityError
 
+from airflow_gpu.scheduler_core.api.bodies import MAX_BODY
 from airflow_gpu.scheduler_core.errors import InputError
 from airflow_gpu.scheduler_core.jobspec import JobSpec
 from airflow_gpu.scheduler_core.service import batch
 from airflow_gpu.scheduler_core.service.auth import create_token
-from airflow_gpu.scheduler_core.service.bodies import MAX_BODY
 from airflow_gpu.scheduler_core.store.db import make_engine, open_database, sessions, upgrade
 from airflow_gpu.scheduler_core.store.models import Base, JobRow, UtcDateTime
 from airflow_gpu.scheduler_core.store.sqlitefiles import check_writable

@@ -1,4 +1,5 @@
-"""Submitting several jobs at once, all or nothing (`POST /api/v1/jobs/batch`).
+"""Submitting several jobs at once, all or nothing (`POST /api/v1/jobs/batch`: its route
+is api/routes/batch.py).
 
 Every job is checked as a single submit checks it (`Service.job_row`: the team the token
 may act for, the job class, whether it can ever run) before anything is written; any job
@@ -16,28 +17,16 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
-from fastapi import FastAPI, Response
-from fastapi.concurrency import run_in_threadpool
-from pydantic import Field
 from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..errors import InputError
 from ..jobspec import JobSpec
 from ..store.models import JobRow
-from .app import Who  # app.py imports this module in create_app, not before
 from .core import Conflict, Forbidden, NotFound, Principal, Service, _columns, same_job
-from .schemas import JobOut, SubmitRequest, _In
 
 MAX_JOBS = 1000      # jobs in one batch (a body is at most 1 MiB anyway)
 ATTEMPTS = 5         # lookups and inserts, while concurrent submits insert the same keys
-
-
-class BatchSubmitRequest(_In):
-    jobs: list[SubmitRequest] = Field(
-        min_length=1, max_length=MAX_JOBS,
-        description=f"1 to {MAX_JOBS} jobs, each as POST /api/v1/jobs takes it; created "
-        "all or none")
 
 
 def _which(i: int, spec: JobSpec) -> str:
@@ -155,22 +144,3 @@ def _store(service: Service, rows: list[JobRow],
         s.expunge_all()
     return out, bool(new)
 
-
-def add_routes(app: FastAPI, service: Service) -> None:
-    """`POST /api/v1/jobs/batch` (team and admin tokens)."""
-
-    @app.post("/api/v1/jobs/batch", status_code=201, response_model=list[JobOut],
-              responses={200: {"description": "every idempotency key was seen before: the "
-                               "jobs they created, nothing new"}})
-    async def submit_batch_route(body: BatchSubmitRequest,
-                                 response: Response, p: Who):
-        """Submit 1 to 1000 jobs, all or none: any job refused (422, or 403 for another
-        team's; 409 for an idempotency key used before with another spec) refuses the
-        batch, naming the job by index and name. 201 with the jobs in the order given;
-        200 when every key was seen before (the jobs they created)."""
-        rows, created = await run_in_threadpool(
-            submit_batch, service, [j.spec for j in body.jobs], p,
-            [j.idempotency_key for j in body.jobs])
-        if not created:
-            response.status_code = 200
-        return [JobOut.of(r) for r in rows]

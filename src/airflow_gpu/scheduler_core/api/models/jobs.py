@@ -1,25 +1,19 @@
-"""The API's request and response bodies (pydantic); the OpenAPI at /docs comes from them."""
+"""The bodies of the job routes (pydantic); the OpenAPI at /docs comes from them."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, Field
 
-from ..engine.topology import Topology
-from ..jobspec import JobSpec
-from ..policy.config import QUOTA_MAX, SHARE_RANGE, check_quota, check_share
-from ..store.models import AllocationRow, EventRow, JobRow
-from .core import _ts, eta_seconds
-
-
-class _In(BaseModel):
-    # NaN and Infinity (and 1e400, which JSON parsers read as infinity) are no numbers here
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+from ...jobspec import JobSpec
+from ...service.core import _ts, eta_seconds
+from ...store.models import AllocationRow, EventRow, JobRow
+from .base import RequestBody
 
 
-class SubmitRequest(_In):
+class SubmitRequest(RequestBody):
     spec: JobSpec
     idempotency_key: str | None = Field(
         None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$",
@@ -27,7 +21,7 @@ class SubmitRequest(_In):
         "dag id, task id, run id, map index and try number")
 
 
-class FinishRequest(_In):
+class FinishRequest(RequestBody):
     outcome: Literal["succeeded", "failed", "timeout", "preempted"] = Field(
         description="timeout: the launcher stopped the replicas at the job's time limit; "
         "preempted: it stopped a preempting job's replicas (the job is requeued)")
@@ -203,101 +197,3 @@ class ExplainOut(BaseModel):
                    if j.deadline_at and start is not None else None,
                    limit_cut_by=j.limit_cut_by, preempted_by=j.preempted_by,
                    preempt_reason=j.preempt_reason, preemptions=j.preemptions or 0)
-
-
-class HostOut(BaseModel):
-    name: str
-    drained: bool
-    drain_reason: str | None = None
-
-
-class DrainRequest(_In):
-    reason: str | None = Field(None, min_length=1, max_length=1000,
-                               pattern=r"^[^\x00-\x1f\x7f]+$",
-                               description="why (shown in the cluster view and in pending "
-                               "reasons that name the host)")
-
-
-class TeamRequest(_In):
-    share: float | None = Field(None, description="fair-share weight, "
-                                f"{SHARE_RANGE[0]:g} to {SHARE_RANGE[1]:.0f}; none: the "
-                                "policy file's")
-    quota_gpus: int | None = Field(None, description="GPUs guaranteed to the team, 0 to "
-                                   f"{QUOTA_MAX}; none: no quota")
-    borrow_gpus: int | None = Field(None, description="GPUs it may hold beyond its quota "
-                                    "while other teams leave them idle (0: a hard quota); "
-                                    "none: the policy file's")
-
-    @field_validator("share")
-    @classmethod
-    def _share(cls, v: float | None) -> float | None:
-        return None if v is None else check_share(v)
-
-    _quota = field_validator("quota_gpus", "borrow_gpus")(check_quota)
-
-
-class TeamOut(BaseModel):
-    name: str
-    share: float
-    quota_gpus: int | None = Field(description="GPUs guaranteed (none: no quota)")
-    borrow_gpus: int | None = Field(None, description="GPUs it may hold beyond its quota "
-                                    "on others' idle guarantees (0: hard quota; none: no "
-                                    "limit, or no quota)")
-    # a MIG device counts as its share of its GPU (compute slices / 7): 6/7 is 0.8571
-    held_gpus: int | float = Field(description="GPUs its jobs hold, MIG devices by share")
-    borrowed_gpus: int | float = Field(0, description="GPUs held beyond its guarantee: "
-                                       "reclaimable")
-    lent_gpus: int = Field(0, description="GPUs of its idle guarantee that other teams' "
-                           "borrowed work uses now")
-    error: str | None = Field(None, description="why the team's stored setting is refused "
-                              "(the policy file's applies meanwhile)")
-
-
-class GpuHealth(_In):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    index: int = Field(ge=0, le=63)
-    healthy: bool
-    reason: str | None = Field(None, max_length=1000)
-    # the node agent's latest utilization sample (omitted: left as it was)
-    utilization_gpu: float | None = Field(None, ge=0, le=100, description="percent")
-    utilization_memory: float | None = Field(None, ge=0, le=100, description="percent")
-    memory_used_bytes: int | None = Field(None, ge=0, le=2**53)
-    power_watts: float | None = Field(None, ge=0, le=1e6)
-    temperature_c: float | None = Field(None, ge=-273, le=1000)
-    # from DCGM or NVML beyond hard faults (see docs/agent.md); omitted: unknown
-    uuid: str | None = Field(None, max_length=100, pattern=r"^[A-Za-z0-9_.:/-]+$")
-    energy_joules: float | None = Field(None, ge=0, le=1e18, description="energy counter "
-                                        "since the driver loaded")
-    sm_active: float | None = Field(None, ge=0, le=100, description="percent")
-    ecc_corrected_total: int | None = Field(None, ge=0, le=2**62)
-    nvlink_errors_total: int | None = Field(None, ge=0, le=2**62)
-    thermal_throttle: bool | None = None
-
-
-class HostReport(_In):
-    gpus: list[GpuHealth] = Field(max_length=64)
-
-
-class GpuOut(BaseModel):
-    index: int
-    name: str
-    healthy: bool
-    health_reason: str | None
-
-
-_TEXT = r"^[^\x00-\x1f\x7f]+$"
-
-
-class HostRegistration(_In):
-    """What a node agent sends when it starts: its host's model and, for a host the
-    cluster file does not list, where the host sits."""
-
-    topology: Topology = Field(description="the host's gpu-topology/v1 model, discovered "
-                               "with NVML or declared")
-    rack: str | None = Field(None, min_length=1, max_length=200, pattern=_TEXT)
-    switch: str | None = Field(None, min_length=1, max_length=200, pattern=_TEXT,
-                               description="leaf / top-of-rack switch")
-    docker_url: str | None = Field(None, min_length=1, max_length=1000, pattern=_TEXT)
-    address: str | None = Field(None, min_length=1, max_length=1000, pattern=_TEXT)
-    labels: dict[str, str] = Field(default_factory=dict, max_length=100)

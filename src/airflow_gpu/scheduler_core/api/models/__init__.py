@@ -1,0 +1,1 @@
+"""The API's request and response bodies, one module per resource."""

@@ -1,0 +1,25 @@
+"""Teams: their shares, quotas and use; admins set them."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path
+
+from ..bodies import DecodedOffLoop
+from ..deps import Svc, Who
+from ..models.base import NAME
+from ..models.teams import TeamOut, TeamRequest
+
+router = APIRouter(route_class=DecodedOffLoop)
+
+
+@router.get("/api/v1/teams", response_model=list[TeamOut])
+def teams(_: Who, service: Svc):
+    return list(service.teams().values())
+
+
+@router.put("/api/v1/teams/{name}", response_model=TeamOut)
+def set_team(name: Annotated[str, Path(pattern=NAME, max_length=200)],
+             body: TeamRequest, p: Who, service: Svc):
+    return service.set_team(name, p, body.share, body.quota_gpus, body.borrow_gpus)
