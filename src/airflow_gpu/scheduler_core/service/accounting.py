@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from ..engine.mig import gpu_share
 from ..store.models import AllocationRow, GpuHoldRow, JobRow, SampleRow, UsageRow
-from .core import LIVE, _ts
+from .common import LIVE, _ts
 
 SERIES_STEP = 30.0          # seconds between two points of a job's series on one host
 

@@ -200,7 +200,7 @@ def _sync_gpus(s: Session, name: str, t: HostType) -> None:
 def _refuse_new(name: str, who) -> None:
     """403 unless `who` (an agent token's principal) may add host `name` to the cluster."""
     from .auth import AgentPrincipal
-    from .core import Forbidden
+    from .errors import Forbidden
 
     if not isinstance(who, AgentPrincipal) or who.may_add(name):
         return
@@ -231,7 +231,7 @@ def register(svc, name: str, topo: Topology, reg: dict, now: datetime,
     """Store the agent's model of host `name` (and its rack, switch... for hosts the
     cluster file does not list); `who`: the token's principal (an agent's adds hosts only
     as it was allowed to)."""
-    from .core import Conflict
+    from .errors import Conflict
 
     if len(topo.gpus) > MAX_GPUS:
         raise InputError(f"topology.gpus: {len(topo.gpus)} GPUs; a host may have at most "
@@ -251,7 +251,7 @@ def register(svc, name: str, topo: Topology, reg: dict, now: datetime,
 
 def _store(svc, name: str, topo: Topology, t: HostType, reg: dict, now: datetime, who,
            in_file: bool) -> None:
-    from .core import Conflict
+    from .errors import Conflict
     from .hostdiff import launch_changes
 
     doc = topo.document()
@@ -292,7 +292,7 @@ def forget(svc, name: str) -> None:
     jobs run there, unless the host is in the cluster file and its declared model is the
     registered one in all the jobs were placed on, at the same launch addresses (the rule
     registrations follow)."""
-    from .core import Conflict, NotFound
+    from .errors import Conflict, NotFound
 
     in_file = name in svc.settings.cluster.by_name
     with svc.sessions.begin() as s:
@@ -336,6 +336,6 @@ def silent_hosts(s: Session, timeout: float, now: datetime) -> set[str]:
 def reachable(row: HostRow | None, timeout: float, now: float) -> bool:
     if row is None or row.registered_at is None or row.reported_at is None:
         return True
-    from .core import _ts
+    from .common import _ts
 
     return _ts(row.reported_at) >= now - timeout

@@ -26,7 +26,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import InputError
 from ..store.models import TokenRow
-from .core import NotFound, Principal, _ts, utcnow
+from .common import Principal, _ts, utcnow
+from .errors import NotFound
 
 PREFIX = "agpu_"
 ROLES = ("team", "admin", "agent")

@@ -18,17 +18,18 @@ from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from ..store.models import GpuHoldRow, GpuRow, JobRow
-from .core import LIVE, Service, _update, requeued
+from .common import LIVE, _update, requeued
+from .uow import Store
 
 DEFAULT_POLICY = "requeue"
 
 
-def _policy(svc: Service, spec: dict) -> str:
+def _policy(svc: Store, spec: dict) -> str:
     jc = svc.reg.job_classes.get(spec.get("job_class") or "")
     return jc.on_gpu_failure if jc is not None else DEFAULT_POLICY
 
 
-def handle_gpu_faults(svc: Service, s: Session, now: datetime,
+def handle_gpu_faults(svc: Store, s: Session, now: datetime,
                       host: str | None = None) -> list[str]:
     """Act on live jobs that hold an unhealthy GPU (on `host`, or anywhere) and were not
     handled since their admission; returns the ids of the jobs acted on."""

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from ..store.models import GpuHoldRow, JobRow, UsageRow
 from ..units import format_duration
-from .core import _ts, _update
+from .common import SLACK, _ts, _update
 
 
 @dataclass(frozen=True)
@@ -109,7 +109,6 @@ def message(rule: IdleRule, since: datetime, gpus: int) -> str:
 
 
 def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
-    from .preemption import SLACK
 
     for job in s.scalars(select(JobRow).where(JobRow.id.in_(job_ids),
                                               JobRow.state.in_(("admitted", "running")))):

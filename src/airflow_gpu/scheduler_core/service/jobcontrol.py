@@ -23,19 +23,9 @@ from ..jobclasses import preempt_options, resolve, stop_grace
 from ..jobspec import JobSpec
 from ..store.models import JobRow
 from ..units import format_duration, parse_duration
-from .core import (
-    ENDED,
-    LIVE,
-    PENDING,
-    Conflict,
-    Forbidden,
-    NotFound,
-    Principal,
-    Service,
-    _ts,
-    _update,
-    utcnow,
-)
+from .common import ENDED, LIVE, PENDING, SLACK, Principal, _ts, _update, utcnow
+from .errors import Conflict, Forbidden, NotFound
+from .uow import Store
 
 HELD = ("JobHeldUser", "JobHeldAdmin")     # Slurm's reason codes of held jobs
 REQUEUED = "requeued by "                  # preempt_reason of a requeue (preemption.py)
@@ -55,7 +45,7 @@ def is_held(row: JobRow) -> bool:
 
 
 # -- job references ---------------------------------------------------------------------
-def resolve_job(svc: Service, ref: str) -> str:
+def resolve_job(svc: Store, ref: str) -> str:
     """The job id a reference names: a whole id, a unique id prefix (at least 4
     characters), or a job name (the one live or pending job of that name; else, when none
     is, its newest ended one). NotFound when nothing matches; Conflict (409) naming the
@@ -94,7 +84,7 @@ def resolve_job(svc: Service, ref: str) -> str:
 
 
 
-def names_of(svc: Service, ids) -> dict[str, JobRow]:
+def names_of(svc: Store, ids) -> dict[str, JobRow]:
     """The jobs of these ids (blockers named in reasons), in one query."""
     ids = [i for i in dict.fromkeys(ids) if isinstance(i, str)]
     if not ids:
@@ -118,7 +108,7 @@ def blocker_ids(details: dict) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def blockers(svc: Service, row: JobRow) -> tuple[list[dict], dict[str, str]]:
+def blockers(svc: Store, row: JobRow) -> tuple[list[dict], dict[str, str]]:
     """([{id, name, team, state}], {id: "name (id8)"}) of the jobs the reason names."""
     ids = blocker_ids(row.details or {}) if row.state == PENDING else []
     if row.state == PENDING and row.reason_code in HELD:
@@ -139,7 +129,7 @@ def name_jobs(text: str | None, names: dict[str, str]) -> str | None:
     return text
 
 
-def name_blockers(svc: Service, outs: list) -> list:
+def name_blockers(svc: Store, outs: list) -> list:
     """Jobs as the API gives them, each pending reason naming the jobs it waits for by
     name and short id ("held by big (3f5db580) (8)"), as queue and explain do; the
     details keep their ids. One query for all of them."""
@@ -153,7 +143,7 @@ def name_blockers(svc: Service, outs: list) -> list:
 
 
 # -- hold and release -----------------------------------------------------------------------
-def hold(svc: Service, job_id: str, who: Principal) -> JobRow:
+def hold(svc: Store, job_id: str, who: Principal) -> JobRow:
     """A pending job is held: it is never started until released. An admin's hold
     (JobHeldAdmin) can only be released by an admin; a team's is JobHeldUser."""
     row = svc._owned(job_id, who)
@@ -181,7 +171,7 @@ def hold(svc: Service, job_id: str, who: Principal) -> JobRow:
     return svc.get(job_id)
 
 
-def release(svc: Service, job_id: str, who: Principal) -> JobRow:
+def release(svc: Store, job_id: str, who: Principal) -> JobRow:
     row = svc._owned(job_id, who)
     if not is_held(row):
         if row.state == PENDING:
@@ -204,7 +194,7 @@ def release(svc: Service, job_id: str, who: Principal) -> JobRow:
 
 
 # -- update ---------------------------------------------------------------------------------
-def update(svc: Service, job_id: str, who: Principal, priority: int | None = None,
+def update(svc: Store, job_id: str, who: Principal, priority: int | None = None,
            time_limit: int | str | None = None) -> JobRow:
     """Change a job's priority (pending jobs) or time limit. The new spec goes through
     the same checks as at submit (the job class's and the policy's maximum time limit:
@@ -281,11 +271,10 @@ def _limit_of(row: JobRow) -> int | None:
 
 
 # -- requeue --------------------------------------------------------------------------------
-def requeue(svc: Service, job_id: str, who: Principal) -> JobRow:
+def requeue(svc: Store, job_id: str, who: Principal) -> JobRow:
     """Stop a live job like a preempted one (its class's signal and grace) and put it back
     in the queue under the same id once its launcher has stopped the replicas (or the
     grace has passed). Its submit time and place in the queue stay."""
-    from .preemption import SLACK
 
     row = svc._owned(job_id, who)
     if row.state == "preempting":

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 
 from ..jobclasses import timeout_message
 from ..store.models import JobRow
-from .core import LIVE, Service, _ts, _update, utcnow
+from .common import LIVE, _ts, _update, utcnow
+from .uow import Store
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class LeaseChecks:
         return ended
 
 
-def due(svc: Service, now: datetime) -> bool:
+def due(svc: Store, now: datetime) -> bool:
     """Whether a check may have anything to do (a read: on SQLite it never waits for a
     pass's write lock)."""
     with svc.reads() as s:
@@ -123,7 +124,7 @@ def due(svc: Service, now: datetime) -> bool:
             .limit(1)).first() is not None
 
 
-def check(svc: Service, now: datetime, stall: float = 0.0,
+def check(svc: Store, now: datetime, stall: float = 0.0,
           fence: Callable[[Session], None] | None = None) -> list[str]:
     """One lease check at `now`, after this process stalled `stall` seconds while it led;
     returns the jobs that ended (lost or timed out)."""
@@ -164,7 +165,7 @@ def _extend(s: Session, stall: float) -> None:
                   .values(lease_expires_at=expires + by))
 
 
-def _time_out(svc: Service, s: Session, now: datetime) -> list[str]:
+def _time_out(svc: Store, s: Session, now: datetime) -> list[str]:
     """End the live jobs past their time limit and grace: their launcher should have
     stopped them at the limit (and said so); whether it did or is gone, their GPUs
     return now."""

@@ -14,14 +14,15 @@ from sqlalchemy.orm import Session
 from ..engine.cluster import Cluster
 from ..engine.state import ClusterState
 from ..store.models import EventRow, JobRow
-from .core import LIVE, PENDING, Service, _update, utcnow
+from .common import LIVE, PENDING, _update, utcnow
 from .health import describe
+from .uow import Store
 
 log = logging.getLogger(__name__)
 ERROR = "Error"        # the pending reason code of a job the pass could not take in
 
 
-def pending_job(svc: Service, s: Session, row: JobRow, exc: Exception) -> None:
+def pending_job(svc: Store, s: Session, row: JobRow, exc: Exception) -> None:
     """A pending job the pass could not take in: it waits with reason `Error` (and one
     event per distinct error) while the others are scheduled."""
     svc.pass_errors.append("job")
@@ -37,7 +38,7 @@ def pending_job(svc: Service, s: Session, row: JobRow, exc: Exception) -> None:
     svc._event(s, "error", message, job=row.id)
 
 
-def live_job(svc: Service, s: Session, state: ClusterState, cluster: Cluster, row: JobRow,
+def live_job(svc: Store, s: Session, state: ClusterState, cluster: Cluster, row: JobRow,
              held: list, exc: Exception) -> None:
     """A running job the pass cannot rebuild: its hosts get no new work in this pass (what
     it holds is not known to the engine), once told in an event."""
@@ -54,7 +55,7 @@ def live_job(svc: Service, s: Session, state: ClusterState, cluster: Cluster, ro
         svc._event(s, "error", message, job=row.id)
 
 
-def finish(svc: Service, s: Session, errors: dict[str, str]) -> None:
+def finish(svc: Store, s: Session, errors: dict[str, str]) -> None:
     """After the pass: teams whose setting or fair-share factor failed are logged, with an
     event (and one on each of their pending jobs) when the error is new."""
     svc.pass_errors.extend("team" for _ in errors)

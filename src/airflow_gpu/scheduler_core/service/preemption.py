@@ -15,14 +15,14 @@ from ..policy.guarantee import BROKEN
 from ..policy.pending import Pending
 from ..policy.preempt import Preemption
 from ..store.models import JobRow
-from .core import PENDING, Conflict, Service, _same_attempt, _stale, _update, requeued, utcnow
+from .common import PENDING, SLACK, _same_attempt, _stale, _update, requeued, utcnow
+from .errors import Conflict
 from .idle import requeued_idle
 from .jobcontrol import REQUEUED
+from .uow import Store
 
-SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
 
-
-def mark_preempting(svc: Service, s: Session, p: Preemption) -> bool:
+def mark_preempting(svc: Store, s: Session, p: Preemption) -> bool:
     """The victim starts stopping; False if it ended meanwhile (its GPUs are free)."""
     v = p.victim
     done = s.execute(_update(JobRow).where(
@@ -54,7 +54,7 @@ def broken_guarantee(row: JobRow, why: Pending) -> Pending:
     return why
 
 
-def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False) -> bool:
+def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -> bool:
     """A preempting job back to the queue under the same id, its resources released."""
     row = s.execute(select(JobRow.preempted_by, JobRow.attempt, JobRow.preempt_reason)
                     .where(JobRow.id == job_id)).first()
@@ -79,7 +79,7 @@ def requeue(svc: Service, s: Session, job_id: str, *where, forced: bool = False)
     return True
 
 
-def stopped(svc: Service, job_id: str, attempt: int | None) -> JobRow:
+def stopped(svc: Store, job_id: str, attempt: int | None) -> JobRow:
     """The launcher of a preempted job has stopped its replicas (finish: preempted)."""
     with svc.sessions.begin() as s:
         if not requeue(svc, s, job_id, *_same_attempt(attempt)):
@@ -93,7 +93,7 @@ def stopped(svc: Service, job_id: str, attempt: int | None) -> JobRow:
     return svc.get(job_id)
 
 
-def requeue_overdue(svc: Service, s: Session, now: datetime) -> None:
+def requeue_overdue(svc: Store, s: Session, now: datetime) -> None:
     """Requeue the preempting jobs whose launcher did not confirm the stop in time (in the
     lease check's fenced transaction `s`)."""
     for job_id in list(s.scalars(select(JobRow.id).where(

@@ -26,7 +26,7 @@ from ..policy.config import PolicyConfig
 from ..policy.scheduler import planned_runtime
 from ..policy.timemodel import LocalityModel
 from ..store.models import AllocationRow, JobRow
-from .core import _ts
+from .common import _ts
 
 BATCH = 5000     # jobs read per pass: a long history is learned over a few passes
 

@@ -29,24 +29,16 @@ from ..store.models import (
 from ..units import format_duration
 from . import passerrors, quarantine
 from .agents import silent_hosts
-from .core import (
-    ENDED,
-    LIVE,
-    PENDING,
-    Service,
-    _ts,
-    _update,
-    spec_gpus,
-    utcnow,
-)
+from .common import ENDED, LIVE, PENDING, _ts, _update, spec_gpus, utcnow
 from .faults import handle_gpu_faults
 from .idle import queue_entry
 from .jobcontrol import not_held
 from .preemption import broken_guarantee, mark_preempting
+from .uow import Store
 from .wear import worn_gpus
 
 
-def run_pass(svc: Service) -> list[str]:
+def run_pass(svc: Store) -> list[str]:
     """One pass of the engine on the committed state; admits by writing allocations and
     holds in one transaction. Returns the admitted job ids."""
     now = utcnow()
@@ -150,7 +142,7 @@ def run_pass(svc: Service) -> list[str]:
     return admitted
 
 
-def _spec(svc: Service, row: JobRow, specs: dict[str, tuple]) -> JobSpec:
+def _spec(svc: Store, row: JobRow, specs: dict[str, tuple]) -> JobSpec:
     """A job's spec, parsed once while the job is pending or live; parsed again when its
     priority or time limit was updated (jobcontrol.update)."""
     key = (row.priority, row.spec.get("time_limit"))
@@ -161,7 +153,7 @@ def _spec(svc: Service, row: JobRow, specs: dict[str, tuple]) -> JobSpec:
     return spec
 
 
-def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now: float,
+def _restore(svc: Store, cluster: Cluster, s: Session, sched: Scheduler, t_now: float,
              specs: dict[str, tuple]) -> None:
     rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
     allocs: dict[str, list[AllocationRow]] = {}
@@ -185,7 +177,7 @@ def _restore(svc: Service, cluster: Cluster, s: Session, sched: Scheduler, t_now
             passerrors.live_job(svc, s, sched.state, cluster, row, held, exc)
 
 
-def past_usage(svc: Service, s: Session, fairshare, t_now: float,
+def past_usage(svc: Store, s: Session, fairshare, t_now: float,
                live: list[JobRow]) -> None:
     """The GPU usage of the ended jobs (the last 5 half-lives of it) and of the `live`
     ones into the fair share: what each pass orders by (and `priority.py` shows)."""

@@ -29,7 +29,7 @@ def wear(row: GpuRow, g: dict, now: datetime) -> None:
 
 
 def reasons(row: GpuRow, now: datetime) -> list[str]:
-    from .core import _ts
+    from .common import _ts
 
     out = []
     cutoff = _ts(now - WINDOW)

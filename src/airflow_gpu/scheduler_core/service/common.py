@@ -1,0 +1,142 @@
+"""What every module of the service shares: the job states, the caller (`Principal`),
+times, guarded updates, events and releases, and the spec helpers submits use."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from pydantic import ValidationError
+from sqlalchemy import delete, inspect, update
+from sqlalchemy.orm import Session
+
+from ..engine.mig import gpu_share
+from ..jobspec import JobSpec
+from ..store.models import AllocationRow, CpuHoldRow, EventRow, GpuHoldRow, JobRow, MigHoldRow
+from .errors import Conflict
+
+PENDING = "pending"
+UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "power_watts",
+               "temperature_c", "uuid", "energy_joules", "sm_active", "thermal_throttle")
+# live: holding resources; `preempting`: being stopped for another job (it keeps them
+# until its launcher says it has stopped, or its preempt deadline passes)
+LIVE = ("admitted", "running", "preempting")
+ENDED = ("succeeded", "failed", "cancelled", "lost", "timeout")
+SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
+
+
+@dataclass(frozen=True)
+class Principal:
+    team: str
+    admin: bool = False
+
+    def may_act_for(self, team: str) -> bool:
+        return self.admin or self.team == team
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _ts(dt: datetime) -> float:
+    if dt.tzinfo is None:          # SQLite gives naive datetimes back: they were UTC
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+def _update(table):
+    """An UPDATE that does not walk the session's objects (a pass holds thousands)."""
+    return update(table).execution_options(synchronize_session=False)
+
+
+def eta_seconds(row: JobRow, now: float | None = None) -> int | None:
+    """Whole seconds until the planned start (kept as a time, so it needs no rewrites)."""
+    if row.eta_at is None:
+        return None
+    return max(0, round(row.eta_at - (time.time() if now is None else now)))
+
+
+def _columns(row) -> dict:
+    return {c.key: getattr(row, c.key) for c in inspect(type(row)).column_attrs}
+
+
+def _same_attempt(attempt: int | None) -> tuple:
+    return () if attempt is None else (JobRow.attempt == attempt,)
+
+
+def _stale(row: JobRow, attempt: int | None, rule: str) -> str:
+    if attempt is not None and row.state in LIVE and row.attempt != attempt:
+        return (f"job {row.id} was requeued and admitted again (admission {row.attempt}); "
+                f"this launcher started admission {attempt}: stop it and launch the new "
+                "placement")
+    return f"job {row.id} is {row.state}; {rule}"
+
+
+def requeued(reason: str, **more) -> dict:
+    """The columns of a job sent back to the queue under the same id."""
+    return dict(state=PENDING, admitted_at=None, started_at=None, lease_expires_at=None,
+                reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
+                deadline_at=None, limit_cut_by=None, preempt_deadline_at=None,
+                borrowed=False, requeue_reason=reason, idle_since=None, idle_flagged_at=None,
+                **more)
+
+
+def spec_gpus(spec: dict) -> float:
+    """GPUs a stored spec is charged (whole GPUs plus MIG shares, quota.charged_gpus); 0
+    for one it cannot read (an ended job's bad spec must not stop every pass while its
+    usage counts in fair share)."""
+    try:
+        total = 0.0
+        for r in spec.get("roles", []):
+            mig = (r.get("gpu") or {}).get("mig")
+            if isinstance(mig, str):
+                mig = {"profile": mig}
+            share = float(gpu_share(mig["profile"]) * mig.get("count", 1)) if mig else 0.0
+            total += (int(r.get("gpus", 0)) + share) * r.get("replicas", 1)
+        return total
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return 0
+
+
+def spec_digest(spec: JobSpec) -> str:
+    """SHA-256 of a spec with every default filled in: specs meaning the same job (a field
+    left out or given its default, keys in another order) have the same digest."""
+    normal = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(normal.encode()).hexdigest()
+
+
+def _stored_digest(row: JobRow) -> str | None:
+    """The digest of a job's spec as submitted; for a job stored before 0009, of its spec
+    now (None if it no longer validates)."""
+    if row.spec_digest:
+        return row.spec_digest
+    try:
+        return spec_digest(JobSpec.model_validate(row.spec))
+    except (ValidationError, TypeError, ValueError):
+        return None
+
+
+def same_job(found: JobRow, row: JobRow) -> None:
+    """`row` reuses the idempotency key of `found`, which the store holds: fine for the
+    same spec (a retry), a Conflict for another one."""
+    if _stored_digest(found) != row.spec_digest:
+        raise Conflict(f"idempotency_key {row.idempotency_key!r} was used for job "
+                       f"{found.id} with another spec; use a new key")
+
+
+def event(s: Session, kind: str, message: str, job: str | None = None,
+          host: str | None = None) -> None:
+    s.add(EventRow(at=utcnow(), job_id=job, host=host, kind=kind, message=message))
+
+
+def release(s: Session, job_id: str) -> None:
+    """Free everything a job holds and close its live allocations."""
+    s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == job_id))
+    s.execute(delete(MigHoldRow).where(MigHoldRow.job_id == job_id))
+    s.execute(delete(CpuHoldRow).where(CpuHoldRow.job_id == job_id))
+    s.execute(_update(AllocationRow).where(AllocationRow.job_id == job_id,
+                                           AllocationRow.live.is_(True))
+              .values(live=False, released_at=utcnow()))

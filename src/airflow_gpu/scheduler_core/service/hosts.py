@@ -1,0 +1,207 @@
+"""Hosts: the cluster file's hosts in the store, node agents' registrations and reports
+(health, utilization, wear, usage), drain and resume, and the cluster view."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+
+from sqlalchemy import select
+
+from ..engine.nvlink_groups import nvlink_groups
+from ..errors import InputError
+from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow, MigHoldRow
+from .common import LIVE, UTILIZATION, Principal, _ts, utcnow
+from .errors import Forbidden, NotFound
+from .uow import Store
+
+
+def sync_hosts(svc: Store) -> None:
+    """Hosts of the cluster file into the store; drain and health are kept."""
+    with svc.sessions.begin() as s:
+        known = {h.name: h for h in s.scalars(select(HostRow))}
+        for h in svc.cluster.hosts:
+            row = known.get(h.name)
+            if row is None:
+                s.add(HostRow(name=h.name, model=h.type.model, rack=h.rack,
+                              switch=h.switch, docker_url=h.docker_url,
+                              labels=dict(h.labels), drained=False))
+            else:
+                row.model, row.rack, row.switch = h.type.model, h.rack, h.switch
+                row.docker_url, row.labels = h.docker_url, dict(h.labels)
+        s.flush()
+        gpus = {(g.host, g.index) for g in s.scalars(select(GpuRow))}
+        for h in svc.cluster.hosts:
+            t = h.type
+            s.add_all(GpuRow(host=h.name, index=i, name=t.gpu_name[i],
+                             memory_bytes=t.gpu_mem[i], numa_node=t.numa_ids[t.gpu_numa[i]],
+                             healthy=True) for i in range(t.n_gpus)
+                      if (h.name, i) not in gpus)
+
+
+def register_host(svc: Store, name: str, who: Principal, topology, reg: dict) -> dict:
+    """A node agent registers its host's model; the host joins the cluster (or its
+    declared model is replaced) and counts as reporting. Returns its cluster view."""
+    from .agents import register
+
+    if not who.admin:
+        raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
+                        f"{name}) or an admin token registers hosts")
+    register(svc, name, topology, reg, utcnow(), who)
+    svc.refresh_cluster(force=True)
+    svc.wake.set()
+    return host_view(svc, name)
+
+
+def forget_host(svc: Store, name: str, who: Principal) -> None:
+    from .agents import forget
+
+    if not who.admin:
+        raise Forbidden("only admins remove a host's node agent registration")
+    forget(svc, name)
+    svc.refresh_cluster(force=True)
+    svc.wake.set()
+
+
+def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list[GpuRow]:
+    """Health and utilization of a host's GPUs, as its node agent (or an admin) reports
+    it (a heartbeat of the host). An unhealthy GPU gets no new work; jobs on it are
+    handled by their class's on_gpu_failure policy (faults.py)."""
+    from .accounting import record
+    from .agents import reachable
+    from .faults import handle_gpu_faults
+    from .idle import evaluate
+    from .wear import wear
+
+    if not who.admin:
+        raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
+                        f"{name}) or an admin token reports host health")
+    host = svc.cluster.by_name.get(name)
+    if host is None:
+        svc.refresh_cluster(force=True)
+        host = svc.cluster.by_name.get(name)
+    if host is None:
+        raise NotFound(f"host {name!r} is not in the cluster; its node agent registers "
+                       "it (PUT /api/v1/hosts/{name})")
+    now = utcnow()
+    with svc.sessions.begin() as s:
+        hrow = s.get(HostRow, name)
+        if not reachable(hrow, svc.settings.host_timeout, _ts(now)):
+            svc._event(s, "host", f"host {name} is reachable again: its node agent "
+                        "reported", host=name)
+        for g in gpus:
+            if not 0 <= g["index"] < host.type.n_gpus:
+                raise InputError(f"gpus[].index: {g['index']} is not a GPU of {name} "
+                                 f"(it has GPUs 0-{host.type.n_gpus - 1})")
+            row = s.get(GpuRow, (name, g["index"]))
+            if row.healthy != g["healthy"]:
+                svc._event(s, "health", f"GPU {name}:{g['index']} "
+                            f"{'healthy' if g['healthy'] else 'unhealthy'}"
+                            + (f" ({g.get('reason')})" if g.get("reason") else ""),
+                            host=name)
+            row.healthy, row.health_reason, row.reported_at = (
+                g["healthy"], g.get("reason"), now)
+            for key in UTILIZATION:
+                if key in g:
+                    setattr(row, key, g[key])
+            wear(row, g, now)
+        hrow.reported_at = now
+        s.flush()
+        handle_gpu_faults(svc, s, now, host=name)
+        evaluate(svc, s, record(svc, s, name, gpus, now), now)
+    svc.wake.set()
+    with svc.reads() as s:
+        return list(s.scalars(select(GpuRow).where(GpuRow.host == name)
+                              .order_by(GpuRow.index)))
+
+
+def set_drained(svc: Store, name: str, drained: bool, who: Principal,
+                reason: str | None = None) -> HostRow:
+    """Drain (with why: shown in the cluster view and in pending reasons that name
+    the host) or resume a host; resuming clears the reason."""
+    if not who.admin:
+        raise Forbidden("only admins drain or resume hosts")
+    with svc.sessions.begin() as s:
+        row = s.get(HostRow, name)
+        if row is None:
+            raise NotFound(f"host {name!r} is not in the cluster")
+        if drained and (not row.drained or reason):
+            row.drained_at = utcnow() if not row.drained else row.drained_at
+            row.drain_reason = reason or (row.drain_reason if row.drained else None)
+            row.drained_by = who.team
+        elif not drained:
+            row.drain_reason = row.drained_at = row.drained_by = None
+        row.drained = drained
+        svc._event(s, "host", f"host {name} {'drained' if drained else 'resumed'}"
+                    + (f" (reason: {reason})" if drained and reason else ""), host=name)
+    svc.wake.set()
+    return row
+
+
+def host_view(svc: Store, name: str) -> dict:
+    found = cluster_view(svc, only=name)["hosts"]
+    if not found:
+        raise NotFound(f"host {name!r} is not in the cluster")
+    return found[0]
+
+
+def cluster_view(svc: Store, only: str | None = None) -> dict:
+    """Hosts (all, or the one named `only`), their GPUs' health, utilization and
+    holders, and whether each host's node agent is reporting."""
+    from .agents import reachable
+    from .wear import reasons as wear_reasons
+
+    svc.refresh_cluster()
+    cluster, now = svc.cluster, time.time()
+    at = datetime.fromtimestamp(now, UTC)     # the same instant, for wear's window
+    with svc.reads() as s:
+        hosts = {h.name: h for h in s.scalars(select(HostRow).where(
+            *([HostRow.name == only] if only else [])))}
+        health = {(g.host, g.index): g for g in s.scalars(select(GpuRow))}
+        holds = {(g.host, g.gpu): g.job_id for g in s.scalars(select(GpuHoldRow))}
+        mig_holds = {(m.host, m.gpu, m.device): m.job_id
+                     for m in s.scalars(select(MigHoldRow))}
+        jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(LIVE)))}
+    from .clusterview import mig_view
+
+    out = []
+    for h in cluster.hosts:
+        if only and h.name != only:
+            continue
+        row = hosts.get(h.name)
+        gpus = []
+        for g in range(h.type.n_gpus):
+            job = holds.get((h.name, g))
+            rec = health.get((h.name, g))
+            gpus.append({"index": g, "name": h.type.gpu_name[g],
+                         "numa_node": h.type.numa_ids[h.type.gpu_numa[g]],
+                         "healthy": rec.healthy if rec else True,
+                         "health_reason": rec.health_reason if rec else None,
+                         # scored down for long jobs (wear.py), never excluded
+                         "worn": "; ".join(wear_reasons(rec, at)) or None
+                         if rec and rec.healthy else None, "job": job,
+                         "team": jobs[job].team if job in jobs else None,
+                         **{k: getattr(rec, k) if rec else None for k in UTILIZATION},
+                         **mig_view(h.type, g, h.name, mig_holds, jobs)})
+        up = not (row and row.drained) and reachable(row, svc.settings.host_timeout, now)
+        out.append({"name": h.name, "model": h.type.model, "rack": h.rack,
+                    "switch": h.switch, "nvlink_domain": h.nvlink_domain,
+                    "docker_url": h.docker_url,
+                    "address": h.address or h.name, "drained": bool(row and row.drained),
+                    "drain_reason": row.drain_reason if row and row.drained else None,
+                    "drained_at": row.drained_at if row and row.drained else None,
+                    "drained_by": row.drained_by if row and row.drained else None,
+                    "reachable": reachable(row, svc.settings.host_timeout, now),
+                    "last_report_at": row.reported_at if row else None,
+                    "agent": bool(row and row.registered_at),
+                    "nvlink": {"fabric": h.type.fabric,
+                               "groups": nvlink_groups(h.type.links)},
+                    "gpus": gpus,
+                    # drained and unreachable hosts' GPUs are never free
+                    "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"]
+                                     and not x.get("mig_mode")) if up else 0})
+    from .clusterview import add_allocation
+
+    return add_allocation(svc, {"cluster": cluster.name, "hosts": out,
+                                 "gpus_total": sum(len(h["gpus"]) for h in out),
+                                 "gpus_allocated": len(holds)})

@@ -1,0 +1,201 @@
+"""Jobs and their lifecycle: submit (idempotent per team and key), read, cancel, finish
+and heartbeat. State changes are guarded updates (`... WHERE state IN (...)`), so a
+cancel racing the pass can never be overwritten by an admission, and the hold tables'
+keys make the database refuse a GPU or core granted twice."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+
+from ..engine.placement import compile_needs, never_fits
+from ..jobclasses import resolve
+from ..jobspec import JobSpec
+from ..policy.jobqueue import job_shape
+from ..policy.quota import over_quota, spec_need
+from ..policy.scheduler import Rejected
+from ..store.models import AllocationRow, EventRow, JobRow
+from .common import (
+    LIVE,
+    PENDING,
+    Principal,
+    _columns,
+    _same_attempt,
+    _stale,
+    _update,
+    same_job,
+    spec_digest,
+    utcnow,
+)
+from .errors import Conflict, Forbidden
+from .uow import Store
+
+
+def submit(svc: Store, spec: JobSpec, who: Principal,
+           key: str | None = None) -> tuple[JobRow, bool]:
+    """Queue a job; (row, created). The same idempotency key (per team) returns the
+    job it created first; with another spec it is a Conflict. Raises Rejected (can
+    never run) or InputError (bad class)."""
+    row = job_row(svc, spec, who, key)
+    try:   # the unique (team, key) index answers "seen before?" without a lookup
+        # The hot path of the API: one INSERT that commits itself (one round trip);
+        # the job's "submitted" event is its submitted_at.
+        with svc._autocommit.connect() as conn:
+            conn.execute(insert(JobRow), [_columns(row)])
+    except IntegrityError:
+        found = by_key(svc, row.team, row.idempotency_key) if row.idempotency_key \
+            else None
+        if found is None:
+            raise
+        same_job(found, row)
+        return found, False
+    svc.wake.set()
+    return row, True
+
+
+def job_row(svc: Store, spec: JobSpec, who: Principal, key: str | None = None) -> JobRow:
+    """The row a submit inserts, once `who` may submit `spec` and it can run: raises
+    Forbidden (another team's), Rejected (can never run) or InputError (bad class).
+    Shared by the single and the batch submit (batch.py)."""
+    key = key or None                 # an empty key is no key
+    if "team" not in spec.model_fields_set:
+        spec = spec.model_copy(update={"team": who.team})
+    if not who.may_act_for(spec.team):
+        raise Forbidden(f"team: your token is for team {who.team!r}, not {spec.team!r}")
+    resolved = resolve(spec, svc.reg.job_classes, defaults=svc._policy().defaults)
+    why = rejection(svc, resolved)
+    if why:
+        raise Rejected(spec.name, why)
+    return JobRow(id=str(uuid.uuid4()), name=spec.name, team=spec.team,
+                  idempotency_key=key,
+                  spec={**spec.model_dump(mode="json", exclude_unset=True),
+                        "team": spec.team},
+                  state=PENDING, priority=spec.priority, details={}, attempt=0,
+                  borrowed=False, preemptions=0, idle_requeues=0,
+                  # what a retry with the same key must match (none without a key)
+                  spec_digest=spec_digest(spec) if key else None,
+                  submitted_at=utcnow())
+
+
+def by_key(svc: Store, team: str, key: str) -> JobRow | None:
+    with svc.reads() as s:
+        return s.scalars(select(JobRow).where(
+            JobRow.team == team, JobRow.idempotency_key == key)).first()
+
+
+def rejection(svc: Store, spec: JobSpec) -> str | None:
+    jc = svc.reg.job_classes.get(spec.job_class or "")
+    why = over_quota(svc._policy(), spec.team, spec_need(spec),
+                     jc is None or jc.preemptible)
+    if why:
+        return why
+    svc.refresh_cluster()
+    key, never, empty = job_shape(spec), svc._never, svc._empty
+    if key not in never:
+        never[key] = never_fits(spec, empty, svc.reg, compile_needs(spec))
+    return never[key]
+
+
+def list_jobs(svc: Store, state: str | None = None, team: str | None = None,
+              limit: int = 1000, name: str | None = None,
+              newest_first: bool = False) -> list[JobRow]:
+    order = (JobRow.submitted_at.desc(), JobRow.id.desc()) if newest_first else (
+        JobRow.submitted_at, JobRow.id)
+    q = select(JobRow).order_by(*order).limit(limit)
+    if state:
+        q = q.where(JobRow.state == state)
+    if team:
+        q = q.where(JobRow.team == team)
+    if name:
+        q = q.where(JobRow.name == name)
+    with svc.reads() as s:
+        return list(s.scalars(q))
+
+
+def allocations(svc: Store, job_id: str) -> list[AllocationRow]:
+    with svc.reads() as s:
+        return list(s.scalars(select(AllocationRow).where(AllocationRow.job_id == job_id)
+                              .order_by(AllocationRow.id)))
+
+
+def live_allocations(svc: Store, job_ids: list[str]) -> dict[str, list[AllocationRow]]:
+    """Live allocations of these jobs, in one query."""
+    out: dict[str, list[AllocationRow]] = {}
+    with svc.reads() as s:
+        for a in s.scalars(select(AllocationRow).where(
+                AllocationRow.live.is_(True), AllocationRow.job_id.in_(job_ids))
+                .order_by(AllocationRow.id)):
+            out.setdefault(a.job_id, []).append(a)
+    return out
+
+
+def events(svc: Store, job_id: str) -> list[EventRow]:
+    job = svc.get(job_id)
+    with svc.reads() as s:
+        stored = list(s.scalars(select(EventRow).where(EventRow.job_id == job_id)
+                                .order_by(EventRow.id)))
+    return [EventRow(at=job.submitted_at, job_id=job_id, kind="submitted",
+                     message=f"submitted by team {job.team}"), *stored]
+
+
+def cancel(svc: Store, job_id: str, who: Principal) -> JobRow:
+    return end(svc, job_id, who, "cancelled", None, from_states=(PENDING, *LIVE))
+
+
+def finish(svc: Store, job_id: str, who: Principal, outcome: str,
+           exit_code: int | None, attempt: int | None = None) -> JobRow:
+    if outcome == "preempted":
+        from .preemption import stopped
+
+        svc._owned(job_id, who)
+        return stopped(svc, job_id, attempt)
+    return end(svc, job_id, who, outcome, exit_code, from_states=LIVE, attempt=attempt)
+
+
+def end(svc: Store, job_id: str, who: Principal, state: str, exit_code: int | None,
+         from_states: tuple[str, ...], attempt: int | None = None) -> JobRow:
+    svc._owned(job_id, who)
+    with svc.sessions.begin() as s:
+        done = s.execute(_update(JobRow).where(
+            JobRow.id == job_id, JobRow.state.in_(from_states),
+            *_same_attempt(attempt)).values(
+            state=state, finished_at=utcnow(), exit_code=exit_code,
+            outcome=state, lease_expires_at=None))
+        if done.rowcount != 1:
+            current = s.get(JobRow, job_id)
+            if current.state == state:
+                return current            # repeating a cancel or finish is harmless
+            raise Conflict(_stale(current, attempt, f"only a job that is "
+                                  f"{' or '.join(from_states)} can become {state}"))
+        svc._release(s, job_id)
+        svc._event(s, state, f"{state}" + (f" (exit code {exit_code})"
+                                            if exit_code is not None else ""), job=job_id)
+    svc.wake.set()
+    return svc.get(job_id)
+
+
+def heartbeat(svc: Store, job_id: str, who: Principal, attempt: int | None = None) -> JobRow:
+    """The launcher is alive: extend the lease; the first heartbeat marks it running.
+    With `attempt`, only that admission counts: a launcher that missed a requeue and
+    re-admission hears 409 instead of confirming placements it never started."""
+    svc._owned(job_id, who)
+    now = utcnow()
+    lease = now + timedelta(seconds=svc.settings.lease_ttl)
+    same = _same_attempt(attempt)
+    with svc.sessions.begin() as s:
+        started = s.execute(_update(JobRow).where(
+            JobRow.id == job_id, JobRow.state == "admitted", *same).values(
+            state="running", started_at=now, lease_expires_at=lease))
+        if started.rowcount == 1:
+            svc._event(s, "running", "the launcher confirmed the start", job=job_id)
+        else:
+            kept = s.execute(_update(JobRow).where(
+                JobRow.id == job_id, JobRow.state.in_(("running", "preempting")),
+                *same).values(lease_expires_at=lease))
+            if kept.rowcount != 1:
+                raise Conflict(_stale(s.get(JobRow, job_id), attempt,
+                                      "admitted or running jobs take heartbeats"))
+    return svc.get(job_id)

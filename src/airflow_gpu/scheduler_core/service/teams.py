@@ -1,0 +1,60 @@
+"""Teams: the admins' fair-share weights, GPU quotas and borrowing, and each team's
+GPUs held, borrowed and lent now. The policy in force merges these rows into the policy
+file (Store._policy)."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+
+from ..errors import InputError, describe_validation_error
+from ..policy.config import TeamPolicy
+from ..policy.quota import lending, plain
+from ..store.models import GpuHoldRow, JobRow, TeamRow
+from .common import Principal
+from .errors import Forbidden
+from .uow import Store
+
+
+def set_team(svc: Store, name: str, who: Principal, share: float | None,
+             quota_gpus: int | None, borrow_gpus: int | None = None) -> dict:
+    """Admins set a team's fair-share weight, GPU quota (None: no quota) and how many
+    GPUs beyond it the team may borrow (None: the policy file's)."""
+    if not who.admin:
+        raise Forbidden("only admins change team shares and quotas")
+    try:     # the API checks too; this guards every other caller
+        TeamPolicy(share=1.0 if share is None else share, quota_gpus=quota_gpus,
+                   borrow_gpus=borrow_gpus or 0)
+    except ValidationError as exc:
+        raise InputError(describe_validation_error(exc, TeamPolicy)) from None
+    with svc.sessions.begin() as s:
+        row = s.get(TeamRow, name) or TeamRow(name=name)
+        row.share, row.quota_gpus, row.borrow_gpus = share, quota_gpus, borrow_gpus
+        s.add(row)
+        svc._event(s, "team", f"team {name}: share {share}, quota_gpus {quota_gpus}"
+                    + ("" if borrow_gpus is None else f", borrow_gpus {borrow_gpus}"))
+    svc._policy_cache = None
+    svc.wake.set()
+    return teams(svc)[name]
+
+
+def teams(svc: Store) -> dict[str, dict]:
+    """Every team with a policy, a job or a quota: share, quota and GPUs held now."""
+    policy = svc._policy()
+    with svc.reads() as s:
+        held = dict(s.execute(select(JobRow.team, func.count(GpuHoldRow.gpu))
+                              .join(GpuHoldRow, GpuHoldRow.job_id == JobRow.id)
+                              .group_by(JobRow.team)).all())
+        names = set(s.scalars(select(JobRow.team).distinct()))
+        from .clusterview import mig_shares
+
+        for team, share in mig_shares(svc.cluster, s).items():   # MIG: by share
+            held[team] = held.get(team, 0) + share
+    names |= set(policy.teams)
+    lent = lending(policy, held, svc.cluster.total_gpus)
+    return {t: {"name": t, "share": policy.share(t), "quota_gpus": policy.quota(t),
+                "borrow_gpus": policy.teams[t].borrow_gpus if t in policy.teams else None,
+                "held_gpus": plain(held.get(t, 0)),
+                "borrowed_gpus": lent.get(t, (0, 0))[0],
+                "lent_gpus": lent.get(t, (0, 0))[1], "error": svc.policy_errors.get(t)}
+            for t in sorted(names)}
