@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy import create_engine, text
 
-from airflow_gpu.demo_stack import free_port
+from airflow_gpu.demo.stack import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "api_load.json"

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from airflow_gpu.demo_stack import free_port
+from airflow_gpu.demo.stack import free_port
 from tests.helpers import REPO, SHARED
 
 HERE = Path(__file__).resolve().parent

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from airflow_gpu.demo_stack import free_port
+from airflow_gpu.demo.stack import free_port
 from tests.helpers import REPO, until
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432"

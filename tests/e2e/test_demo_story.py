@@ -92,8 +92,8 @@ def _record(**admitted: float) -> dict:
 def test_the_checks_fail_when_the_story_does_not_happen(tmp_path):
     from rich.console import Console
 
-    from airflow_gpu.demo_story import checks
-    from airflow_gpu.demo_timeline import terminal_chart, write_png
+    from airflow_gpu.demo.story import checks
+    from airflow_gpu.demo.timeline import terminal_chart, write_png
 
     assert all(c["ok"] for c in checks(_record()).values())
     assert not checks(_record(eval=31))["backfill"]["ok"]      # the eval waited its turn

@@ -140,7 +140,7 @@ def test_a_machine_that_is_no_cluster_host_is_refused_before_submitting(server):
 
 def test_a_grant_on_another_host_is_refused_and_the_job_failed(monkeypatch, caplog):
     """The check after the grant stays: a grant the scheduler made elsewhere anyway."""
-    from airflow_gpu.run_cli import Run, Signals
+    from airflow_gpu.cli.commands.run_command import Run, Signals
 
     monkeypatch.setenv("AIRFLOW_GPU_LOCAL_HOST", "elsewhere")
     monkeypatch.delenv("AIRFLOW__GPU_SCHEDULER__LOCAL_HOST", raising=False)
@@ -244,7 +244,7 @@ class Preempting:
 
 
 def test_a_preempted_command_gets_its_signal_and_restarts(monkeypatch, capsys):
-    from airflow_gpu.run_cli import Run, Signals, _logger
+    from airflow_gpu.cli.commands.run_command import Run, Signals, _logger
 
     monkeypatch.setenv("AIRFLOW_GPU_LOCAL_HOST", "here")
     monkeypatch.delenv("AIRFLOW__GPU_SCHEDULER__LOCAL_HOST", raising=False)
@@ -265,8 +265,8 @@ def test_a_preempted_command_gets_its_signal_and_restarts(monkeypatch, capsys):
 
 
 def test_exit_codes_as_a_shell_shows_them():
-    from airflow_gpu.run_args import split_command
-    from airflow_gpu.run_cli import exit_code
+    from airflow_gpu.cli.commands.run_args import split_command
+    from airflow_gpu.cli.commands.run_command import exit_code
 
     assert (exit_code(0), exit_code(3), exit_code(-9), exit_code(-15)) == (0, 3, 137, 143)
     assert split_command(["job.yaml", "--", "a", "--", "b"]) == (["job.yaml"], ["a", "--", "b"])
@@ -288,7 +288,7 @@ def test_outside_airflow_the_setting_is_read_without_importing_airflow(tmp_path)
 def test_the_pending_line_refreshes_in_place_on_a_terminal_and_adds_lines_elsewhere():
     import io
 
-    from airflow_gpu.run_cli import StatusLine, pending_line
+    from airflow_gpu.cli.commands.run_command import StatusLine, pending_line
 
     class Terminal(io.StringIO):
         def isatty(self):

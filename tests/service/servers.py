@@ -11,7 +11,7 @@ import time
 import httpx
 import yaml
 
-from airflow_gpu.demo_stack import free_port
+from airflow_gpu.demo.stack import free_port
 from tests.helpers import REPO
 
 

@@ -18,6 +18,7 @@ from sqlalchemy import create_engine, delete, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from airflow_gpu.cli.commands.slurm_command import cluster_table
 from airflow_gpu.scheduler_core.store.models import (
     AllocationRow,
     CpuHoldRow,
@@ -25,7 +26,6 @@ from airflow_gpu.scheduler_core.store.models import (
     GpuHoldRow,
     MigHoldRow,
 )
-from airflow_gpu.slurm_cli import cluster_table
 from tests.helpers import REPO
 from tests.service.conftest import HOSTS, serve
 

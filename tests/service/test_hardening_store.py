@@ -26,7 +26,7 @@ import pytest
 import yaml
 from fastapi.testclient import TestClient
 
-from airflow_gpu.demo_stack import free_port
+from airflow_gpu.demo.stack import free_port
 from airflow_gpu.scheduler_core.service import health
 from airflow_gpu.scheduler_core.service.app import create_app
 from airflow_gpu.scheduler_core.service.auth import create_token

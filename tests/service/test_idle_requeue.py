@@ -15,8 +15,8 @@ import httpx
 import pytest
 from rich.console import Console
 
+from airflow_gpu.cli.commands.status_view import job_table
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
-from airflow_gpu.status_view import job_table
 from tests.helpers import until
 from tests.service.conftest import serve
 from tests.service.test_accounting import report

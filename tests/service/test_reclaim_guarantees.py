@@ -15,10 +15,10 @@ import pytest
 from rich.console import Console
 from sqlalchemy import update
 
+from airflow_gpu.cli.commands.jobs_command import _explain_table
+from airflow_gpu.cli.commands.slurm_command import queue_table
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.store.models import JobRow
-from airflow_gpu.service_cli import _explain_table
-from airflow_gpu.slurm_cli import queue_table
 from tests.service.conftest import serve
 from tests.service.test_api import auth, spec, submit
 

@@ -1,7 +1,7 @@
 """The DAGs `airflow-gpu demo` runs: three teams sharing the built-in demo cluster (four
 DGX hosts, 32 GPUs), each task a gang of local `sleep` processes (no GPU needed).
 
-The demo triggers them in three waves (demo_story.py) so the same things happen on every
+The demo triggers them in three waves (demo/story.py) so the same things happen on every
 run: nlp's fine-tune holds two hosts; research's 32-GPU pretrain cannot start and gets a
 reservation; then research's small eval backfills in front of it, vision's urgent
 retrain (priority 50) arrives last and still goes first, and nlp's long sweep waits
@@ -24,7 +24,7 @@ SHOW = ('echo "$AIRFLOW_GPU_ROLE-$AIRFLOW_GPU_REPLICA on $AIRFLOW_GPU_HOST: '
         'GPUs [$AIRFLOW_GPU_GPUS]"')
 
 
-# The demo touches this file once wave 3's tasks wait (demo_story.py): the fine-tune
+# The demo touches this file once wave 3's tasks wait (demo/story.py): the fine-tune
 # holds its GPUs until then, so the story does not depend on how fast the machine is.
 GATE = os.environ.get("AIRFLOW_GPU_DEMO_GATE")
 

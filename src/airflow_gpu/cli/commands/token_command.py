@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+import re
 from datetime import UTC, datetime
 
 from rich.table import Table
 
-from .scheduler_core.errors import InputError
-from .scheduler_core.units import parse_duration
+from ...scheduler_core.errors import InputError
+from ...scheduler_core.units import parse_duration
+from ..common import api_client, console
 
 
 def expires(value: str | None) -> tuple[int | None, datetime | None]:
@@ -53,73 +54,132 @@ def _role(args: argparse.Namespace) -> str:
     return "agent" if args.agent else "admin" if args.admin else "team"
 
 
-def token_create(db_create: Callable[[argparse.Namespace], int]):
-    """`token create`: on the database with --db (`db_create`), else through the API."""
-    def run(args: argparse.Namespace) -> int:
-        from .service_cli import check_token_args
-
-        expiry = expires(args.expires)          # bad input fails before anything else
-        if args.db:
-            args.expires_at = _expires_at(args)
-            return db_create(args)
-        check_token_args(args)
-        from .service_cli import _client
-
-        seconds, at = expiry
-        with _client(args) as c:
-            made = c.create_token(args.team, _role(args), args.host if args.agent else None,
-                                  seconds, at.isoformat() if at else None,
-                                  args.allow_new_hosts)
-        print(json.dumps(made, indent=2) if args.json else made["token"])
-        return 0
-    return run
+def cmd_token_create(args: argparse.Namespace) -> int:
+    """`token create`: on the database with --db, else through the API."""
+    expiry = expires(args.expires)          # bad input fails before anything else
+    if args.db:
+        args.expires_at = _expires_at(args)
+        return _db_create(args)
+    check_token_args(args)
+    seconds, at = expiry
+    with api_client(args) as c:
+        made = c.create_token(args.team, _role(args), args.host if args.agent else None,
+                              seconds, at.isoformat() if at else None,
+                              args.allow_new_hosts)
+    print(json.dumps(made, indent=2) if args.json else made["token"])
+    return 0
 
 
-def token_revoke(db_revoke: Callable[[argparse.Namespace], int]):
+def cmd_token_revoke(args: argparse.Namespace) -> int:
     """`token revoke ID | TOKEN | --team T`: on the database with --db (a token by its
-    secret through `db_revoke`), else through the API (by id)."""
-    def run(args: argparse.Namespace) -> int:
-        from .scheduler_core.service.auth import CACHE_SECONDS
+    secret through `_db_revoke`), else through the API (by id)."""
+    from ...scheduler_core.service.auth import CACHE_SECONDS
 
-        target = args.target
-        if bool(target) == bool(args.team):
-            raise InputError("token revoke: give the token's id (airflow-gpu token list), "
-                             "or --team T for all of a team's tokens")
-        by_id = bool(target) and target.isascii() and target.isdigit()
-        if target and not by_id and not args.db:
-            raise InputError("token revoke: that is not a token id; through the API a token "
-                             "is revoked by its id (airflow-gpu token list shows them), by "
-                             "the token itself only with --db URL")
-        from .service_cli import _check_team
-
-        _check_team(args.team)
-        if args.db and not by_id:
-            args.token = target                 # the secret, or None with --team
-            return db_revoke(args)
-        if args.db:
-            gone = [_db_revoke_id(args, int(target))]
-        else:
-            from .service_cli import _client
-
-            with _client(args) as c:
-                gone = ([c.revoke_token(int(target))] if target
-                        else c.revoke_team_tokens(args.team))
-        if args.json:
-            print(json.dumps(gone, indent=2, default=str))
-            return 0
-        n = len(gone)
-        print(f"revoked {n} token{'' if n == 1 else 's'}"
-              + (f" ({', '.join(_describe(t) for t in gone)})" if gone else "")
-              + f"; the service refuses {'it' if n == 1 else 'them'} within "
-              f"{CACHE_SECONDS:g} s")
+    target = args.target
+    if bool(target) == bool(args.team):
+        raise InputError("token revoke: give the token's id (airflow-gpu token list), "
+                         "or --team T for all of a team's tokens")
+    by_id = bool(target) and target.isascii() and target.isdigit()
+    if target and not by_id and not args.db:
+        raise InputError("token revoke: that is not a token id; through the API a token "
+                         "is revoked by its id (airflow-gpu token list shows them), by "
+                         "the token itself only with --db URL")
+    check_team(args.team)
+    if args.db and not by_id:
+        args.token = target                 # the secret, or None with --team
+        return _db_revoke(args)
+    if args.db:
+        gone = [_db_revoke_id(args, int(target))]
+    else:
+        with api_client(args) as c:
+            gone = ([c.revoke_token(int(target))] if target
+                    else c.revoke_team_tokens(args.team))
+    if args.json:
+        print(json.dumps(gone, indent=2, default=str))
         return 0
-    return run
+    n = len(gone)
+    print(f"revoked {n} token{'' if n == 1 else 's'}"
+          + (f" ({', '.join(_describe(t) for t in gone)})" if gone else "")
+          + f"; the service refuses {'it' if n == 1 else 'them'} within "
+          f"{CACHE_SECONDS:g} s")
+    return 0
+
+
+def check_team(team: str | None, what: str = "--team") -> None:
+    """A team name as job specs and the API take it (jobspec's team field)."""
+    from ...scheduler_core.jobspec import _NAME, MAX_TEXT
+
+    if team is not None and not (re.fullmatch(_NAME.strip("^$"), team)
+                                 and len(team) <= MAX_TEXT):
+        shown = repr(team) if len(team) <= 60 else repr(f"{team[:57]}...")
+        raise InputError(f"{what}: {shown} is not a team name; use letters, digits, '_', "
+                         f"'.' and '-', starting with a letter or digit, at most {MAX_TEXT} "
+                         "characters (as job specs name teams)")
+
+
+def check_token_args(args: argparse.Namespace) -> None:
+    """The role flags of `token create` (through the API or the database) fit together."""
+    if args.agent and not args.host:
+        raise InputError("--agent: name the host(s) the agent token is for: --host NAME "
+                         "(repeat it, or a glob pattern such as --host 'dgx-*')")
+    if args.host and not args.agent:
+        raise InputError("--host: only agent tokens are for hosts; add --agent")
+    if getattr(args, "allow_new_hosts", None) and not args.agent:
+        raise InputError("--allow-new-hosts: only agent tokens register hosts; add --agent "
+                         "and --host")
+    if not args.agent and not args.team:
+        raise InputError("--team: a team or admin token needs a team (--team T)")
+    check_team(args.team)
+
+
+def _db_create(args: argparse.Namespace) -> int:
+    from ...scheduler_core.service.auth import create_token
+    from ...scheduler_core.store.db import database_errors, open_database, sessions, upgrade
+
+    check_token_args(args)
+    engine = open_database(args.db, create=args.create)
+    try:
+        with database_errors(args.db):
+            upgrade(engine)
+            token = create_token(sessions(engine), args.team, args.admin,
+                                 args.host if args.agent else None,
+                                 expires_at=getattr(args, "expires_at", None),  # --expires
+                                 new_hosts=getattr(args, "allow_new_hosts", None))
+    finally:
+        engine.dispose()
+    print(token)
+    return 0
+
+
+def _db_revoke(args: argparse.Namespace) -> int:
+    from ...scheduler_core.service.auth import CACHE_SECONDS, revoke_team_tokens, revoke_token
+    from ...scheduler_core.store.db import database_errors, open_database, sessions, upgrade
+
+    if bool(args.token) == bool(args.team):
+        raise InputError("token revoke: give the token, or --team T for all of a team's "
+                         "tokens")
+    check_team(args.team)
+    engine = open_database(args.db, create=args.create)
+    try:
+        with database_errors(args.db):
+            upgrade(engine)
+            if args.token:
+                if not revoke_token(sessions(engine), args.token):
+                    raise InputError("token revoke: no such token (already revoked?)")
+                gone = 1
+            else:
+                gone = revoke_team_tokens(sessions(engine), args.team)
+    finally:
+        engine.dispose()
+    print(f"revoked {gone} token{'' if gone == 1 else 's'}; the service refuses "
+          f"{'it' if gone == 1 else 'them'} within {CACHE_SECONDS:g} s")
+    return 0
 
 
 def _db_revoke_id(args: argparse.Namespace, token_id: int) -> dict:
-    from .scheduler_core.service.auth import revoke_token_id, token_view
-    from .scheduler_core.service.core import NotFound
-    from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
+    from ...scheduler_core.service.auth import revoke_token_id, token_view
+    from ...scheduler_core.service.core import NotFound
+    from ...scheduler_core.store.db import database_errors, open_database, sessions, upgrade
 
     engine = open_database(args.db, create=args.create)
     try:
@@ -139,12 +199,10 @@ def _describe(t: dict) -> str:
 
 def cmd_token_list(args: argparse.Namespace) -> int:
     """`token list`: every token (of --team), never the secrets."""
-    from .service_cli import _check_team
-
-    _check_team(args.team)
+    check_team(args.team)
     if args.db:
-        from .scheduler_core.service.auth import list_tokens, token_view
-        from .scheduler_core.store.db import database_errors, open_database, sessions, upgrade
+        from ...scheduler_core.service.auth import list_tokens, token_view
+        from ...scheduler_core.store.db import database_errors, open_database, sessions, upgrade
 
         engine = open_database(args.db, create=None)
         try:
@@ -154,16 +212,12 @@ def cmd_token_list(args: argparse.Namespace) -> int:
         finally:
             engine.dispose()
     else:
-        from .service_cli import _client
-
-        with _client(args) as c:
+        with api_client(args) as c:
             tokens = c.tokens(args.team)
     if args.json:
         print(json.dumps(tokens, indent=2, default=str))
     else:
-        from .cli import _console
-
-        _console().print(_tokens_table(tokens))
+        console().print(_tokens_table(tokens))
     return 0
 
 
@@ -194,11 +248,9 @@ def _when(at) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def add_token_commands(sub, client: argparse.ArgumentParser,
-                       db_create: Callable[[argparse.Namespace], int],
-                       db_revoke: Callable[[argparse.Namespace], int]) -> None:
+def add_commands(sub, client: argparse.ArgumentParser) -> None:
     """The `token` commands; `client`: the client commands' parent parser (--url, --token,
-    --conn-id, --json); `db_create`, `db_revoke`: the --db paths of create and revoke."""
+    --conn-id, --json)."""
     def db(p: argparse.ArgumentParser, create: bool = True) -> None:
         p.add_argument("--db", help="work on this database directly (SQLAlchemy URL: "
                        "sqlite:///FILE or postgresql+psycopg://...) instead of through the "
@@ -237,11 +289,11 @@ def add_token_commands(sub, client: argparse.ArgumentParser,
                     "or from this time on (2027-01-31, ISO 8601, UTC unless it says); "
                     "default never")
     db(tc)
-    tc.set_defaults(func=token_create(db_create))
+    tc.set_defaults(func=cmd_token_create)
     tr = tsub.add_parser("revoke", parents=[client], help="delete a token (or all of a "
                          "team's); the service refuses it within a second")
     tr.add_argument("target", nargs="?", metavar="ID",
                     help="the token's id (token list); with --db also the token itself")
     tr.add_argument("--team", help="revoke every token of this team instead")
     db(tr)
-    tr.set_defaults(func=token_revoke(db_revoke))
+    tr.set_defaults(func=cmd_token_revoke)

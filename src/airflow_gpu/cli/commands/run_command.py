@@ -33,23 +33,24 @@ import threading
 import time
 from typing import Any
 
-from .launch.handle import Handle, LaunchError
-from .launch.lease import Lease, beat_interval, monotonic_at
-from .launch.local import (
+from ...launch.handle import Handle, LaunchError
+from ...launch.lease import Lease, beat_interval, monotonic_at
+from ...launch.local import (
     STOP_GRACE,
     airflow_setting,
     local_host,
     refuse_other_hosts,
     start_command,
 )
-from .launch.replica import Replica, replicas_of
-from .launch.supervise import Outcome, stop_all, supervise
-from .launch.wiring import BY_CLASS, wiring
+from ...launch.replica import Replica, replicas_of
+from ...launch.supervise import Outcome, stop_all, supervise
+from ...launch.wiring import BY_CLASS, wiring
+from ...scheduler_core.client import ApiError, Client
+from ...scheduler_core.errors import InputError
+from ...scheduler_core.reasonkey import reason_key
+from ...scheduler_core.units import format_duration
+from ..common import api_client
 from .run_args import job_spec, options, pin_host, refused, split_command
-from .scheduler_core.client import ApiError, Client
-from .scheduler_core.errors import InputError
-from .scheduler_core.reasonkey import reason_key
-from .scheduler_core.units import format_duration
 
 PREFIX = "airflow-gpu run: "
 EXIT_INPUT = 2           # bad input, unreachable service, refused grant, cannot start
@@ -321,7 +322,7 @@ class Run:
             code = codes[0] if codes else 128 + self.signals.signum
             return self.cancel(job_id, f"stopped by {self.signals.name}", code)
         if outcome.timed_out:
-            from .scheduler_core.jobclasses import timeout_message
+            from ...scheduler_core.jobclasses import timeout_message
 
             self.finish(job_id, attempt, "timeout", None)
             log.error("job %s: %s", job_id, timeout_message(
@@ -364,10 +365,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         options(argparse.ArgumentParser(prog="airflow-gpu run", add_help=False),
                 positional=True).parse_args(before, namespace=args)
     spec = job_spec(args, command)
-    from .service_cli import _client
-
     _logger()
-    with Signals() as signals, _client(args) as client:
+    with Signals() as signals, api_client(args) as client:
         spec = pin_host(spec, args, client.cluster(), local_host(airflow_setting()))
         try:
             job = client.submit(spec)
@@ -378,7 +377,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return Run(client, spec, command, args, signals).run(job)
 
 
-def add_command(sub) -> None:
+def add_commands(sub) -> None:
     p = sub.add_parser(
         "run", help="submit a job, wait for it, run a command on its grant here (srun)",
         usage="airflow-gpu run [JOBFILE] [options] -- COMMAND [ARG...]",

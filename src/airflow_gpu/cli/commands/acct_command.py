@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 from rich.table import Table
 
-from .scheduler_core.errors import InputError
-from .scheduler_core.units import format_duration, format_size, parse_duration
+from ...scheduler_core.errors import InputError
+from ...scheduler_core.units import format_duration, format_size, parse_duration
+from ..common import api_client, console
 
 COLUMNS = {
     "job": ("job", "name", "team", "state", "exit_code", "started_at", "finished_at",
@@ -117,11 +118,8 @@ def write_csv(data: dict) -> None:
 
 
 def cmd_acct(args: argparse.Namespace) -> int:
-    from .cli import _console
-    from .service_cli import _client
-
     since, until = when(args.since, "--since"), when(args.until, "--until")  # before asking
-    with _client(args) as c:
+    with api_client(args) as c:
         data = c.accounting(args.by, since, until, args.team, args.job)
         if args.job and args.by == "job":
             for r in data["rows"]:
@@ -131,11 +129,11 @@ def cmd_acct(args: argparse.Namespace) -> int:
     elif args.csv:
         write_csv(data)
     else:
-        _console().print(table(data))
+        console().print(table(data))
     return 0
 
 
-def add_acct(sub, client: argparse.ArgumentParser) -> None:
+def add_commands(sub, client: argparse.ArgumentParser) -> None:
     p = sub.add_parser("acct", parents=[client], help="GPU accounting (sacct, qacct): "
                        "GPU-hours, SM utilization, memory, energy, idle time per job, team "
                        "or day")

@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 
 from rich.table import Table
 
-from .scheduler_core.errors import InputError
-from .scheduler_core.units import format_duration, format_size
+from ...scheduler_core.errors import InputError
+from ...scheduler_core.units import format_duration, format_size
+from ..common import show
 
 LIVE = ("admitted", "running", "preempting")
 
@@ -251,9 +252,9 @@ def checked(check, run):
     return go
 
 
-def add_slurm_commands(sub, client: argparse.ArgumentParser, show) -> None:
-    """Register the commands; `show(call, table)` runs a client call and prints its
-    answer (service_cli._show)."""
+def add_commands(sub, client: argparse.ArgumentParser) -> None:
+    """Register the commands; `client`: the client commands' parent parser; `show(call,
+    table)` runs a client call and prints its answer (common.py)."""
     def add(name: str, func, helptext: str, *args: tuple) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext, description=helptext, parents=[client])
         for flags, kw in args:

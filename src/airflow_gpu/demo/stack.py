@@ -116,8 +116,8 @@ class Stack:
         return env
 
     def _make_tokens(self) -> None:
-        from .scheduler_core.service.auth import create_token
-        from .scheduler_core.store.db import make_engine, sessions
+        from ..scheduler_core.service.auth import create_token
+        from ..scheduler_core.store.db import make_engine, sessions
 
         engine = make_engine(self.db)
         try:

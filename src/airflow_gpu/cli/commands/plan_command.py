@@ -1,31 +1,26 @@
-"""The `airflow-gpu` command."""
+"""`airflow-gpu plan` (what would start now on an idle cluster), `simulate` (replay a
+trace through the scheduler) and `models` (the built-in host models)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
-from rich.console import Console
 from rich.table import Table
 
-from .scheduler_core.errors import InputError
-from .scheduler_core.units import format_duration, format_size
-
-EXIT_INPUT = 2
-EXIT_API = 1
-EXIT_PIPE = 141     # stdout closed early (a pipe's reader exited), as SIGPIPE leaves Unix tools
+from ...scheduler_core.errors import InputError
+from ...scheduler_core.units import format_duration, format_size
+from ..common import console as _console
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .scheduler_core.engine.cluster import load_cluster
-    from .scheduler_core.engine.state import ClusterState
-    from .scheduler_core.jobclasses import resolve
-    from .scheduler_core.jobspec import load_jobs
-    from .scheduler_core.plugins import default_registry
-    from .scheduler_core.policy.config import load_policy
-    from .scheduler_core.policy.planner import plan
+    from ...scheduler_core.engine.cluster import load_cluster
+    from ...scheduler_core.engine.state import ClusterState
+    from ...scheduler_core.jobclasses import resolve
+    from ...scheduler_core.jobspec import load_jobs
+    from ...scheduler_core.plugins import default_registry
+    from ...scheduler_core.policy.config import load_policy
+    from ...scheduler_core.policy.planner import plan
 
     cluster = load_cluster(args.cluster)
     jobs = load_jobs(args.jobs)
@@ -41,26 +36,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Console(Console):
-    def on_broken_pipe(self) -> None:
-        """Rich exits with status 1 on a closed pipe; main() ends quietly with EXIT_PIPE."""
-        self.quiet = True
-        raise BrokenPipeError
-
-
-def _console() -> Console:
-    console = _Console()
-    if not console.is_terminal:  # pipes and CI logs: wide enough that hosts and cpus fit
-        console.width = max(console.width, 160)
-    return console
-
-
 def _print_plan(result, cluster_name: str) -> None:
     console = _console()
     t = Table(title=f"Admitted on {cluster_name}", title_justify="left")
     for col in ("job", "role", "#", "host", "GPUs", "CPUs", "NUMA", "memory", "NICs"):
         t.add_column(col)
-    from .scheduler_core.engine.topology import format_cpulist
+    from ...scheduler_core.engine.topology import format_cpulist
 
     for job, placed in result.admitted:
         for k, a in enumerate(placed.allocations):
@@ -112,11 +93,11 @@ def _slowdown(text: str) -> tuple[float, float, float]:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from .scheduler_core.engine.cluster import load_cluster, synthetic_cluster
-    from .scheduler_core.policy.config import PolicyConfig, load_policy
-    from .scheduler_core.simulation.simulator import SimOptions, simulate
-    from .scheduler_core.simulation.trace import load_trace
-    from .scheduler_core.units import parse_duration, parse_size
+    from ...scheduler_core.engine.cluster import load_cluster, synthetic_cluster
+    from ...scheduler_core.policy.config import PolicyConfig, load_policy
+    from ...scheduler_core.simulation.simulator import SimOptions, simulate
+    from ...scheduler_core.simulation.trace import load_trace
+    from ...scheduler_core.units import parse_duration, parse_size
 
     if args.hosts is not None:
         cluster = synthetic_cluster(args.hosts, tuple(args.model.split(",")),
@@ -151,7 +132,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             path = args.records if len(results) == 1 else _suffixed(args.records, r.policy)
             r.write_records(path)
     if args.plot:
-        from .scheduler_core.simulation.simplots import write_plots
+        from ...scheduler_core.simulation.simplots import write_plots
 
         write_plots(results, args.plot, f"({cluster.name})")
     metrics = [r.metrics() for r in results]
@@ -208,8 +189,8 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
-    from .scheduler_core.engine.hosttype import host_type
-    from .scheduler_core.engine.topology import builtin_model_names, load_topology
+    from ...scheduler_core.engine.hosttype import host_type
+    from ...scheduler_core.engine.topology import builtin_model_names, load_topology
 
     rows = []
     for name in builtin_model_names():
@@ -230,13 +211,7 @@ def _cmd_models(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="airflow-gpu", description="GPU-aware workload management for Airflow on DGX.")
-    from . import __version__
-
-    parser.add_argument("--version", action="version", version=f"airflow-gpu {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_commands(sub) -> None:
     p = sub.add_parser("plan", help="decide what would start now on an idle cluster")
     p.add_argument("--cluster", default="example",
                    help="cluster file, or a built-in cluster name (default: example)")
@@ -276,41 +251,3 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("models", help="list the built-in DGX host models")
     m.add_argument("--json", action="store_true")
     m.set_defaults(func=_cmd_models)
-    from .agent.cli import add_commands as add_agent_commands
-    from .demo import add_command as add_demo_command
-    from .run_cli import add_command as add_run_command
-    from .service_cli import add_commands
-
-    add_commands(sub)
-    add_agent_commands(sub)
-    add_run_command(sub)
-    add_demo_command(sub)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    from .scheduler_core.client import ApiError
-
-    args = build_parser().parse_args(argv)
-    try:
-        status = args.func(args)
-        sys.stdout.flush()        # a closed pipe shows here, not as Python exits
-        return status
-    except BrokenPipeError:
-        # The reader went away (`airflow-gpu topo --yaml | head -1`): stop quietly, as Unix
-        # tools do when SIGPIPE ends them (exit status 128 + 13), with no message. Further
-        # writes, Python's own flush at exit included, go to /dev/null.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return EXIT_PIPE
-    except InputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INPUT
-    except ApiError as exc:
-        print(f"error: the scheduler answered {exc}", file=sys.stderr)
-        return EXIT_API
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,9 +12,10 @@ import os
 import re
 from typing import Any
 
-from .launch.local import ANY_HOST, HOST_VARIABLE, SETTING, LocalHost
-from .scheduler_core.errors import InputError, load_yaml, validate
-from .scheduler_core.jobspec import JobSpec, expand_hostlist
+from ...launch.local import ANY_HOST, HOST_VARIABLE, SETTING, LocalHost
+from ...scheduler_core.errors import InputError, load_yaml, validate
+from ...scheduler_core.jobspec import JobSpec, expand_hostlist
+from ..common import service_args
 
 # flags that build a one-role job when no job file is given
 SPEC_FLAGS = ("gpus", "cpus", "memory", "replicas", "job_class", "time_limit",
@@ -200,8 +201,6 @@ def refused(spec: dict[str, Any], exc: Exception) -> InputError:
 
 
 def options(p: argparse.ArgumentParser, positional: bool) -> argparse.ArgumentParser:
-    from .service_cli import service_args
-
     if positional:
         p.add_argument("jobfile", nargs="?")
     p.add_argument("--gpus", type=int, help="GPUs per replica (default 0); with --mig, MIG "

@@ -1,4 +1,4 @@
-"""The demo's timeline, from its record (demo_story.Story.record): which job waited when,
+"""The demo's timeline, from its record (story.Story.record): which job waited when,
 and which held which GPUs when, as a terminal chart (rich) and a PNG (matplotlib, the
 `plot` extra)."""
 

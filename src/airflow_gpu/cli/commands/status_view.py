@@ -9,8 +9,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .scheduler_core.engine.topology import format_cpulist
-from .scheduler_core.units import format_duration
+from ...scheduler_core.engine.topology import format_cpulist
+from ...scheduler_core.units import format_duration
 
 LIVE = ("admitted", "running", "preempting")
 

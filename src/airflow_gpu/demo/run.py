@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 from rich.markup import escape
 
-from .demo_stack import Stack, StackError
-from .demo_story import TEAMS, Story, StoryFailed, checks
-from .demo_timeline import terminal_chart, write_png
+from .stack import Stack, StackError
+from .story import TEAMS, Story, StoryFailed, checks
+from .timeline import terminal_chart, write_png
 
-DAGS = Path(__file__).parent / "demo_dags"
+DAGS = Path(__file__).parent.parent / "demo_dags"
 # The oldest waiting job of each priority band is protected at once (reserve_after 0):
 # it gets a reservation, and smaller jobs backfill only where they end before it starts.
 POLICY = {"mode": "backfill", "reserve_after": 0}

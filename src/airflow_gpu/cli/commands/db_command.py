@@ -1,6 +1,7 @@
-"""`airflow-gpu db check` and `db repair`: the hold rows that disagree with the
-allocations (scheduler_core/store/integrity.py), listed a line each, and deleted. What
-such a row holds is quarantined by every scheduling pass until it is repaired."""
+"""`airflow-gpu db upgrade` (create or migrate the schema), `db check` and `db repair`:
+the hold rows that disagree with the allocations (scheduler_core/store/integrity.py),
+listed a line each, and deleted. What such a row holds is quarantined by every
+scheduling pass until it is repaired."""
 
 from __future__ import annotations
 
@@ -8,9 +9,15 @@ import argparse
 import contextlib
 import sys
 
+from ..common import db_arg
 
-def add_db_commands(dsub, db_arg) -> None:
-    """`db check` and `db repair` under the `db` command (`db_arg` adds --db)."""
+
+def add_commands(sub) -> None:
+    d = sub.add_parser("db", help="the service's database")
+    dsub = d.add_subparsers(dest="db_command", required=True)
+    du = dsub.add_parser("upgrade", help="create or migrate the schema (idempotent)")
+    db_arg(du)
+    du.set_defaults(func=cmd_db_upgrade)
     for name, func, helptext in (
             ("check", cmd_db_check, "list hold rows that disagree with the allocations "
              "(exit 1 when there is one)"),
@@ -27,6 +34,25 @@ def add_db_commands(dsub, db_arg) -> None:
         p.set_defaults(func=func)
 
 
+def cmd_db_upgrade(args: argparse.Namespace) -> int:
+    from ...scheduler_core.store.db import (
+        current_revision,
+        database_errors,
+        open_database,
+        upgrade,
+    )
+
+    engine = open_database(args.db, create=True)      # creates a SQLite file, not a folder
+    try:
+        with database_errors(args.db):
+            upgrade(engine)
+            revision = current_revision(engine)
+    finally:
+        engine.dispose()
+    print(f"database at revision {revision} ({engine.url!r})")
+    return 0
+
+
 def _cluster(s, path: str | None):
     """The cluster the server schedules: the file's hosts with the models node agents
     registered (as service/agents.py composes it)."""
@@ -34,10 +60,10 @@ def _cluster(s, path: str | None):
         return None
     from sqlalchemy import select
 
-    from .scheduler_core.engine.cluster import load_cluster
-    from .scheduler_core.engine.topology import Topology
-    from .scheduler_core.service.agents import compose
-    from .scheduler_core.store.models import HostRow
+    from ...scheduler_core.engine.cluster import load_cluster
+    from ...scheduler_core.engine.topology import Topology
+    from ...scheduler_core.service.agents import compose
+    from ...scheduler_core.store.models import HostRow
 
     rows = s.execute(select(HostRow.name, HostRow.topology_hash, HostRow.rack,
                             HostRow.switch, HostRow.docker_url, HostRow.address,
@@ -52,9 +78,9 @@ def _cluster(s, path: str | None):
 
 
 def _run(args: argparse.Namespace, repair: bool) -> int:
-    from .scheduler_core.errors import InputError
-    from .scheduler_core.store import integrity
-    from .scheduler_core.store.db import (
+    from ...scheduler_core.errors import InputError
+    from ...scheduler_core.store import integrity
+    from ...scheduler_core.store.db import (
         current_revision,
         database_errors,
         open_database,

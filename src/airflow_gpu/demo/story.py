@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 from rich.markup import escape
 
-from .scheduler_core.units import format_duration
+from ..scheduler_core.units import format_duration
 
 TEAMS = ["nlp", "research", "vision"]
 WAVES = [

@@ -1,0 +1,1 @@
+"""One module per command group of `airflow-gpu` (registered by cli_config.py)."""
