@@ -2,7 +2,8 @@
 without one or with one that is unknown, revoked or expired, gets its 401 before a byte of
 its body is read, decoded or validated (FastAPI reads and checks the body before it runs
 the route's dependencies, which answered such a request 422 listing the body's fields).
-The principal found is left in the scope for the routes' dependencies (deps.who)."""
+So does an agent token on a route it may not use (403). The principal found is left in
+the scope for the routes' dependencies (deps.who)."""
 
 from __future__ import annotations
 
@@ -13,21 +14,26 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.routing import Match
 
-from .deps import PRINCIPAL, authenticate, who
+from .deps import PRINCIPAL, authenticate, host_agent, not_agent, who
 from .errors import Http, http_answer
 
 
-def needs_token(route) -> bool:
-    """Whether `route` depends, at any depth, on a valid token (deps.who)."""
+def guard(route):
+    """What `route` asks of the caller's token: None (nothing), deps.who (a valid token),
+    deps.not_agent (no agent token) or deps.host_agent (the path's host's agent, if an
+    agent's), from its dependencies at any depth."""
     if not isinstance(route, APIRoute):
-        return False
-    stack = list(route.dependant.dependencies)
+        return None
+    calls, stack = set(), list(route.dependant.dependencies)
     while stack:
         d = stack.pop()
-        if d.call is who:
-            return True
+        calls.add(d.call)
         stack.extend(d.dependencies)
-    return False
+    return next((c for c in (host_agent, not_agent, who) if c in calls), None)
+
+
+def needs_token(route) -> bool:
+    return guard(route) is not None
 
 
 class AuthFirst:
@@ -36,17 +42,23 @@ class AuthFirst:
 
     def __init__(self, app):
         self.app = app
-        self.guarded: dict[int, bool] = {}
+        self.guards: dict[int, object] = {}
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not self._guarded(scope):
+        found = self._route(scope) if scope["type"] == "http" else None
+        if found is None:
             await self.app(scope, receive, send)
             return
+        check, params = found
         header = next((v.decode("latin-1") for k, v in scope["headers"]
                        if k == b"authorization"), None)
         service = scope["app"].state.service
         try:
-            scope[PRINCIPAL] = await anyio.to_thread.run_sync(authenticate, service, header)
+            principal = await anyio.to_thread.run_sync(authenticate, service, header)
+            if check is not_agent:
+                not_agent(principal)
+            elif check is host_agent:
+                host_agent(params["name"], principal)
         except Http as exc:
             await http_answer(exc)(scope, receive, send)
             return
@@ -56,17 +68,21 @@ class AuthFirst:
                 raise
             await answer(scope, receive, send)
             return
+        scope[PRINCIPAL] = principal
         await self.app(scope, receive, send)
 
-    def _guarded(self, scope) -> bool:
+    def _route(self, scope):
+        """(its guard, its path parameters) for the route the request goes to when that
+        route needs a token; else None."""
         for route in scope["app"].router.routes:
-            match, _ = route.matches(scope)
+            match, child = route.matches(scope)
             if match == Match.FULL:
                 key = id(route)
-                if key not in self.guarded:
-                    self.guarded[key] = needs_token(route)
-                return self.guarded[key]
-        return False
+                if key not in self.guards:
+                    self.guards[key] = guard(route)
+                check = self.guards[key]
+                return None if check is None else (check, child.get("path_params", {}))
+        return None
 
 
 async def _handled(scope, exc: Exception):
