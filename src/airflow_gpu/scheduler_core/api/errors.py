@@ -12,7 +12,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from ..errors import InputError
 from ..service import health, readlimit
-from ..service.core import Conflict, Forbidden, NotFound
+from ..service.errors import Conflict, Forbidden, NotFound
 from .bodies import invalid, safe
 
 DOMAIN = ((InputError, 422), (NotFound, 404), (Forbidden, 403), (Conflict, 409))
