@@ -31,7 +31,8 @@ from airflow_gpu.scheduler_core.jobspec import JobSpec
 from airflow_gpu.scheduler_core.service import storepass
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Principal, Service, Settings
-from airflow_gpu.scheduler_core.service.loop import NotLeader, SchedulerLoop
+from airflow_gpu.scheduler_core.service.leadership import NotLeader
+from airflow_gpu.scheduler_core.service.loop import SchedulerLoop
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from airflow_gpu.scheduler_core.store.models import (
     AllocationRow,

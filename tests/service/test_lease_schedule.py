@@ -32,7 +32,8 @@ from sqlalchemy import create_engine, insert, select, text, update
 from airflow_gpu.scheduler_core.jobspec import JobSpec
 from airflow_gpu.scheduler_core.service.app import create_app
 from airflow_gpu.scheduler_core.service.core import Principal, Service, Settings
-from airflow_gpu.scheduler_core.service.loop import _GIVE_UP, SchedulerLoop
+from airflow_gpu.scheduler_core.service.leadership import _GIVE_UP
+from airflow_gpu.scheduler_core.service.loop import SchedulerLoop
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from airflow_gpu.scheduler_core.store.models import EventRow, JobRow
 from tests.helpers import make_cluster, until
@@ -316,7 +317,7 @@ def test_lease_checks_are_fenced_like_passes(pg):
             s.execute(update(JobRow).where(JobRow.id == row.id).values(
                 lease_expires_at=datetime(2000, 1, 1, tzinfo=UTC)))
         until(b._lead, "a's leader lease runs out and b takes it over", timeout=30)
-        from airflow_gpu.scheduler_core.service.loop import NotLeader
+        from airflow_gpu.scheduler_core.service.leadership import NotLeader
 
         with pytest.raises(NotLeader):
             a.check_leases()

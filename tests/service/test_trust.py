@@ -21,7 +21,7 @@ from airflow_gpu.scheduler_core.service import health
 from airflow_gpu.scheduler_core.service.app import create_app
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Service, Settings
-from airflow_gpu.scheduler_core.service.loop import lock_key
+from airflow_gpu.scheduler_core.service.leadership import lock_key
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from airflow_gpu.scheduler_core.store.models import JobRow, TeamRow
 from tests.helpers import make_cluster, until

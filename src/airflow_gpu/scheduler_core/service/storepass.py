@@ -1,7 +1,7 @@
 """The scheduling pass on the store: rebuild the engine's state from what is committed,
 run the one scheduling pass (`Scheduler.schedule`), and write the admissions (allocations
 and holds) and the changed pending reasons in one transaction. With PostgreSQL that
-transaction first locks the leader's lease row with its fencing token (loop.py `fence`):
+transaction first locks the leader's lease row with its fencing token (leadership.py `fence`):
 a leader that was taken over writes nothing."""
 
 from __future__ import annotations
