@@ -41,7 +41,7 @@ from airflow_gpu.scheduler_core.engine.cluster import synthetic_cluster
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
 from airflow_gpu.scheduler_core.simulation.trace import TraceJob, load_trace
-from airflow_gpu.scheduler_core.units import parse_duration
+from airflow_gpu.scheduler_core.units import MAX_DURATION, parse_duration
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 # trace -> (hosts, arrival speed-up)
@@ -130,7 +130,8 @@ def main() -> int:
                           False))
         for v in curve:
             seconds = math.inf if v == "inf" else parse_duration(v)
-            fields = {"reserve_after": 10**12 if seconds == math.inf else seconds}
+            # inf: never (the longest duration a policy takes, far past any trace)
+            fields = {"reserve_after": MAX_DURATION if seconds == math.inf else seconds}
             tasks.append((name, f"reserve_after={v}", fields, args.traces, args.limit,
                           slowdown, False))
     args.out.mkdir(parents=True, exist_ok=True)
