@@ -19,27 +19,20 @@ from .common import (
     ENDED,
     LIVE,
     PENDING,
-    UTILIZATION,
     Principal,
     _columns,
-    _same_attempt,
-    _stale,
     _ts,
-    _update,
     eta_seconds,
-    requeued,
     same_job,
-    spec_digest,
     spec_gpus,
     utcnow,
 )
 from .errors import Conflict, Forbidden, NotFound
 from .uow import Settings, Store
 
-__all__ = [
-    "ENDED", "LIVE", "PENDING", "UTILIZATION", "Conflict", "Forbidden", "NotFound",
-    "Principal", "Service", "Settings", "_columns", "_same_attempt", "_stale", "_ts",
-    "_update", "eta_seconds", "requeued", "same_job", "spec_digest", "spec_gpus", "utcnow",
+__all__ = [   # what code outside the service imports from here
+    "ENDED", "LIVE", "PENDING", "Conflict", "Forbidden", "NotFound", "Principal", "Service",
+    "Settings", "_columns", "_ts", "eta_seconds", "same_job", "spec_gpus", "utcnow",
 ]
 
 

@@ -88,7 +88,7 @@ def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list
         hrow = s.get(HostRow, name)
         if not reachable(hrow, svc.settings.host_timeout, _ts(now)):
             svc._event(s, "host", f"host {name} is reachable again: its node agent "
-                        "reported", host=name)
+                       "reported", host=name)
         for g in gpus:
             if not 0 <= g["index"] < host.type.n_gpus:
                 raise InputError(f"gpus[].index: {g['index']} is not a GPU of {name} "
@@ -96,9 +96,9 @@ def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list
             row = s.get(GpuRow, (name, g["index"]))
             if row.healthy != g["healthy"]:
                 svc._event(s, "health", f"GPU {name}:{g['index']} "
-                            f"{'healthy' if g['healthy'] else 'unhealthy'}"
-                            + (f" ({g.get('reason')})" if g.get("reason") else ""),
-                            host=name)
+                           f"{'healthy' if g['healthy'] else 'unhealthy'}"
+                           + (f" ({g.get('reason')})" if g.get("reason") else ""),
+                           host=name)
             row.healthy, row.health_reason, row.reported_at = (
                 g["healthy"], g.get("reason"), now)
             for key in UTILIZATION:
@@ -133,7 +133,7 @@ def set_drained(svc: Store, name: str, drained: bool, who: Principal,
             row.drain_reason = row.drained_at = row.drained_by = None
         row.drained = drained
         svc._event(s, "host", f"host {name} {'drained' if drained else 'resumed'}"
-                    + (f" (reason: {reason})" if drained and reason else ""), host=name)
+                   + (f" (reason: {reason})" if drained and reason else ""), host=name)
     svc.wake.set()
     return row
 
@@ -203,5 +203,5 @@ def cluster_view(svc: Store, only: str | None = None) -> dict:
     from .clusterview import add_allocation
 
     return add_allocation(svc, {"cluster": cluster.name, "hosts": out,
-                                 "gpus_total": sum(len(h["gpus"]) for h in out),
-                                 "gpus_allocated": len(holds)})
+                                "gpus_total": sum(len(h["gpus"]) for h in out),
+                                "gpus_allocated": len(holds)})

@@ -156,7 +156,7 @@ def finish(svc: Store, job_id: str, who: Principal, outcome: str,
 
 
 def end(svc: Store, job_id: str, who: Principal, state: str, exit_code: int | None,
-         from_states: tuple[str, ...], attempt: int | None = None) -> JobRow:
+        from_states: tuple[str, ...], attempt: int | None = None) -> JobRow:
     svc._owned(job_id, who)
     with svc.sessions.begin() as s:
         done = s.execute(_update(JobRow).where(
@@ -172,7 +172,7 @@ def end(svc: Store, job_id: str, who: Principal, state: str, exit_code: int | No
                                   f"{' or '.join(from_states)} can become {state}"))
         svc._release(s, job_id)
         svc._event(s, state, f"{state}" + (f" (exit code {exit_code})"
-                                            if exit_code is not None else ""), job=job_id)
+                                           if exit_code is not None else ""), job=job_id)
     svc.wake.set()
     return svc.get(job_id)
 

@@ -32,7 +32,7 @@ def set_team(svc: Store, name: str, who: Principal, share: float | None,
         row.share, row.quota_gpus, row.borrow_gpus = share, quota_gpus, borrow_gpus
         s.add(row)
         svc._event(s, "team", f"team {name}: share {share}, quota_gpus {quota_gpus}"
-                    + ("" if borrow_gpus is None else f", borrow_gpus {borrow_gpus}"))
+                   + ("" if borrow_gpus is None else f", borrow_gpus {borrow_gpus}"))
     svc._policy_cache = None
     svc.wake.set()
     return teams(svc)[name]
