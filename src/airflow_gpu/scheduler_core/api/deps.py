@@ -12,7 +12,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..service import probes
 from ..service.auth import AgentPrincipal, TokenExpired, principal_for
-from ..service.core import Principal, Service
+from ..service.common import Principal
+from ..service.core import Service
 from .errors import Http
 
 PRINCIPAL = "airflow_gpu.principal"      # where authfirst.py leaves the caller in the scope

@@ -23,7 +23,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from ..errors import InputError
 from ..jobspec import JobSpec
 from ..store.models import JobRow
-from .core import Conflict, Forbidden, NotFound, Principal, Service, _columns, same_job
+from .common import Principal, _columns, same_job
+from .core import Service
+from .errors import Conflict, Forbidden, NotFound
 
 MAX_JOBS = 1000      # jobs in one batch (a body is at most 1 MiB anyway)
 ATTEMPTS = 5         # lookups and inserts, while concurrent submits insert the same keys

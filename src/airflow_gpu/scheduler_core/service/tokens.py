@@ -11,7 +11,9 @@ from datetime import datetime, timedelta
 from ..errors import InputError
 from ..units import MAX_DURATION
 from .auth import issue_token, token_view
-from .core import Forbidden, Principal, Service, utcnow
+from .common import Principal, utcnow
+from .core import Service
+from .errors import Forbidden
 
 
 def admin_only(p: Principal) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from ...jobspec import JobSpec
-from ...service.core import _ts, eta_seconds
+from ...service.common import _ts, eta_seconds
 from ...store.models import AllocationRow, EventRow, JobRow
 from .base import RequestBody
 

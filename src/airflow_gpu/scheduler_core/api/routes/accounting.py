@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from ...errors import InputError
 from ...service import acct
-from ...service.core import utcnow
+from ...service.common import utcnow
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
 from ..models.base import NAME

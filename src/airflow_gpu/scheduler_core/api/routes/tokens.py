@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 from ...service.auth import list_tokens, revoke_team_token_rows, revoke_token_id, token_view
-from ...service.core import utcnow
+from ...service.common import utcnow
 from ...service.tokens import admin_only, create
 from ..bodies import DecodedOffLoop
 from ..deps import Svc, Who
