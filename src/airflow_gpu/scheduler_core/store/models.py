@@ -294,7 +294,7 @@ class LeaderLeaseRow(Base):
     """Who schedules a deployment (PostgreSQL): the leader renews `expires_at` (the
     database's clock) each round, and every pass's transaction first locks this row with
     the leader's `token`; a replica that takes over increments the token, so a leader that
-    was frozen past its lease can never write again (service/loop.py)."""
+    was frozen past its lease can never write again (service/leadership.py)."""
 
     __tablename__ = "leader_lease"
     deployment: Mapped[str] = mapped_column(String(300), primary_key=True)
