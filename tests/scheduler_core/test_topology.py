@@ -11,7 +11,7 @@ from airflow_gpu.scheduler_core.engine.topology import (
     parse_cpulist,
 )
 from airflow_gpu.scheduler_core.errors import InputError
-from tests.helpers import REPO, SHARED
+from tests.helpers import REPO
 
 MODELS = ["dgx-1v", "dgx-2", "dgx-a100", "dgx-h100", "dgx-h200"]
 HOSTMODELS = REPO / "src/airflow_gpu/scheduler_core/engine/hostmodels"
@@ -30,12 +30,12 @@ def test_built_in_models():
         MODELS + ["dgx-a100-80gb", "dgx-b200", "gb200-nvl72-tray"])
 
 
-@pytest.mark.skipif(not (SHARED / "topologies").is_dir(), reason="shared/ data not present")
 @pytest.mark.parametrize("name", MODELS)
-def test_builtin_models_match_the_shared_data(name):
-    shipped = HOSTMODELS
-    assert (shipped / f"{name}.yaml").read_bytes() == (
-        SHARED / "topologies" / f"{name}.yaml").read_bytes()
+def test_builtin_models_match_the_reference_data(name):
+    """The shipped models are the reference topologies (tests/data/topologies: public
+    facts, each file naming its sources)."""
+    assert (HOSTMODELS / f"{name}.yaml").read_bytes() == (
+        REPO / "tests" / "data" / "topologies" / f"{name}.yaml").read_bytes()
 
 
 @pytest.mark.parametrize("name", MODELS)
