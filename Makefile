@@ -3,6 +3,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Test processes (pytest-xdist): the suite mostly waits on servers, containers and
+# browsers, so more workers than cores pay; `make test TEST_WORKERS=0` runs it in one.
+TEST_WORKERS ?= 4
 
 .PHONY: demo test lint bench clean airflow-standalone
 
@@ -22,7 +25,7 @@ test: $(BIN)/.installed
 	scripts/ensure-docker-remote.sh
 	scripts/ensure-chromium.sh
 	$(BIN)/ruff check src tests bench
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS)
 
 # Airflow on this machine (SQLite, LocalExecutor; AIRFLOW_HOME, default ~/airflow).
 # `airflow standalone` starts its scheduler, dag-processor, triggerer and API server as
