@@ -201,6 +201,23 @@ class Postgres:
         return psycopg.connect(host="127.0.0.1", port=self.port, user="postgres",
                                dbname="postgres", autocommit=True)
 
+    def watch(self, seconds: float) -> tuple[int, list]:
+        """For `seconds`, every 0.3 s: the most connections role gpu held, and whether
+        another client of that role (not a superuser: no reserved slot for it) could
+        connect then (1, else the first line of its error)."""
+        peak, other = 0, []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            peak = max(peak, self.gpu_connections())
+            try:
+                with psycopg.connect(host="127.0.0.1", port=self.port, user="gpu",
+                                     dbname="gpu", connect_timeout=5) as conn:
+                    other.append(conn.execute("SELECT 1").fetchone()[0])
+            except Exception as exc:      # noqa: BLE001 - recorded, asserted by the caller
+                other.append(str(exc).strip().splitlines()[0])
+            time.sleep(0.3)
+        return peak, other
+
     def gpu_connections(self) -> int:
         with self.admin() as conn:
             return conn.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = "
@@ -331,18 +348,8 @@ def test_three_replicas_fit_max_connections_and_leave_room(postgres, tmp_path):
         os.environ.clear()
         os.environ.update(env)
     load = Load([s.url for s in servers], token, clients=60)
-    peak, fourth = 0, []
     try:
-        end = time.monotonic() + 12
-        while time.monotonic() < end:
-            peak = max(peak, postgres.gpu_connections())
-            try:
-                with psycopg.connect(host="127.0.0.1", port=postgres.port, user="gpu",
-                                     dbname="gpu", connect_timeout=5) as conn:
-                    fourth.append(conn.execute("SELECT 1").fetchone()[0])
-            except psycopg.OperationalError as exc:
-                fourth.append(str(exc).strip().splitlines()[0])
-            time.sleep(0.3)
+        peak, fourth = postgres.watch(12)
     finally:
         load.close()
         for s in servers:
