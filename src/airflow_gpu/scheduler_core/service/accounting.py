@@ -8,7 +8,7 @@ per SERIES_STEP and host."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -157,13 +157,3 @@ def granted_seconds(allocs, now: datetime, start: datetime | None = None,
             hi = min(hi, _ts(end))
         total += max(0.0, hi - lo) * n
     return total
-
-
-def days_between(lo: datetime, hi: datetime) -> list[datetime]:
-    """Midnights (UTC) that start each day from `lo`'s to `hi`'s."""
-    d = lo.replace(hour=0, minute=0, second=0, microsecond=0)
-    out = []
-    while d <= hi:
-        out.append(d)
-        d += timedelta(days=1)
-    return out
