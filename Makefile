@@ -4,8 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Test processes (pytest-xdist): the suite mostly waits on servers, containers and
-# browsers, so more workers than cores pay; `make test TEST_WORKERS=0` runs it in one.
-TEST_WORKERS ?= 4
+# browsers; one per core keeps timing-sensitive tests safe (`TEST_WORKERS=0`: one process).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean airflow-standalone
 
