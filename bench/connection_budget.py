@@ -34,9 +34,9 @@ import yaml  # noqa: E402
 
 from airflow_gpu.scheduler_core.service.auth import create_token  # noqa: E402
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade  # noqa: E402
-from tests.service.conftest import HOSTS  # noqa: E402
-from tests.service.servers import Server  # noqa: E402
-from tests.service.test_hardening_store import Load, Postgres  # noqa: E402
+from tests.databases import HOSTS  # noqa: E402
+from tests.scheduler_core.store.test_hardening_store import Load, Postgres  # noqa: E402
+from tests.servers import Server  # noqa: E402
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ from airflow_gpu.scheduler_core.store.models import (  # noqa: E402
     JobRow,
 )
 from report_cost import Databases  # noqa: E402
-from tests.service.conftest import serve  # noqa: E402
+from tests.databases import serve  # noqa: E402
 
 HOSTS = ({"name": "dgx-[1-128]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
 CPUS = 128

@@ -1,7 +1,8 @@
 """How soon a silent launcher's job is lost while passes are slow: a real `airflow-gpu
 server` (--interval 0.1, --lease-ttl 9 by default) whose 16 GPUs one admitted job holds
 (its launcher never heartbeats), with 5,000 pending jobs of one team bulk-inserted (as
-tests/service/test_lease_schedule.py does), on SQLite and, where it answers, PostgreSQL
+tests/scheduler_core/service/test_lease_schedule.py does), on SQLite and, where it
+answers, PostgreSQL
 (127.0.0.1:5432, database test).
 
     .venv/bin/python bench/lease_expiry.py [--ttl 9] [--pending 5000] [--wait 300] \
@@ -30,9 +31,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.service import test_lease_schedule as scenario  # noqa: E402
-from tests.service.conftest import _drop_pg_schema, _pg_schema_url  # noqa: E402
-from tests.service.servers import Server  # noqa: E402
+from tests.databases import _drop_pg_schema, _pg_schema_url  # noqa: E402
+from tests.scheduler_core.service import test_lease_schedule as scenario  # noqa: E402
+from tests.servers import Server  # noqa: E402
 
 
 def pass_stats(server: Server) -> tuple[int, float]:

@@ -1,7 +1,7 @@
 """The cost of the service's heavy reads: the accounting report over ten years with
 5,000 grants (per day and team, per team, per job), and /metrics with 5,000 pending and
 5,000 finished jobs. Through the real app and store (the data bulk-inserted as
-tests/service/test_accounting_scale.py inserts it), on SQLite and, where it answers,
+tests/scheduler_core/service/test_accounting_scale.py inserts it), on SQLite and, where it answers,
 PostgreSQL (127.0.0.1:5432, database test), on a cluster of 16 DGX A100 hosts.
 
     .venv/bin/python bench/reads.py [--runs 5] [--out bench/results/reads.json]
@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from report_cost import Databases  # noqa: E402
-from tests.service import test_accounting_scale as scale  # noqa: E402
-from tests.service.conftest import serve  # noqa: E402
-from tests.service.test_api import auth  # noqa: E402
+from tests.databases import serve  # noqa: E402
+from tests.scheduler_core.api.test_api import auth  # noqa: E402
+from tests.scheduler_core.service import test_accounting_scale as scale  # noqa: E402
 
 HOSTS = ({"name": "dgx-[1-16]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
 

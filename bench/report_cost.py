@@ -26,8 +26,8 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from airflow_gpu.scheduler_core.api.app import create_app  # noqa: E402
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig  # noqa: E402
-from airflow_gpu.scheduler_core.service.app import create_app  # noqa: E402
 from airflow_gpu.scheduler_core.service.auth import create_token  # noqa: E402
 from airflow_gpu.scheduler_core.service.core import Service, Settings  # noqa: E402
 from tests.helpers import make_cluster  # noqa: E402

@@ -20,7 +20,7 @@ from airflow_gpu.scheduler_core.client import ApiError, Client
 from airflow_gpu.scheduler_core.errors import InputError
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
-from tests.service.servers import Server
+from tests.servers import Server
 
 DEADLINE = 60.0      # seconds a condition may take to hold; never asserted as a duration
 

@@ -20,8 +20,8 @@ from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions, upgrade
 from tests.agent.dcgmexporter import DcgmExporterStub
 from tests.agent.test_agent_service import until
-from tests.service.servers import Server
-from tests.service.test_cli_e2e import cli
+from tests.cli.test_cli_e2e import cli
+from tests.servers import Server
 
 STEP = 0.3           # seconds between two heartbeats (the sample interval)
 STEPS = 12

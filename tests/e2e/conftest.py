@@ -21,7 +21,7 @@ import yaml
 
 from airflow_gpu.scheduler_core.engine.topology import format_cpulist
 from tests.helpers import REPO, until
-from tests.service.servers import Server
+from tests.servers import Server
 
 IMAGE = "airflow-gpu-test/busybox:1"
 DAGS = Path(__file__).parent / "dags"

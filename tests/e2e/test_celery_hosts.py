@@ -20,7 +20,7 @@ import yaml
 
 from tests.e2e.celery_stack import CeleryStack
 from tests.e2e.conftest import DAGS, create_token, machine_model
-from tests.service.servers import Server
+from tests.servers import Server
 
 DAG_ID = "gpu_celery_hosts"
 HOSTS = ("dgx-01", "dgx-02", "dgx-03")

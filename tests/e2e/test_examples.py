@@ -10,7 +10,7 @@ import sys
 
 from tests.e2e.conftest import airflow_env, create_token
 from tests.helpers import REPO
-from tests.service.servers import Server
+from tests.servers import Server
 
 
 def test_example_dags_import_without_errors():

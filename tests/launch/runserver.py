@@ -13,7 +13,7 @@ import yaml
 
 from tests.e2e.conftest import create_token, machine_model
 from tests.helpers import REPO
-from tests.service.servers import Server
+from tests.servers import Server
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ import yaml
 from airflow_gpu.scheduler_core.engine.topology import parse_cpulist
 from tests.e2e.conftest import create_token, machine_model
 from tests.helpers import REPO, until
-from tests.service.servers import Server
+from tests.servers import Server
 
 LEASE = 4.0          # seconds: the commands below outlive it several times
 SMALL = ("--memory", "64MiB", "--poll-interval", "0.2")

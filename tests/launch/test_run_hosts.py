@@ -20,7 +20,7 @@ import yaml
 from tests.e2e.conftest import create_token, machine_model
 from tests.helpers import REPO, until
 from tests.launch.test_run_cli import job, job_id_of, run, start
-from tests.service.servers import Server
+from tests.servers import Server
 
 SMALL = ("--memory", "64MiB", "--poll-interval", "0.2")
 ECHO = ("--", "sh", "-c", "echo $AIRFLOW_GPU_HOST $CUDA_VISIBLE_DEVICES")

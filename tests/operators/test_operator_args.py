@@ -13,7 +13,7 @@ from airflow_gpu.operators.docker import GpuDockerOperator
 from airflow_gpu.operators.gang import GpuGangOperator
 from airflow_gpu.scheduler_core.client import Client
 from tests.e2e.conftest import create_token
-from tests.service.servers import Server
+from tests.servers import Server
 
 
 def test_bad_requests_name_the_field():

@@ -20,7 +20,7 @@ import airflow_gpu.scheduler_core.engine
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions
 from tests.helpers import REPO
-from tests.service.servers import Server, free_port
+from tests.servers import Server, free_port
 
 HOST_MODELS = Path(airflow_gpu.scheduler_core.engine.__file__).parent / "hostmodels"
 USERS = {"admin": "admin-pass", "viewer": "viewer-pass"}

@@ -42,18 +42,18 @@ def cmd_server(args: argparse.Namespace) -> int:
     from ...scheduler_core.service.probes import ENV, protect_mode
     from ...scheduler_core.store.db import open_database
 
-    # each worker process reads it (service/app.py); a bad value fails here, in one line
+    # each worker process reads it (api/app.py); a bad value fails here, in one line
     os.environ[ENV] = (protect_mode(args.protect_metrics) if args.protect_metrics is not None
                        else protect_mode(os.environ.get(ENV), ENV))
     if args.db_pool_timeout is not None:
         from ...scheduler_core.store.db import POOL_TIMEOUT_ENV, pool_timeout_from
 
         os.environ[POOL_TIMEOUT_ENV] = str(pool_timeout_from(args.db_pool_timeout))
-    from ...scheduler_core.service.app import _log_to_stderr
+    from ...scheduler_core.api.app import log_to_stderr
     from ...scheduler_core.store.budget import at_start
     from ...scheduler_core.store.db import database_errors
 
-    _log_to_stderr(args.log_level)          # the budget's line, as the workers log
+    log_to_stderr(args.log_level)          # the budget's line, as the workers log
     engine = open_database(args.db, create=args.create)   # reachable, or one line here
     try:
         with database_errors(args.db):      # PostgreSQL: the pool from max_connections
@@ -73,7 +73,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     # A fatal signal (SIGBUS: SQLite's -shm made immutable while it runs) names itself
     # and where it struck on stderr, instead of ending the process without a line.
     faulthandler.enable()
-    uvicorn.run("airflow_gpu.scheduler_core.service.app:app_from_env", factory=True,
+    uvicorn.run("airflow_gpu.scheduler_core.api.app:app_from_env", factory=True,
                 host=args.host, port=args.port, log_level=args.log_level,
                 workers=args.workers)
     return 0

@@ -34,7 +34,7 @@ def app_from_env() -> FastAPI:
     from ..service.core import Settings
 
     env = os.environ
-    _log_to_stderr(env.get("AIRFLOW_GPU_LOG_LEVEL") or "info")
+    log_to_stderr(env.get("AIRFLOW_GPU_LOG_LEVEL") or "info")
     policy_file = env.get("AIRFLOW_GPU_POLICY_FILE")
     settings = Settings(env["AIRFLOW_GPU_DB"], load_cluster(env["AIRFLOW_GPU_CLUSTER"]),
                         load_policy(policy_file) if policy_file else PolicyConfig(),
@@ -46,7 +46,7 @@ def app_from_env() -> FastAPI:
     return create_app(Service(settings), protect=protect)
 
 
-def _log_to_stderr(level: str) -> None:
+def log_to_stderr(level: str) -> None:
     """The service's own log (who schedules, who holds the lock, passes that fail or have
     stopped) on stderr at the server's --log-level; uvicorn configures only its own."""
     import logging
