@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from airflow_gpu.scheduler_core.engine.topology import format_cpulist
+from tests.e2e.forkserver import ForkServer
 from tests.helpers import REPO, until
 from tests.servers import Server
 
@@ -83,10 +84,17 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
 
 
 def create_token(db: str, team: str, *flags: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "token", "create",
-                          "--team", team, "--db", db, *flags], cwd=REPO,
-                         capture_output=True, text=True, check=True, timeout=60)
-    return out.stdout.strip().splitlines()[-1]
+    """A token of `team` (`--admin`: an admin's) in the database at `db`, made in this
+    process as `airflow-gpu token create` makes it (the CLI itself has its own tests)."""
+    from airflow_gpu.scheduler_core.service.auth import create_token as made
+    from airflow_gpu.scheduler_core.store.db import make_engine, sessions
+
+    assert set(flags) <= {"--admin"}, flags
+    engine = make_engine(db)
+    try:
+        return made(sessions(engine), team, admin="--admin" in flags)
+    finally:
+        engine.dispose()
 
 
 class Scheduler:
@@ -140,17 +148,25 @@ def scheduler(request, tmp_path):
     s.stop()
 
 
+@pytest.fixture(scope="session")
+def dag_runs(airflow_home, tmp_path_factory):
+    """Where `dag.test()` runs start: forked from a process that has imported Airflow
+    (tests/e2e/forkserver.py)."""
+    server = ForkServer(airflow_env(airflow_home), str(REPO),
+                        str(tmp_path_factory.mktemp("forks") / "dag-test.sock"))
+    yield server
+    server.stop()
+
+
 class DagRun:
     """`dag.test()` of a DAG file in its own process, with the scheduler's connection."""
 
-    def __init__(self, home: Path, scheduler: Scheduler, dag_file: str, dag_id: str,
+    def __init__(self, runs: ForkServer, scheduler: Scheduler, dag_file: str, dag_id: str,
                  conf: dict | None = None, **env: str):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_gpu.demo", "--dag-test", str(DAGS / dag_file),
-             dag_id, json.dumps(conf or {})], cwd=REPO, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            env=airflow_env(home, AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT=scheduler.connection(),
-                            **env))
+        self.proc = runs.start(
+            [str(DAGS / dag_file), dag_id, json.dumps(conf or {})],
+            airflow_env(Path(runs.env["AIRFLOW_HOME"]),
+                        AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT=scheduler.connection(), **env))
         self.output = ""
 
     def result(self, timeout: float = 240) -> dict:
@@ -161,11 +177,11 @@ class DagRun:
 
 
 @pytest.fixture
-def run_dag(airflow_home, scheduler, docker_engine):
+def run_dag(dag_runs, scheduler, docker_engine):
     started: list[DagRun] = []
 
     def start(dag_file: str, dag_id: str, conf: dict | None = None, **env) -> DagRun:
-        run = DagRun(airflow_home, scheduler, dag_file, dag_id, conf, **env)
+        run = DagRun(dag_runs, scheduler, dag_file, dag_id, conf, **env)
         started.append(run)
         return run
 
@@ -174,5 +190,16 @@ def run_dag(airflow_home, scheduler, docker_engine):
         if run.proc.poll() is None:
             run.proc.kill()
             run.proc.wait()
-    subprocess.run("docker ps -aq --filter label=airflow-gpu.job | xargs -r docker rm -f",
-                   shell=True, capture_output=True)
+    remove_containers(scheduler)
+
+
+def remove_containers(scheduler: Scheduler) -> None:
+    """Remove what `scheduler`'s jobs left on the Docker engine, and only that: the other
+    test processes' schedulers have containers running there too."""
+    import docker
+
+    engine = docker.from_env()
+    for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"}):
+        if c.labels.get("airflow-gpu.scheduler", "").rstrip("/") == scheduler.url:
+            c.remove(force=True)
+    engine.close()

@@ -20,6 +20,7 @@ from .replica import Replica
 
 GPU_MODES = ("device-request", "cdi", "env")
 STOP_GRACE = 10        # seconds docker waits between SIGTERM and SIGKILL
+SCHEDULER_LABEL = "airflow-gpu.scheduler"   # the URL of the scheduler-core that admitted it
 
 
 def parse_mount(spec: str | Mount) -> Mount:
@@ -136,12 +137,16 @@ def engine(r: Replica, default_url: str | None = None) -> docker.DockerClient:
                           "docker_url for the host in the cluster file") from None
 
 
-def reap_orphans(engine: docker.DockerClient, is_live, log) -> None:
-    """Remove containers of jobs the scheduler no longer counts as running (a worker that
-    died leaves its containers behind; its lease expired and its GPUs went to the next
-    job): they must not share those GPUs with the replicas about to start."""
+def reap_orphans(engine: docker.DockerClient, is_live, log, scheduler: str) -> None:
+    """Remove containers of jobs the scheduler at `scheduler` no longer counts as running
+    (a worker that died leaves its containers behind; its lease expired and its GPUs went
+    to the next job): they must not share those GPUs with the replicas about to start.
+    Containers another scheduler-core deployment started on the same engine are its own
+    (their jobs are unknown here, not dead)."""
     for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"}):
         job = c.labels["airflow-gpu.job"]
+        if c.labels.get(SCHEDULER_LABEL, scheduler) != scheduler:
+            continue
         if not is_live(job):
             log.warning("removing container %s of job %s: the job is no longer running",
                         c.name, job)

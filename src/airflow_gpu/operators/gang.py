@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from airflow.sdk import Context, conf
 
 from ..hooks.docker_engine import DEFAULT_PATTERN, DockerEngines, check_pattern
-from ..launch.docker import GPU_MODES, DockerLauncher, reap_orphans
+from ..launch.docker import GPU_MODES, SCHEDULER_LABEL, DockerLauncher, reap_orphans
 from ..launch.handle import Handle
 from ..launch.local import local_host, refuse_other_hosts, start_command
 from ..launch.replica import Replica
@@ -96,7 +96,7 @@ class GpuGangOperator(GpuBaseOperator):
         labels = {"airflow.dag_id": ti.dag_id, "airflow.task_id": ti.task_id,
                   "airflow.run_id": ti.run_id, "airflow.try_number": str(ti.try_number)}
         if self.runner == "docker":
-            self._reap(replicas)
+            labels[SCHEDULER_LABEL] = self._reap(replicas)
         else:
             refuse_other_hosts(replicas, local_host(conf.get("gpu_scheduler", "local_host",
                                                              fallback="")))
@@ -127,7 +127,9 @@ class GpuGangOperator(GpuBaseOperator):
             self._docker_engines = DockerEngines(self.docker_conn_id, self.docker_url)
         return self._docker_engines
 
-    def _reap(self, replicas: list[Replica]) -> None:
+    def _reap(self, replicas: list[Replica]) -> str:
+        """Remove the containers this scheduler's dead jobs left on the replicas' engines;
+        returns the scheduler's URL, the label that marks its containers."""
         engines = {}
         for r in replicas:
             engines.setdefault((self._engines().conn_id(r), r.docker_url or self.docker_url), r)
@@ -139,5 +141,6 @@ class GpuGangOperator(GpuBaseOperator):
                 except ApiError as exc:
                     return exc.status != 404
             for r in engines.values():
-                reap_orphans(self._engines().client(r), is_live, self.log)
+                reap_orphans(self._engines().client(r), is_live, self.log, client.url)
+            return client.url
 

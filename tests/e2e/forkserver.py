@@ -1,0 +1,198 @@
+"""`dag.test()` runs forked from one process that has imported Airflow and the provider
+already: each run is still a process of its own running the real `dag.test()`
+(`airflow_gpu.demo --dag-test`), but skips the ~5 s of CPU a fresh interpreter spends on
+imports. One server per test process (`python -m tests.e2e.forkserver SOCKET`), its
+environment the session's Airflow home.
+
+A request is one JSON line on a Unix socket with the run's stdout as an attached file
+descriptor; the answer is the child's pid, then, when it ends, its exit status as
+`subprocess` gives it (negative: the signal that ended it)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+PRELOAD = ("airflow", "airflow.sdk", "airflow.sdk.execution_time.supervisor",
+           "airflow.sdk.execution_time.task_runner", "airflow.api_fastapi.execution_api.app",
+           "airflow.models.dagrun", "airflow.models.xcom", "airflow_gpu.operators",
+           "airflow_gpu.triggers.admission", "airflow_gpu.decorators",
+           "airflow_gpu.demo.dagtest", "docker")
+
+
+def same_airflow(env: dict[str, str], server_env: dict[str, str]) -> bool:
+    """Whether a run with `env` may be forked from a server started with `server_env`:
+    the settings Airflow reads at import are the same. The provider's own
+    (`[gpu_scheduler]`) are read when used, so they may differ."""
+    def fixed(e):
+        return {k: v for k, v in e.items() if (k.startswith("AIRFLOW__") or k in (
+            "AIRFLOW_HOME", "PYTHONPATH")) and not k.startswith("AIRFLOW__GPU_SCHEDULER__")}
+    return fixed(env) == fixed(server_env)
+
+
+def _child(req: dict, out_fd: int) -> None:
+    """In the forked child: become the run that `req` describes, then exit as it ends."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+    os.close(null)
+    os.environ.clear()
+    os.environ.update(req["env"])
+    os.chdir(req["cwd"])
+    from airflow_gpu.demo.dagtest import dag_test
+
+    sys.argv = ["airflow_gpu.demo", "--dag-test", *req["args"]]
+    code = 1
+    try:
+        code = dag_test(*req["args"])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    raise SystemExit(code)
+
+
+def _report_exit(conn: socket.socket, pid: int) -> None:
+    _, status = os.waitpid(pid, 0)
+    code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    try:
+        conn.sendall(f"{code}\n".encode())
+    finally:
+        conn.close()
+
+
+def serve(path: str) -> None:
+    for name in PRELOAD:
+        importlib.import_module(name)
+    if threading.active_count() != 1:      # forking with threads alive is unsafe
+        raise SystemExit(f"imports started {threading.active_count() - 1} threads")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    print("ready", flush=True)
+    while True:
+        conn, _ = listener.accept()
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 20, 1)
+        pid = os.fork()
+        if pid == 0:
+            listener.close()
+            conn.close()
+            _child(json.loads(msg), fds[0])
+        os.close(fds[0])
+        conn.sendall(f"{pid}\n".encode())
+        threading.Thread(target=_report_exit, args=(conn, pid), daemon=True).start()
+
+
+class Forked:
+    """A forked run with the part of `subprocess.Popen` the tests use."""
+
+    def __init__(self, path: str, args: list[str], env: dict[str, str], cwd: str):
+        read, write = os.pipe()
+        self.conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.conn.connect(path)
+        socket.send_fds(self.conn, [json.dumps({"args": args, "env": env,
+                                                "cwd": cwd}).encode()], [write])
+        os.close(write)
+        self._out, self._buf, self.returncode = read, b"", None
+        self.pid = int(self._line(30))
+
+    def _line(self, timeout: float | None) -> bytes | None:
+        """The server's next line, or None when none came within `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.conn], [], [], left)[0]:
+                return None
+            chunk = self.conn.recv(64)
+            if not chunk:
+                raise RuntimeError("the dag.test fork server went away")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                raise subprocess.TimeoutExpired("dag.test", timeout)
+            self.returncode = int(line)
+            self.conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        deadline, chunks = time.monotonic() + (timeout or 1e9), []
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([self._out], [], [], left)[0]:
+                    raise subprocess.TimeoutExpired("dag.test", timeout)
+                chunk = os.read(self._out, 1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        finally:
+            self.output = b"".join(chunks).decode(errors="replace")
+        os.close(self._out)
+        self.wait(max(1.0, deadline - time.monotonic()))
+        return self.output, None
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
+
+
+class ForkServer:
+    """The server of one test process, for the Airflow home of `env`."""
+
+    def __init__(self, env: dict[str, str], cwd: str, sock: str):
+        self.env, self.cwd, self.path = env, cwd, sock
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.forkserver", sock],
+                                     cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT)
+        lines = []                          # Airflow may log before it is ready
+        while not lines or lines[-1] not in ("ready\n", ""):
+            lines.append(self.proc.stdout.readline())
+        if lines[-1] != "ready\n":
+            self.proc.kill()
+            raise RuntimeError("the dag.test fork server did not start: " + "".join(lines))
+
+    def start(self, args: list[str], env: dict[str, str]):
+        """A run of `airflow_gpu.demo --dag-test ARGS`: forked where Airflow's settings
+        allow, else a fresh process."""
+        if same_airflow(env, self.env) and self.proc.poll() is None:
+            return Forked(self.path, args, env, self.cwd)
+        return subprocess.Popen([sys.executable, "-m", "airflow_gpu.demo", "--dag-test",
+                                 *args], cwd=self.cwd, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, env=env)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
