@@ -44,6 +44,26 @@ def head_revision() -> str:
     return ScriptDirectory(str(MIGRATIONS)).get_current_head()
 
 
+def test_each_migration_is_named_after_its_revision_so_the_head_is_read_without_alembic(
+        db_url):
+    from alembic.script import ScriptDirectory
+
+    from airflow_gpu.scheduler_core.store import db
+
+    scripts = ScriptDirectory(str(db.MIGRATIONS))
+    for rev in scripts.walk_revisions():
+        assert rev.path.rsplit("/", 1)[-1].split("_", 1)[0] == rev.revision, rev.path
+    assert db.head_revision() == head_revision()
+    engine = make_engine(db_url)
+    assert not db.at_revision(engine, head_revision())      # no schema yet
+    upgrade(engine, "0013")
+    assert not db.at_revision(engine, head_revision())
+    upgrade(engine)                                          # the last step still runs
+    assert db.at_revision(engine, head_revision())
+    assert current_revision(engine) == head_revision()
+    engine.dispose()
+
+
 def test_migrations_match_the_models_and_rerun_cleanly(engine):
     assert current_revision(engine) == head_revision()
     with engine.connect() as conn:
