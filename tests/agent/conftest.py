@@ -11,7 +11,6 @@ import pytest
 from airflow_gpu.scheduler_core.engine.topology import Topology, load_topology
 from tests.agent.fakenvml import FakeNVML
 from tests.agent.fakesysfs import write_host
-from tests.databases import db_url  # noqa: F401  (a fixture: sqlite, postgresql)
 
 # Every built-in model but the GB200 tray: its GPUs hang off the Grace CPUs by NVLink-C2C,
 # not a PCIe switch, so discovery's rule for compute NICs (a GPU on the NIC's switch) does

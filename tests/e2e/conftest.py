@@ -198,8 +198,10 @@ def remove_containers(scheduler: Scheduler) -> None:
     test processes' schedulers have containers running there too."""
     import docker
 
+    from airflow_gpu.launch.docker import SCHEDULER_LABEL
+
     engine = docker.from_env()
-    for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"}):
-        if c.labels.get("airflow-gpu.scheduler", "").rstrip("/") == scheduler.url:
-            c.remove(force=True)
+    ours = {"label": f"{SCHEDULER_LABEL}={scheduler.url}"}
+    for c in engine.containers.list(all=True, filters=ours):
+        c.remove(force=True)
     engine.close()

@@ -156,10 +156,10 @@ class Forked:
                     break
                 chunks.append(chunk)
         finally:
-            self.output = b"".join(chunks).decode(errors="replace")
+            output = b"".join(chunks).decode(errors="replace")
         os.close(self._out)
         self.wait(max(1.0, deadline - time.monotonic()))
-        return self.output, None
+        return output, None
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

@@ -281,8 +281,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the schema to `revision` (idempotent). On PostgreSQL under an advisory lock,
     on the connection Alembic migrates with: replicas (or `--workers`) starting together
     on a fresh database wait for the first one's migrations, then find nothing to do.
-    A schema already at head is left as it is without importing Alembic (a third of
-    what a command that opens the database costs to start)."""
+    A schema already at head is left as it is without importing Alembic (about 0.15 s of
+    CPU off each command that opens the database)."""
     if revision == "head" and at_revision(engine, head_revision()):
         return
     from alembic import command
