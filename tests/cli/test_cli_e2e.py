@@ -1,28 +1,20 @@
 """The service as users run it: `airflow-gpu server` in its own process on loopback, and
-the client commands against it, on SQLite and PostgreSQL."""
+the client commands against it (their `main()`, tests/clirun.py), on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 
-from tests.helpers import REPO
+from tests.clirun import cli
 from tests.servers import Server
 
 CLUSTER = {"cluster": "e2e", "hosts": [
     {"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"}]}
-
-
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """`dag.test()` runs forked from one process that has imported Airflow and the provider
 already: each run is still a process of its own running the real `dag.test()`
 (`airflow_gpu.demo --dag-test`), but skips the ~5 s of CPU a fresh interpreter spends on
-imports. One server per test process (`python -m tests.e2e.forkserver SOCKET`), its
-environment the session's Airflow home.
+imports, and the ~4.5 s Airflow's in-process Execution API takes to build its versioned
+routes on a run's first request (a run is then ~1 s). One server per test process
+(`python -m tests.e2e.forkserver SOCKET`), its environment the session's Airflow home.
 
 A request is one JSON line on a Unix socket with the run's stdout as an attached file
 descriptor; the answer is the child's pid, then, when it ends, its exit status as
@@ -26,7 +27,19 @@ PRELOAD = ("airflow", "airflow.sdk", "airflow.sdk.execution_time.supervisor",
            "airflow.sdk.execution_time.task_runner", "airflow.api_fastapi.execution_api.app",
            "airflow.models.dagrun", "airflow.models.xcom", "airflow_gpu.operators",
            "airflow_gpu.triggers.admission", "airflow_gpu.decorators",
-           "airflow_gpu.demo.dagtest", "docker")
+           "airflow_gpu.demo.dagtest", "docker", "airflow.models.dagbag",
+           "airflow.dag_processing.dagbag", "airflow.providers.standard.operators.python",
+           "airflow.providers.standard.decorators.python", "airflow.models.renderedtifields")
+
+
+def warm_execution_api() -> None:
+    """Build the Execution API app `dag.test()` serves its task runs from, routes and
+    all, as its first request would (one per process, cached by Airflow)."""
+    from airflow.sdk.execution_time.supervisor import in_process_api_server
+
+    app = in_process_api_server().app
+    if not getattr(app, "_cadwyn_initialized", True):   # Cadwyn builds them lazily
+        app._cadwyn_initialize()
 
 
 def same_airflow(env: dict[str, str], server_env: dict[str, str]) -> bool:
@@ -79,6 +92,7 @@ def _report_exit(conn: socket.socket, pid: int) -> None:
 def serve(path: str) -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+    warm_execution_api()
     if threading.active_count() != 1:      # forking with threads alive is unsafe
         raise SystemExit(f"imports started {threading.active_count() - 1} threads")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,8 +1,12 @@
-"""One real stack per session (the scheduler-core with the demo state, the Airflow API
-server with the plugin) and one headless Chromium logged in through Airflow's own login
-page: starting them is most of this suite's time."""
+"""One real stack (the scheduler-core with the demo state, the Airflow API server with the
+plugin) and one headless Chromium logged in through Airflow's own login page, for all of
+this folder: starting them is most of its time. The folder's tests form one xdist group
+(`make test` runs `--dist loadgroup`): one test process starts them, once, and stops them
+when the folder is done rather than at the end of the whole run."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +14,14 @@ from tests.plugin.browser import Browser, chromium_path
 from tests.plugin.stack import USERS, DemoScheduler, Stack
 
 
-@pytest.fixture(scope="session")
+def pytest_collection_modifyitems(items):
+    here = str(Path(__file__).parent)
+    for item in items:
+        if str(item.path).startswith(here):
+            item.add_marker(pytest.mark.xdist_group("ui"))
+
+
+@pytest.fixture(scope="package")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-stack")
     s = Stack(tmp, DemoScheduler(tmp))
@@ -18,7 +29,7 @@ def stack(tmp_path_factory):
     s.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser(stack):
     if chromium_path() is None:
         pytest.fail("no chromium: run scripts/ensure-chromium.sh (make test does)")

@@ -21,7 +21,9 @@ WIDTH, HEIGHT = 1280, 900
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui-big")
-    s = Stack(tmp, BigScheduler(tmp / "scheduler"), conn_id="gpu_scheduler_big")
+    # the page of 1,024 GPUs refreshes every 3 s, not every second: redrawn in Chromium,
+    # each refresh costs CPU the other test process needs
+    s = Stack(tmp, BigScheduler(tmp / "scheduler"), conn_id="gpu_scheduler_big", refresh=3)
     yield s
     s.stop()
 

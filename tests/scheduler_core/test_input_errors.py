@@ -1,6 +1,7 @@
 """Bad input the CLI reads from files and arguments (issue 17: "errors: one line, always"):
 each gives one line on stderr naming the input, the field and the fix, and exit code 2;
-never a traceback, never a silent misreading. Run as users run it (a real subprocess)."""
+never a traceback, never a silent misreading. The commands run through the CLI's `main()`
+in this process (tests/clirun.py); the closed-pipe tests run the real process."""
 
 from __future__ import annotations
 
@@ -14,15 +15,13 @@ from pathlib import Path
 import pytest
 
 from airflow_gpu.scheduler_core.units import parse_size
+from tests.clirun import cli
 from tests.helpers import REPO
 
 CLUSTER = "cluster: c\nhosts:\n  - {name: 'dgx-[1-2]', model: dgx-a100, rack: r, switch: s}\n"
 JOB = "name: j\nroles:\n  - name: w\n    gpus: 1\n"
 
 
-def cli(*args: str, stdout=subprocess.PIPE) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
-                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=120)
 
 
 def one_line_error(out: subprocess.CompletedProcess, *says: str) -> str:
@@ -190,7 +189,9 @@ def closed_pipe(*args: str) -> subprocess.CompletedProcess:
     read, write_end = os.pipe()
     os.close(read)
     try:
-        return cli(*args, stdout=write_end)
+        return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
+                              stdout=write_end, stderr=subprocess.PIPE, text=True,
+                              timeout=120)
     finally:
         os.close(write_end)
 

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from tests.cli.test_cli import run
+from tests.clirun import cli as run
 from tests.helpers import REPO
 
 DATA = REPO / "tests" / "data"

@@ -17,7 +17,7 @@ import yaml
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
 from airflow_gpu.scheduler_core.simulation.trace import TraceJob
-from tests.cli.test_cli import run
+from tests.clirun import cli as run
 from tests.helpers import make_cluster
 
 ONE_HOST = {"name": "h0", "model": "dgx-a100", "rack": "r1", "switch": "s1"}

@@ -6,10 +6,7 @@ PostgreSQL, the real app and the real CLI."""
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 import yaml
@@ -26,15 +23,10 @@ from airflow_gpu.scheduler_core.store.models import (
     GpuHoldRow,
     MigHoldRow,
 )
+from tests.clirun import cli
 from tests.databases import HOSTS, serve
-from tests.helpers import REPO
 
 GHOST = "00000000-0000-4000-8000-000000000000"      # a job id no job has
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120, env=dict(os.environ))
 
 
 def submit(api, name: str, gpus: int, cpus: int = 1) -> str:
