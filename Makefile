@@ -4,8 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Test processes (pytest-xdist): the suite mostly waits on servers, containers and
-# browsers; one per core keeps timing-sensitive tests safe (`TEST_WORKERS=0`: one process);
-# worksteal: an idle worker takes tests queued for the other, so neither ends long alone.
+# browsers; one per core keeps timing-sensitive tests safe (`TEST_WORKERS=0`: one process).
+# How they are dealt out: tests/conftest.py (pytest_xdist_make_scheduler).
 TEST_WORKERS ?= 2
 
 .PHONY: demo test lint bench clean airflow-standalone
@@ -26,7 +26,7 @@ test: $(BIN)/.installed
 	scripts/ensure-docker-remote.sh
 	scripts/ensure-chromium.sh
 	$(BIN)/ruff check src tests bench
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist load
 
 # Airflow on this machine (SQLite, LocalExecutor; AIRFLOW_HOME, default ~/airflow).
 # `airflow standalone` starts its scheduler, dag-processor, triggerer and API server as

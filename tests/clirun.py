@@ -2,8 +2,8 @@
 environment, stdin, stdout and stderr a command of its own would have, and its exit status
 as `python -m airflow_gpu.cli` turns it into one (an escaped exception: status 1 and its
 traceback on stderr). A fresh interpreter costs ~1 s of CPU per command, hundreds of times
-a run; `subprocess_cli` keeps the real process for the tests of the entry point itself
-(tests/cli/test_cli.py, pipes, signals)."""
+a run; the tests of the entry point itself (tests/cli/test_cli.py, pipes, signals) and the
+docs' commands run the real process."""
 
 from __future__ import annotations
 
@@ -44,11 +44,3 @@ def cli(*args: str, env: dict | None = None, input: str | None = None,
             code = 1
     return subprocess.CompletedProcess(["airflow-gpu", *args], code or 0, out.getvalue(),
                                        err.getvalue())
-
-
-def subprocess_cli(*args: str, env: dict | None = None,
-                   timeout: float = 120) -> subprocess.CompletedProcess:
-    """The real `airflow-gpu` process."""
-    return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})

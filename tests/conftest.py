@@ -1,5 +1,5 @@
 """Airflow, where a test imports it in this process, gets a throw-away home; the
-database fixtures every folder shares."""
+database fixtures every folder shares; how pytest-xdist deals the tests out."""
 
 import os
 import tempfile
@@ -10,3 +10,22 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 # The database fixtures (`db_url`: SQLite and PostgreSQL; `api`: the real app on it) for
 # every folder: the API, service, store and CLI tests share them.
 from tests.databases import api, db_url  # noqa: E402, F401
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Each test goes to the worker that is free, except two kinds that one worker runs
+    whole: a docs page (its blocks share one shell: a server one block starts serves the
+    next) and tests/plugin (one Airflow stack and browser for the folder). Scopes with the
+    most tests go first, so the long ones do not start last."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Scheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            if path.endswith(".md"):
+                return path
+            if path.startswith("tests/plugin/"):
+                return "tests/plugin"
+            return nodeid
+
+    return Scheduling(config, log)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import collections
+import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 import yaml
 
 from airflow_gpu.demo.stack import free_port
+from tests.forks import cli_forks
 from tests.helpers import REPO
 
 
@@ -20,13 +20,17 @@ class Server:
                  interval: float = 0.1, args: tuple[str, ...] = ()):
         self.db, self.port, self.log = db_url, free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "airflow_gpu.cli", "server", "--db", db_url, "--create",
-             "--cluster", str(cluster_file), "--port", str(self.port),
-             "--interval", str(interval), "--lease-ttl", str(lease_ttl),
-             "--log-level", "warning", *args],
-            cwd=REPO, stdout=subprocess.DEVNULL,
-            stderr=open(log, "w") if log else subprocess.DEVNULL)  # noqa: SIM115
+        out = os.open(os.devnull, os.O_WRONLY)
+        err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) if log else out
+        try:       # forked from a process that has imported the CLI (tests/forks.py)
+            self.proc = cli_forks(str(REPO)).cli(
+                ["server", "--db", db_url, "--create", "--cluster", str(cluster_file),
+                 "--port", str(self.port), "--interval", str(interval),
+                 "--lease-ttl", str(lease_ttl), "--log-level", "warning", *args], out, err)
+        finally:
+            os.close(out)
+            if err != out:
+                os.close(err)
         deadline = time.monotonic() + 30
         while not self.healthy():
             if self.proc.poll() is not None or time.monotonic() > deadline:

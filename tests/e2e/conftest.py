@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from airflow_gpu.scheduler_core.engine.topology import format_cpulist
-from tests.e2e.forkserver import ForkServer
+from tests.forks import ForkServer
 from tests.helpers import REPO, until
 from tests.servers import Server
 
@@ -151,7 +151,7 @@ def scheduler(request, tmp_path):
 @pytest.fixture(scope="session")
 def dag_runs(airflow_home, tmp_path_factory):
     """Where `dag.test()` runs start: forked from a process that has imported Airflow
-    (tests/e2e/forkserver.py)."""
+    (tests/forks.py)."""
     server = ForkServer(airflow_env(airflow_home), str(REPO),
                         str(tmp_path_factory.mktemp("forks") / "dag-test.sock"))
     yield server

@@ -98,12 +98,13 @@ def _last_words(said: list[tuple[str, str]]) -> list[str]:
 def _check_endings(out, caplog, killed_code: int) -> None:
     ended = {e.name: e for e in out.endings}
     polite, stubborn = ended["polite"], ended["stubborn"]
-    assert (polite.killed, polite.code) == (False, 3) and 0.9 <= polite.after < 2.9
+    # by itself, after its second of saving (how much later depends on the machine's load)
+    assert (polite.killed, polite.code) == (False, 3) and 0.9 <= polite.after
     assert (stubborn.killed, stubborn.code) == (True, killed_code)
     assert out.codes == {"polite": 3, "stubborn": killed_code}
     assert str(polite) == f"polite exited by itself after {polite.after:.1f} s with code 3"
     assert str(stubborn) == "stubborn was killed after the 3 s grace"
-    assert "[polite] exited by itself after 1." in caplog.text
+    assert f"[polite] exited by itself after {polite.after:.1f} s" in caplog.text
     assert "[stubborn] was killed after the 3 s grace" in caplog.text
 
 

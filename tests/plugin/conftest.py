@@ -1,24 +1,15 @@
 """One real stack (the scheduler-core with the demo state, the Airflow API server with the
 plugin) and one headless Chromium logged in through Airflow's own login page, for all of
-this folder: starting them is most of its time. The folder's tests form one xdist group
-(`make test` runs `--dist loadgroup`): one test process starts them, once, and stops them
-when the folder is done rather than at the end of the whole run."""
+this folder: starting them is most of its time. One test process runs the whole folder
+(the root conftest's scheduler), so they start once, and they stop when the folder is done
+rather than at the end of the whole run."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 
 from tests.plugin.browser import Browser, chromium_path
 from tests.plugin.stack import USERS, DemoScheduler, Stack
-
-
-def pytest_collection_modifyitems(items):
-    here = str(Path(__file__).parent)
-    for item in items:
-        if str(item.path).startswith(here):
-            item.add_marker(pytest.mark.xdist_group("ui"))
 
 
 @pytest.fixture(scope="package")
