@@ -3,17 +3,17 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# Test processes (pytest-xdist): the suite mostly waits on servers, containers and
-# browsers; one per core keeps timing-sensitive tests safe (`TEST_WORKERS=0`: one process).
-# How they are dealt out: tests/conftest.py (pytest_xdist_make_scheduler).
-TEST_WORKERS ?= 2
+# Test processes (pytest-xdist): the suite waits on servers, containers and browsers a
+# good part of its time; three workers on two cores fill those waits (`TEST_WORKERS=0`:
+# one process). How they are dealt out: tests/conftest.py (pytest_xdist_make_scheduler).
+TEST_WORKERS ?= 3
 
 .PHONY: demo test lint bench clean airflow-standalone
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,plot,airflow]'
+	$(BIN)/pip install --quiet --no-compile -e '.[test,plot,airflow]'
 	touch $@
 
 demo: $(BIN)/.installed

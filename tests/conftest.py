@@ -13,10 +13,12 @@ from tests.databases import api, db_url  # noqa: E402, F401
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Each test goes to the worker that is free, except two kinds that one worker runs
-    whole: a docs page (its blocks share one shell: a server one block starts serves the
-    next) and tests/plugin (one Airflow stack and browser for the folder). Scopes with the
-    most tests go first, so the long ones do not start last."""
+    """Each test goes to the worker that is free, except what one worker runs whole: a
+    docs page (its blocks share one shell: a server one block starts serves the next),
+    tests/plugin (one Airflow stack and browser for the folder) and tests/e2e (one Airflow
+    home and dag.test() fork server, ~14 CPU-s to set up, in one worker instead of each;
+    its tests mostly wait, while the others use the cores). Scopes with the most tests go
+    first, so the long ones do not start last."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Scheduling(LoadScopeScheduling):
@@ -24,8 +26,9 @@ def pytest_xdist_make_scheduler(config, log):
             path = nodeid.split("::", 1)[0]
             if path.endswith(".md"):
                 return path
-            if path.startswith("tests/plugin/"):
-                return "tests/plugin"
+            for folder in ("tests/plugin/", "tests/e2e/"):
+                if path.startswith(folder):
+                    return folder
             return nodeid
 
     return Scheduling(config, log)
