@@ -13,7 +13,7 @@ TEST_WORKERS ?= 3
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet --no-compile -e '.[test,plot,airflow]'
+	$(BIN)/pip install --quiet -e '.[test,plot,airflow]'
 	touch $@
 
 demo: $(BIN)/.installed

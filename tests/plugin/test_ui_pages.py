@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from datetime import datetime
 
 import httpx
 
@@ -210,6 +212,7 @@ def test_job_page_shows_its_accounting_and_utilization_chart(stack, browser):
 def test_preempted_job_page_says_by_whom_why_and_how_it_stops(stack, browser):
     vit_id, urgent_id = (stack.scheduler.ids[n] for n in ("vit-large", "urgent-eval"))
     job = stack.scheduler.call("GET", f"/api/v1/jobs/{vit_id}")
+    opened = time.time()
     browser.open(f"{stack.url}/gpu/jobs/{vit_id}")
     browser.wait("document.querySelector('#preemption')")
     assert browser.text("#job-state") == "preempting"
@@ -223,8 +226,15 @@ def test_preempted_job_page_says_by_whom_why_and_how_it_stops(stack, browser):
     stop = browser.text("#preempt-stop")
     assert stop.startswith("Its replicas get SIGTERM, then SIGKILL after 1h; it keeps its "
                            "GPUs until its launcher confirms the stop"), stop
-    # the grace and 10 s of slack from the preemption, some of it gone by now
-    assert re.search(r"requeued by force in (1h|5[89]m(\d+s)?) at the latest\.$", stop), stop
+    read = time.time()
+    # the time left to the forced requeue (the grace and 10 s of slack from the
+    # preemption), as it was while the page was open
+    shown = re.search(r"requeued by force in (?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)? at the "
+                      r"latest\.$", stop)
+    assert shown, stop
+    left = sum(int(n or 0) * f for n, f in zip(shown.groups(), (3600, 60, 1), strict=True))
+    deadline = datetime.fromisoformat(job["preempt_deadline_at"]).timestamp()
+    assert deadline - read - 61 <= left <= deadline - opened + 1 <= 3611, (stop, deadline)
 
     browser.open(f"{stack.url}/gpu/jobs/{urgent_id}")
     browser.wait("document.querySelector('#why')")
