@@ -1,6 +1,7 @@
 """Orphan containers on a Docker engine that two scheduler-core deployments share: an
 operator removes those its own scheduler no longer runs, never the other's (whose jobs
-it does not know: unknown, not dead). Real containers on the machine's engine."""
+it does not know: unknown, not dead), nor one that names no scheduler. Real containers on
+the machine's engine."""
 
 from __future__ import annotations
 
@@ -47,8 +48,10 @@ def test_reap_removes_only_its_own_schedulers_dead_jobs_containers(engine):
     dead = engine.container(f"dead-{uuid.uuid4().hex[:6]}", me)
     live = engine.container(f"live-{uuid.uuid4().hex[:6]}", me)
     theirs = engine.container(f"theirs-{uuid.uuid4().hex[:6]}", other)
+    nobodys = engine.container(f"nobodys-{uuid.uuid4().hex[:6]}", None)
     reap_orphans(engine, lambda job: job.startswith("live-") or not job.startswith(
-        ("dead-", "theirs-")), logging.getLogger("test"), me)
+        ("dead-", "theirs-", "nobodys-")), logging.getLogger("test"), me)
     assert not exists(engine, dead)
     assert exists(engine, live)
     assert exists(engine, theirs)         # another deployment's: unknown here, not dead
+    assert exists(engine, nobodys)        # names no scheduler: not provably this one's

@@ -142,10 +142,12 @@ def reap_orphans(engine: docker.DockerClient, is_live, log, scheduler: str) -> N
     (a worker that died leaves its containers behind; its lease expired and its GPUs went
     to the next job): they must not share those GPUs with the replicas about to start.
     Containers another scheduler-core deployment started on the same engine are its own
-    (their jobs are unknown here, not dead)."""
+    (their jobs are unknown here, not dead), and so are those that name no scheduler (a
+    launcher used by hand, an older provider): only what is provably this scheduler's
+    goes."""
     for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"}):
         job = c.labels["airflow-gpu.job"]
-        if c.labels.get(SCHEDULER_LABEL, scheduler) != scheduler:
+        if c.labels.get(SCHEDULER_LABEL) != scheduler:
             continue
         if not is_live(job):
             log.warning("removing container %s of job %s: the job is no longer running",
