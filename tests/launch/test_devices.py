@@ -54,15 +54,18 @@ def v1_devices() -> None:
         pytest.skip("creating cgroups needs root")
 
 
+JOB = f"job-dev-{os.getpid()}"     # cgroups of this test process's own: not another worker's
+
+
 def replica(gpus: list[int]) -> Replica:
-    return Replica("job-dev", "worker", len(gpus), 0, "here", "here", None, gpus,
+    return Replica(JOB, "worker", len(gpus), 0, "here", "here", None, gpus,
                    sorted(os.sched_getaffinity(0)), machine_numa_nodes()[:1], 2**30, [])
 
 
 def leftovers() -> list[str]:
     """Replica cgroups of this test's job still in the v1 hierarchies."""
     return [str(d) for c in ("devices", "cpuset", "memory")
-            for d in (cgroups.ROOT / c / "airflow-gpu").glob("job-dev-*")]
+            for d in (cgroups.ROOT / c / "airflow-gpu").glob(f"{JOB}-*")]
 
 
 def run_replica(gpus: list[int], nodes: dict[str, Path], env=None) -> dict[str, str]:

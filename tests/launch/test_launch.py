@@ -20,9 +20,10 @@ _JOBS = itertools.count(1)
 
 def replica(cpus, numa=(0,), gpus=(0, 1)) -> Replica:
     """A replica of a job of its own: its cgroup (named by job and replica) is never
-    another test's, which a late cleanup of that test could remove under it."""
-    return Replica(f"job-{next(_JOBS)}", "worker", 0, 0, "dgx-a-01", "dgx-a-01", None, list(gpus),
-                   list(cpus), list(numa), 2**30, ["mlx5_0"])
+    another test's, in this process or another test worker's, which a late cleanup of
+    that test could remove under it."""
+    return Replica(f"job-{os.getpid()}-{next(_JOBS)}", "worker", 0, 0, "dgx-a-01", "dgx-a-01",
+                   None, list(gpus), list(cpus), list(numa), 2**30, ["mlx5_0"])
 
 
 def test_gpu_modes():

@@ -26,10 +26,12 @@ from airflow_gpu.scheduler_core.client import ApiError
 KILLED = -signal.SIGKILL
 
 
-def replica(index: int = 0, job_id: str = "job-preempt", attempt: int = 1,
+def replica(index: int = 0, job_id: str | None = None, attempt: int = 1,
             reason: str | None = None) -> Replica:
-    return Replica(job_id, "worker", index, index, "here", "127.0.0.1", None, [], [], [],
-                   64 * 2**20, [], attempt, reason)
+    """A replica of a job of its own (`job_id`: else a fresh one): its cgroup is never
+    another test's, whose cleanup could remove it under this one."""
+    return Replica(job_id or f"job-preempt-{uuid.uuid4().hex[:8]}", "worker", index, index,
+                   "here", "127.0.0.1", None, [], [], [], 64 * 2**20, [], attempt, reason)
 
 
 def saves(mark: Path) -> str:
