@@ -16,29 +16,22 @@ import traceback
 from unittest import mock
 
 from airflow_gpu.cli.main import main
+from tests.forks import exit_status
 from tests.helpers import REPO
 
 
-def cli(*args: str, env: dict | None = None, input: str | None = None,
-        timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Run one command; `env` adds to (or, with None values, removes from) os.environ.
-    `timeout` is accepted for the callers' subprocess habits: a command here ends or
-    fails the test."""
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run one command with os.environ and `env`, an empty stdin, in the repository (a
+    command that returns None exits 0, as `sys.exit(main())` does)."""
     out, err = io.StringIO(), io.StringIO()
-    environ = {**os.environ, **{k: v for k, v in (env or {}).items() if v is not None}}
-    for k, v in (env or {}).items():
-        if v is None:
-            environ.pop(k, None)
-    with mock.patch.dict(os.environ, environ, clear=True), \
-            mock.patch.object(sys, "stdin", io.StringIO(input or "")), \
+    with mock.patch.dict(os.environ, env or {}), \
+            mock.patch.object(sys, "stdin", io.StringIO("")), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             contextlib.chdir(REPO):
         try:
             code = main(list(args))
         except SystemExit as e:           # argparse: --help, usage errors
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-            if e.code is not None and not isinstance(e.code, int):
-                print(e.code, file=sys.stderr)
+            code = exit_status(e)
         except Exception:
             traceback.print_exc()
             code = 1

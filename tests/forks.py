@@ -73,6 +73,15 @@ def forkable(env: dict[str, str], server_env: dict[str, str]) -> bool:
     return fixed(env) == fixed(server_env)
 
 
+def exit_status(e: SystemExit) -> int:
+    """The status Python exits with for `e`: its code, 0 for none, else 1 (a message is
+    printed on stderr)."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+
+
 def _run(req: dict) -> int:
     if req["target"] == "dag-test":
         from airflow_gpu.demo.dagtest import dag_test
@@ -101,7 +110,7 @@ def _child(req: dict, out_fd: int, err_fd: int) -> None:
     try:
         code = _run(req)
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else 1
+        code = exit_status(e)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -179,7 +188,7 @@ class Forked:
                 return None
             chunk = self.conn.recv(64)
             if not chunk:
-                raise RuntimeError("the dag.test fork server went away")
+                raise RuntimeError("the fork server went away")
             self._buf += chunk
         line, self._buf = self._buf.split(b"\n", 1)
         return line
@@ -188,7 +197,7 @@ class Forked:
         if self.returncode is None:
             line = self._line(timeout)
             if line is None:
-                raise subprocess.TimeoutExpired("dag.test", timeout)
+                raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout)
             self.returncode = int(line)
             self.conn.close()
         return self.returncode
@@ -205,7 +214,7 @@ class Forked:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not select.select([self._out], [], [], left)[0]:
-                    raise subprocess.TimeoutExpired("dag.test", timeout)
+                    raise subprocess.TimeoutExpired(f"forked child {self.pid}", timeout)
                 chunk = os.read(self._out, 1 << 16)
                 if not chunk:
                     break
@@ -227,15 +236,11 @@ class Forked:
         self.send_signal(signal.SIGTERM)
 
 
-if __name__ == "__main__":
-    serve(sys.argv[1], sys.argv[2])
-
-
 class ForkServer:
     """The fork server of one test process and `kind`, for the environment `env`."""
 
     def __init__(self, env: dict[str, str], cwd: str, sock: str, kind: str = "airflow"):
-        self.env, self.cwd, self.path, self.kind = env, cwd, sock, kind
+        self.env, self.cwd, self.path = env, cwd, sock
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.forks", sock, kind],
                                      cwd=cwd, env=env, text=True, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT)
@@ -247,23 +252,26 @@ class ForkServer:
             raise RuntimeError(f"the {kind} fork server did not start: " + "".join(lines))
 
     def start(self, args: list[str], env: dict[str, str]):
-        """A run of `airflow_gpu.demo --dag-test ARGS`: forked where Airflow's settings
-        allow, else a fresh process."""
-        if forkable(env, self.env) and self.proc.poll() is None:
-            return Forked(self.path, {"target": "dag-test", "args": args, "env": env,
-                                      "cwd": self.cwd})
-        return subprocess.Popen([sys.executable, "-m", "airflow_gpu.demo", "--dag-test",
-                                 *args], cwd=self.cwd, text=True, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, env=env)
+        """A run of `airflow_gpu.demo --dag-test ARGS`, its output in one pipe."""
+        return self._spawn("dag-test", ["airflow_gpu.demo", "--dag-test"], args, env)
 
     def cli(self, args: list[str], stdout: int, stderr: int):
-        """`airflow-gpu ARGS` with this process's environment, forked where it allows."""
-        env = dict(os.environ)
+        """`airflow-gpu ARGS` with this process's environment."""
+        return self._spawn("cli", ["airflow_gpu.cli"], args, dict(os.environ), stdout,
+                           stderr)
+
+    def _spawn(self, target: str, module: list[str], args: list[str], env: dict[str, str],
+               stdout: int | None = None, stderr: int | None = None):
+        """Forked where `env` allows (without `stdout`: stdout and stderr in one pipe),
+        else a fresh `python -m MODULE ARGS`."""
         if forkable(env, self.env) and self.proc.poll() is None:
-            return Forked(self.path, {"target": "cli", "args": args, "env": env,
+            return Forked(self.path, {"target": target, "args": args, "env": env,
                                       "cwd": self.cwd}, stdout, stderr)
-        return subprocess.Popen([sys.executable, "-m", "airflow_gpu.cli", *args],
-                                cwd=self.cwd, stdout=stdout, stderr=stderr)
+        pipe = stdout is None
+        return subprocess.Popen([sys.executable, "-m", *module, *args], cwd=self.cwd,
+                                env=env, text=pipe,
+                                stdout=subprocess.PIPE if pipe else stdout,
+                                stderr=subprocess.STDOUT if pipe else stderr)
 
     def stop(self) -> None:
         self.proc.kill()
@@ -281,3 +289,7 @@ def cli_forks(cwd: str) -> ForkServer:
         _cli_server = ForkServer(dict(os.environ), cwd, sock, kind="cli")
         atexit.register(_cli_server.stop)
     return _cli_server
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], sys.argv[2])

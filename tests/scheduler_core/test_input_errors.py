@@ -22,8 +22,6 @@ CLUSTER = "cluster: c\nhosts:\n  - {name: 'dgx-[1-2]', model: dgx-a100, rack: r,
 JOB = "name: j\nroles:\n  - name: w\n    gpus: 1\n"
 
 
-
-
 def one_line_error(out: subprocess.CompletedProcess, *says: str) -> str:
     """The run failed with exit code 2 and one line on stderr holding each of `says`."""
     err = out.stderr
