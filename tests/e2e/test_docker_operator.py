@@ -114,8 +114,8 @@ def test_second_task_waits_deferred_then_runs_on_freed_gpus(run_dag, scheduler, 
                                           if j["pending"]["code"]], what="a pending reason")
     assert waiting[0]["pending"]["code"] == "Resources"
     (tmp_path / "go").touch()                       # now the first task may end
-    assert first.result()["tasks"] == {"probe": "success"}
-    assert second.result()["tasks"] == {"probe": "success"}
+    assert first.result()["tasks"] == {"probe": "success"}, first.output[-4000:]
+    assert second.result()["tasks"] == {"probe": "success"}, second.output[-4000:]
     assert "waiting for GPUs without a worker slot (deferred)" in second.output
     a, b = sorted((scheduler.job(j["id"]) for j in scheduler.jobs()),
                   key=lambda j: j["submitted_at"])
