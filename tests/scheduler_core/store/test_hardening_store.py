@@ -289,7 +289,10 @@ def test_readyz_of_a_follower_reads_the_leaders_lease(postgres):
     leader, follower = Service(settings), Service(settings)
     la, fa = create_app(leader), create_app(follower, run_loop=False)
     with TestClient(la) as lead:
-        until(lambda: lead.get("/readyz").status_code == 200, "the leader is ready")
+        # ready and leading: a replica is ready before its first election, and under load
+        # the follower's election below could otherwise come first and win
+        until(lambda: (r := lead.get("/readyz")).status_code == 200
+              and r.json()["scheduling"]["this_replica"], "the leader is ready and leads")
         loop = fa.state.loop
         loop.started_at = time.time()
         until(lambda: not loop._lead() and loop.deployment, "the follower sees a leader")
