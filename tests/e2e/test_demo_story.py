@@ -47,7 +47,7 @@ def test_demo_tells_the_story(tmp_path):
     assert "Priority" in sweep_codes            # fits now, but on reserved resources
 
     # backfill: the pretrain waited with a reservation; the eval, submitted after it,
-    # started before it, its time limit cut to a reservation's start
+    # started before it, ahead of a reservation (it would yield there had it overrun)
     pretrain, ev = jobs[PRETRAIN], jobs[EVAL]
     assert any(r["reserved_hosts"] for r in pretrain["reasons"])
     assert pretrain["submitted_s"] < ev["submitted_s"]

@@ -283,8 +283,8 @@ def checks(story: dict) -> dict[str, dict]:
     check("backfill", e.get("limit_cut_by") is not None and _before(e, p, "admitted_s")
           and _before(p, e, "submitted_s"),
           f"{e.get('short')} started before {p.get('short')}, which was submitted first and "
-          f"held a reservation; its time limit was cut to the start of "
-          f"{_short(by, e.get('limit_cut_by'))}'s reservation")
+          f"held a reservation; it would have yielded at the start of "
+          f"{_short(by, e.get('limit_cut_by'))}'s reservation had it overrun")
     r = by.get(RETRAIN, {})
     check("priority", r.get("priority", 0) > p.get("priority", 0)
           and _before(p, r, "submitted_s") and _before(r, p, "admitted_s"),

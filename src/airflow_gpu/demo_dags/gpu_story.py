@@ -65,7 +65,7 @@ with team_dag("demo_research_pretrain", "research") as pretrain:
 
 # Wave 3, all at once:
 # - research's eval (2 GPUs, 15 s expected) ends before any reservation starts: it
-#   backfills now, its time limit cut to the reservation's start;
+#   backfills now, ahead of the reservation (it would yield there had it overrun);
 with team_dag("demo_research_eval", "research") as evaluate:
     GpuGangOperator(task_id="eval", job_class="pytorch", gpus=2, priority=0,
                     expected_runtime="15s", command=work(4), priority_weight=10)

@@ -259,7 +259,7 @@ class GpuBaseOperator(BaseOperator):
             if outcome.timed_out:
                 self._finish(client, job_id, attempt, "timeout", None)
                 raise AirflowException(f"GPU job {job_id}: " + timeout_message(
-                    job["time_limit_s"], job.get("limit_cut_by"), job.get("stop_grace") or 0,
+                    job["time_limit_s"], job.get("stop_grace") or 0,
                     outcome.ended()))
             return self._conclude(client, job_id, attempt, replicas, outcome)
 

@@ -194,15 +194,11 @@ def preempt_options(jc: JobClass | None, stop_grace: float
     return jc.preemptible, jc.preempt_signal, float(grace), jc.checkpoint_interval
 
 
-def timeout_message(limit: float, cut_by: str | None, grace: float,
-                    ended: str | None = None) -> str:
+def timeout_message(limit: float, grace: float, ended: str | None = None) -> str:
     """Why a job ended `timeout`, naming its limit (events, the operators' failures);
     `ended`: how its replicas ended, where the launcher saw it (supervise.Ending)."""
-    what = format_duration(limit)
-    how = (f"its time limit of {what}, cut by backfill to end before the reservation of "
-           f"job {cut_by} (its expected runtime said it would end by then; declare an "
-           "expected_runtime it keeps)") if cut_by else (
-        f"its time limit of {what} (time_limit; ask for more if it needs longer)")
+    how = (f"its time limit of {format_duration(limit)} (time_limit; ask for more if it "
+           "needs longer)")
     if ended:
         return f"the job reached {how}: stopped with SIGTERM; {ended}"
     return (f"the job reached {how}: stopped with SIGTERM, and SIGKILL for what still ran "

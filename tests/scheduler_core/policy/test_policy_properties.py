@@ -233,11 +233,12 @@ def test_reusing_the_last_passes_reservations_changes_nothing(cluster, trace, sl
 
 def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
                       slowdown=(1.0, 1.0, 1.0)) -> tuple[dict, dict, set]:
-    """Replay where every job runs exactly as planned unless backfill cut its limit in
-    front of a reservation: those run on past it, as a job that declared far too short a
-    runtime and ignores SIGTERM would, until they are killed at their limit + grace.
-    Returns (start, end, timed out) per job name, the protected reservations' first
-    starts, and the jobs that were cut."""
+    """Replay where every job runs exactly as planned unless it was backfilled in front
+    of a reservation: those run on past it, as a job that declared far too short a
+    runtime and ignores SIGTERM would, until they are stopped at its start + grace and
+    requeued (as the service and the simulator do); admitted again, they run as planned
+    unless backfilled again. Returns [first start, end, backfilled] per job name, the
+    protected reservations' first starts, and the jobs that were backfilled."""
     cfg = PolicyConfig(fairshare_weight=0, locality_slowdown=slowdown, learn_slowdown=False,
                        reserve_after=0, stop_grace=grace)
     s = Scheduler(ClusterState(cluster), cfg)
@@ -253,8 +254,11 @@ def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
                   ends[0][0] if ends else math.inf)
         while ends and ends[0][0] == now:
             name = heapq.heappop(ends)[1]
-            s.finish(name, now, completed=name not in cut)
-            runs[name][1] = now
+            if runs[name][2]:
+                s.requeue(name, now)         # overran into the reservation: back in line
+            else:
+                s.finish(name, now, completed=True)
+                runs[name][1] = now
         while i < len(trace) and trace[i].submit == now:
             t = trace[i]
             i += 1
@@ -271,7 +275,7 @@ def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
             name = queued.name
             end = (s.state.hard_end[name] if name in res.cut
                    else s.state.expected_end[name])
-            runs[name] = [now, None, name in res.cut]
+            runs[name] = [runs.get(name, [now])[0], None, name in res.cut]
             heapq.heappush(ends, (end, name))
     return runs, promised, cut
 
@@ -287,19 +291,25 @@ def test_no_backfilled_job_delays_a_reservation_by_more_than_the_grace(
         assert runs[name][0] <= start + grace, (name, runs[name][0], start, grace)
 
 
-def test_a_job_backfilled_in_front_of_a_reservation_is_stopped_at_its_start():
+def test_a_job_backfilled_in_front_of_a_reservation_is_stopped_at_its_start_and_requeued():
     """One 8-GPU host: `a` holds 4 GPUs for 1000 s, `big` (8 GPUs) is reserved from 1000,
-    `liar` declares 100 s on the other 4 GPUs but would run 10,000 s. Its limit is cut to
-    the reservation's start: it is stopped then and `big` waits only the grace."""
+    `liar` declares 100 s on the other 4 GPUs but runs 10,000 s. It yields at the
+    reservation's start: stopped then (`big` waits only the grace) and requeued, it runs
+    its whole work again after `big` (no checkpoint in its 998 s) and ends once, never
+    `timeout`."""
     cluster = make_cluster({"name": "h0", "model": "dgx-a100"})
     trace = [TraceJob("a", 0, 1000, 4), TraceJob("big", 1, 500, 8),
              TraceJob("liar", 2, 10_000, 4, expected_runtime=100)]
     cfg = PolicyConfig(fairshare_weight=0, reserve_after=0, stop_grace=30)
     res = simulate(cluster, trace, SimOptions(cfg, (1.0, 1.0, 1.0)))
     got = {r.job_id: r for r in res.records}
-    assert (got["liar"].start, got["liar"].end, got["liar"].timeout) == (2, 1030, True)
-    assert got["big"].start == 1030 and not got["big"].timeout
-    assert res.metrics()["timeouts"] == 1
+    liar = got["liar"]
+    assert (liar.start, liar.end, liar.timeout, liar.overrun_stops) == (
+        2, 1530 + 10_000, False, 1)
+    assert liar.lost_gpu_s == 4 * (998 + 30) and liar.preemptions == 0
+    assert got["big"].start == 1030 and got["big"].end == 1530 and not got["big"].timeout
+    m = res.metrics()
+    assert (m["timeouts"], m["overrun_stops"], m["jobs"]) == (0, 1, 3)
     runs, promised, cut = replay_with_liars(cluster, trace, 30)
     assert promised == {"big": 1000} and cut == {"liar"} and runs["big"][0] == 1030
 

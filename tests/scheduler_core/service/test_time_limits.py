@@ -1,6 +1,7 @@
 """Time limits on the real service (SQLite and PostgreSQL): a live job past its limit and
-grace ends `timeout` and frees its GPUs whether or not its launcher says so; backfill cuts
-the limit of a job it starts ahead of a reservation; limits above a maximum are refused."""
+grace ends `timeout` and frees its GPUs whether or not its launcher says so; a job backfilled
+ahead of a reservation keeps its limit and yields at the reservation: past its estimate
+it is stopped and requeued, never timed out; limits above a maximum are refused."""
 
 from __future__ import annotations
 
@@ -81,25 +82,91 @@ def test_a_launcher_reports_the_timeout_itself(client):
     assert client.get("/api/v1/cluster").json()["gpus_allocated"] == 0
 
 
-def test_backfill_cuts_the_limit_of_a_job_it_starts_ahead_of_a_reservation(client):
+def backfilled(c) -> tuple[dict, dict, dict]:
     """`a` holds one host for an hour; `big` needs both and is reserved from a's end;
-    `small` (10 minutes expected, a day's limit) starts now on the other host, with its
-    limit cut to big's reservation: it cannot hold big back beyond the grace."""
-    a = submit(client, "a", 8, expected_runtime="1h")
-    client.tick()
-    big = submit(client, "big", 16, expected_runtime="1h")
-    small = submit(client, "small", 8, expected_runtime="10m", time_limit="1d")
-    assert client.tick() == [small["id"]]
+    `small` (10 minutes expected, a day's limit) starts now on the other host, ahead of
+    big's reservation."""
+    a = submit(c, "a", 8, expected_runtime="1h")
+    c.tick()
+    big = submit(c, "big", 16, expected_runtime="1h")
+    small = submit(c, "small", 8, expected_runtime="10m", time_limit="1d")
+    assert c.tick() == [small["id"]]
+    return a, big, small
+
+
+def test_backfill_keeps_the_limit_and_sets_the_yield_of_a_job_ahead_of_a_reservation(
+        client):
+    """Its limit stays its own (a day); it yields at big's reservation, an hour off."""
+    a, big, small = backfilled(client)
     got = job(client, small["id"])
-    assert got["limit_cut_by"] == big["id"]
-    assert 3500 <= got["time_limit_s"] <= 3600           # to a's planned end, not a day
+    assert got["limit_cut_by"] == big["id"] and got["time_limit_s"] == 86400
+    left = (datetime.fromisoformat(got["yield_at"]) - datetime.now(UTC)).total_seconds()
+    assert 3500 <= left <= 3600                          # a's planned end
     explain = client.get(f"/api/v1/jobs/{small['id']}/explain").json()
     admitted = next(e["message"] for e in explain["events"] if e["kind"] == "admitted")
-    assert "time limit cut to" in admitted and big["id"] in admitted
+    assert "time limit 1d" in admitted and big["id"] in admitted
+    assert "requeued under the same id" in admitted
     with client.service.sessions.begin() as s:           # the promise survives the pass
         assert s.get(JobRow, big["id"]).promised_at is not None
     a_row = job(client, a["id"])
     assert a_row["limit_cut_by"] is None and a_row["deadline_at"] is None   # no limit
+    assert a_row["yield_at"] is None
+
+
+def overran(c, small: dict, a: dict) -> None:
+    """`a` ended; `small` is still running a second past its yield."""
+    assert c.post(f"/api/v1/jobs/{small['id']}/heartbeat").status_code == 200
+    c.post(f"/api/v1/jobs/{a['id']}/finish", json={"outcome": "succeeded"})
+    with c.service.sessions.begin() as s:
+        s.execute(update(JobRow).where(JobRow.id == small["id"]).values(
+            yield_at=datetime.now(UTC) - timedelta(seconds=1)))
+
+
+@pytest.mark.parametrize("launcher", ["confirms", "silent"])
+def test_a_backfilled_job_that_overruns_is_stopped_and_requeued_never_timed_out(
+        client, launcher):
+    """Past its expected runtime into big's reservation, small gets its class's signal and
+    its grace, then goes back to the queue under the same id (its launcher confirms the
+    stop, or the grace passes); big starts on the GPUs; nothing ends `timeout`."""
+    a, big, small = backfilled(client)
+    overran(client, small, a)
+    assert client.tick() == []                   # small still holds its host: stopping
+    got = job(client, small["id"])
+    assert (got["state"], got["preempt_signal"], got["preempt_grace"]) == (
+        "preempting", "SIGTERM", 20)
+    assert got["preempt_reason"].startswith("overran its expected runtime of 10m")
+    assert big["id"] in got["preempt_reason"]
+    r = client.post(f"/api/v1/jobs/{small['id']}/heartbeat")
+    assert r.status_code == 200 and r.json()["state"] == "preempting"   # the launcher hears
+    if launcher == "confirms":
+        r = client.post(f"/api/v1/jobs/{small['id']}/finish", json={"outcome": "preempted"})
+        assert r.status_code == 200, r.text
+    else:
+        with client.service.sessions.begin() as s:
+            s.execute(update(JobRow).where(JobRow.id == small["id"]).values(
+                preempt_deadline_at=datetime.now(UTC) - timedelta(seconds=1)))
+    assert client.tick() == [big["id"]]          # the reserved job first
+    got = job(client, small["id"])
+    assert (got["state"], got["requeue_reason"], got["yield_at"]) == (
+        "pending", "overrun", None)
+    events = client.get(f"/api/v1/jobs/{small['id']}/explain").json()["events"]
+    kinds = [e["kind"] for e in events]
+    assert "timeout" not in kinds and kinds.count("overrun") == 1
+    requeued = next(e["message"] for e in events if e["kind"] == "requeued")
+    assert requeued.startswith("overran its expected runtime of 10m")
+    assert "back in the queue under the same id" in requeued
+
+
+def test_raising_a_backfilled_jobs_limit_keeps_its_yield(client):
+    """An admin may raise the limit of a job that backfills; its yield does not move."""
+    _, _, small = backfilled(client)
+    before = job(client, small["id"])["yield_at"]
+    admin = create_token(client.service.sessions, "ops", admin=True)
+    r = client.patch(f"/api/v1/jobs/{small['id']}", json={"time_limit": "2d"},
+                     headers={"Authorization": f"Bearer {admin}"})
+    assert r.status_code == 200, r.text
+    got = job(client, small["id"])
+    assert got["time_limit_s"] == 2 * 86400 and got["yield_at"] == before
 
 
 @pytest.mark.parametrize("fields, words", [

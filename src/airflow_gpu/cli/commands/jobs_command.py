@@ -114,11 +114,11 @@ def elapsed_line(e: dict) -> str:
     limit = e.get("time_limit_s")
     verb = "running for" if e["state"] in ("admitted", "running", "preempting") else "ran"
     text = f"{verb} {format_duration(e['elapsed_s'])}"
-    if limit is None:
-        return text + " (no time limit)"
-    text += f" of its {format_duration(limit)} time limit"
+    text += (" (no time limit)" if limit is None else
+             f" of its {format_duration(limit)} time limit")
     if e.get("limit_cut_by"):
-        text += f" (cut by backfill, ahead of the reservation of job {e['limit_cut_by']})"
+        text += (f"; backfilled ahead of the reservation of job {e['limit_cut_by']}: "
+                 "stopped and requeued if still running when it starts")
     return text
 
 

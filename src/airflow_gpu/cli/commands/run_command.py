@@ -326,7 +326,7 @@ class Run:
 
             self.finish(job_id, attempt, "timeout", None)
             log.error("job %s: %s", job_id, timeout_message(
-                job["time_limit_s"], job.get("limit_cut_by"), job.get("stop_grace") or 0,
+                job["time_limit_s"], job.get("stop_grace") or 0,
                 outcome.ended()))
             return EXIT_TIMEOUT
         if outcome.ok:

@@ -199,7 +199,7 @@ def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: dat
         "times": {k: job.get(k) for k in ("submitted_at", "admitted_at", "started_at",
                                           "finished_at", "lease_expires_at")},
         "elapsed": duration(elapsed), "expected": duration(expected_runtime(job["spec"])),
-        # as admitted (backfill may have cut it), else what the spec asks
+        # as admitted, else what the spec asks
         "limit": duration(job.get("time_limit_s") or seconds_of(job["spec"].get("time_limit")))
         if job.get("time_limit_s") or job["spec"].get("time_limit") else None,
         "limit_cut_by": names.get(job.get("limit_cut_by"), job.get("limit_cut_by")),

@@ -30,7 +30,7 @@ class PassResult:
     reservations: list[Reservation] = field(default_factory=list)
     pending: dict[str, Pending] = field(default_factory=dict)   # filled when explaining
     tested: int = 0
-    # job -> (the time its limit was cut to, the job whose reservation starts then)
+    # job -> (when it must be stopped: a reservation's start, the job reserved then)
     cut: dict[str, tuple[float, str]] = field(default_factory=dict)
     preempted: list[Preemption] = field(default_factory=list)
 
@@ -207,9 +207,9 @@ class Pass:
 
     def start(self, job: QueuedJob, placed: Placed) -> None:
         """Start the job. Backfilled onto resources a reservation holds from a later
-        time, it is planned to end before then; that is enforced: its time limit is cut
-        to the reservation's start (Slurm's --time-min), so the reserved job waits at most
-        the grace for it, whatever the job declared."""
+        time, it is planned to end before then; that is enforced: it is stopped at the
+        reservation's start (the service and the simulator requeue it), so the reserved
+        job waits at most the grace for it, whatever the job declared."""
         cut, by = min(((r.start, r.job.name) for r in self.reservations if r.job is not job
                        and r.start > self.now and r.overlaps(placed.allocations)),
                       default=(math.inf, ""))

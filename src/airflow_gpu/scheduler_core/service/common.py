@@ -79,7 +79,7 @@ def requeued(reason: str, **more) -> dict:
     """The columns of a job sent back to the queue under the same id."""
     return dict(state=PENDING, admitted_at=None, started_at=None, lease_expires_at=None,
                 reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
-                deadline_at=None, limit_cut_by=None, preempt_deadline_at=None,
+                deadline_at=None, limit_cut_by=None, yield_at=None, preempt_deadline_at=None,
                 borrowed=False, requeue_reason=reason, idle_since=None, idle_flagged_at=None,
                 **more)
 

@@ -199,7 +199,7 @@ def update(svc: Store, job_id: str, who: Principal, priority: int | None = None,
     """Change a job's priority (pending jobs) or time limit. The new spec goes through
     the same checks as at submit (the job class's and the policy's maximum time limit:
     jobclasses.resolve). A live job's limit may be lowered by its team and raised by an
-    admin, never past a limit backfill cut."""
+    admin (a backfilled job's yield to a reservation stays where it was: overrun.py)."""
     row = svc._owned(job_id, who)
     if priority is None and time_limit is None:
         raise InputError("update: give --priority and/or --time-limit")
@@ -241,10 +241,6 @@ def update(svc: Store, job_id: str, who: Principal, priority: int | None = None,
         changes.append(f"time limit {format_duration(old) if old else 'none'} -> "
                        f"{format_duration(resolved.time_limit)}")
         if row.state in LIVE:
-            if row.limit_cut_by and limit > old:
-                raise Conflict(f"job {job_id}: its time limit was cut to "
-                               f"{format_duration(old)} by backfill, ahead of the "
-                               f"reservation of job {row.limit_cut_by}; it cannot be raised")
             if old is not None and limit > old and not who.admin:
                 raise Forbidden(f"job {job_id} is {row.state}: only an admin may raise a "
                                 "running job's time limit (its team may lower it)")

@@ -1,6 +1,7 @@
 """Lease checks: an admitted or running job whose launcher stopped heartbeating becomes
-`lost`, one past its time limit and grace `timeout`, and a preempting job past its stop
-deadline goes back to the queue; their resources return. The scheduling loop runs these
+`lost`, one past its time limit and grace `timeout`, a backfilled one past its yield to a
+reservation starts stopping (overrun.py), and a preempting job past its stop deadline
+goes back to the queue; their resources return. The scheduling loop runs these
 checks on a schedule of their own, apart from passes (loop.py), so a long pass never
 delays them; only the leader runs them, each transaction fenced as a pass's is.
 
@@ -23,6 +24,7 @@ from sqlalchemy.orm import Session
 from ..jobclasses import timeout_message
 from ..store.models import JobRow
 from .common import LIVE, _ts, _update, utcnow
+from .overrun import STOPPABLE, stop_overrunners
 from .uow import Store
 
 log = logging.getLogger(__name__)
@@ -120,6 +122,7 @@ def due(svc: Store, now: datetime) -> bool:
         return s.execute(select(JobRow.id).where(or_(
             and_(JobRow.state.in_(LIVE), JobRow.lease_expires_at < now),
             and_(JobRow.state.in_(LIVE), JobRow.deadline_at < now),
+            and_(JobRow.state.in_(STOPPABLE), JobRow.yield_at < now),
             and_(JobRow.state == "preempting", JobRow.preempt_deadline_at < now)))
             .limit(1)).first() is not None
 
@@ -136,6 +139,7 @@ def check(svc: Store, now: datetime, stall: float = 0.0,
         if fence is not None:     # first: still the leader, or this check writes nothing
             fence(s)
         ended = _time_out(svc, s, now)
+        stop_overrunners(svc, s, now)
         requeue_overdue(svc, s, now)
         if stall:
             _extend(s, stall)
@@ -171,9 +175,9 @@ def _time_out(svc: Store, s: Session, now: datetime) -> list[str]:
     return now."""
     ended = []
     rows = list(s.execute(select(JobRow.id, JobRow.deadline_at, JobRow.stop_grace,
-                                 JobRow.admitted_at, JobRow.limit_cut_by).where(
+                                 JobRow.admitted_at).where(
         JobRow.state.in_(LIVE), JobRow.deadline_at < now)))
-    for job_id, deadline, grace, admitted, cut_by in rows:
+    for job_id, deadline, grace, admitted in rows:
         if _ts(deadline) + (grace or 0) >= _ts(now):
             continue
         done = s.execute(_update(JobRow).where(
@@ -182,7 +186,7 @@ def _time_out(svc: Store, s: Session, now: datetime) -> list[str]:
         if done.rowcount == 1:
             svc._release(s, job_id)
             limit = _ts(deadline) - _ts(admitted)
-            svc._event(s, "timeout", timeout_message(limit, cut_by, grace or 0)
+            svc._event(s, "timeout", timeout_message(limit, grace or 0)
                        + "; its resources are released", job=job_id)
             ended.append(job_id)
     return ended

@@ -19,6 +19,7 @@ from .common import PENDING, SLACK, _same_attempt, _stale, _update, requeued, ut
 from .errors import Conflict
 from .idle import requeued_idle
 from .jobcontrol import REQUEUED
+from .overrun import OVERRAN
 from .uow import Store
 
 
@@ -59,8 +60,10 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
     row = s.execute(select(JobRow.preempted_by, JobRow.attempt, JobRow.preempt_reason)
                     .where(JobRow.id == job_id)).first()
     # no preemptor: `airflow-gpu requeue` (jobcontrol.py) or the idle-GPU policy (idle.py)
-    asked = (row.preempt_reason or "").startswith(REQUEUED)
-    reason = "preempted" if row.preempted_by else "requeued" if asked else "idle"
+    text = row.preempt_reason or ""
+    asked, overran = text.startswith(REQUEUED), text.startswith(OVERRAN)
+    reason = ("preempted" if row.preempted_by else "requeued" if asked else
+              "overrun" if overran else "idle")
     done = s.execute(_update(JobRow).where(
         JobRow.id == job_id, JobRow.state == "preempting", *where).values(
         **requeued(reason)))
@@ -70,7 +73,8 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
     how = (f"its launcher did not confirm the stop within its grace (+{SLACK:g}s)"
            if forced else "its launcher stopped the replicas")
     who = (f"preempted by job {row.preempted_by}" if row.preempted_by else
-           row.preempt_reason.split(" (")[0] if asked else "idle GPUs")
+           text.split(" (")[0] if asked else
+           text.split(": sending")[0] if overran else "idle GPUs")
     more, held = requeued_idle(svc, s, job_id, utcnow()) if reason == "idle" else ("", None)
     svc._event(s, "requeued", f"{who}: {how}; back in the queue under the same id "
                f"(admission {row.attempt} ended){more}", job=job_id)
@@ -84,8 +88,8 @@ def stopped(svc: Store, job_id: str, attempt: int | None) -> JobRow:
     with svc.sessions.begin() as s:
         if not requeue(svc, s, job_id, *_same_attempt(attempt)):
             current = s.get(JobRow, job_id)
-            if current.state == PENDING and current.requeue_reason in ("preempted", "idle",
-                                                                       "requeued"):
+            if current.state == PENDING and current.requeue_reason in (
+                    "preempted", "idle", "requeued", "overrun"):
                 return current          # said twice, or requeued by force before
             raise Conflict(_stale(current, attempt, "only a job that is preempting can be "
                                   "finished as preempted"))

@@ -104,8 +104,9 @@ def run_pass(svc: Store) -> list[str]:
         lease = now + timedelta(seconds=svc.settings.lease_ttl)
         admitted = []
         for job, placed in result.started:
-            deadline = sched.deadline(job.name)
-            cut_by = result.cut.get(job.name, (None, None))[1]
+            # its own limit stops it (deadline_at); a cut only makes it yield (overrun.py)
+            cut_at, cut_by = result.cut.get(job.name, (None, None))
+            deadline = t_now + job.limit
             done = s.execute(_update(JobRow).where(
                 JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
                 state="admitted", admitted_at=now, lease_expires_at=lease,
@@ -113,13 +114,14 @@ def run_pass(svc: Store) -> list[str]:
                 reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
                 deadline_at=None if deadline == math.inf else
                 datetime.fromtimestamp(deadline, UTC),
+                yield_at=None if cut_at is None else datetime.fromtimestamp(cut_at, UTC),
                 stop_grace=round(job.grace), limit_cut_by=cut_by, borrowed=job.borrowed))
             if done.rowcount != 1:
                 continue              # cancelled or held meanwhile
             _write_allocations(s, job.name, placed.allocations, now)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
             svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
-                       + limit_note(job.limit, deadline - t_now, cut_by)
+                       + limit_note(job.limit, (cut_at or t_now) - t_now, cut_by)
                        + ("; on borrowed quota (it may be reclaimed)" if job.borrowed
                           else ""), job=job.name)
             admitted.append(job.name)
@@ -169,7 +171,7 @@ def _restore(svc: Store, cluster: Cluster, s: Session, sched: Scheduler, t_now: 
             if any(a.host not in cluster.by_name for a in held):
                 continue      # its host left the cluster; the lease decides what happens
             sched.restore(spec, [_to_engine(cluster, a) for a in held], start,
-                          deadline=_ts(row.deadline_at) if row.deadline_at else None,
+                          deadline=_stop_at(row),
                           borrowed=row.borrowed, preempted_by=frozenset(row.preemptors or ()),
                           stopping=(row.preempted_by, _ts(row.preempt_deadline_at))
                           if row.state == "preempting" and row.preempt_deadline_at else None)
@@ -223,10 +225,18 @@ def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation],
 
 
 
+def _stop_at(row: JobRow) -> float | None:
+    """When the planner counts a live job stopped: its time limit, or its yield to a
+    reservation (overrun.py) where that comes first."""
+    at = [_ts(t) for t in (row.deadline_at, row.yield_at) if t is not None]
+    return min(at) if at else None
+
+
 def limit_note(limit: float, left: float, cut_by: str | None) -> str:
-    """What the admission event says of the job's time limit."""
+    """What the admission event says of the job's time limit and its yield."""
+    own = f"; time limit {format_duration(limit)}" if limit < math.inf else ""
     if cut_by:
-        return (f"; time limit cut to {format_duration(max(0, left))} (from "
-                f"{format_duration(limit) if limit < math.inf else 'none'}): it backfills "
-                f"ahead of the reservation for job {cut_by} and is stopped when that starts")
-    return f"; time limit {format_duration(limit)}" if limit < math.inf else ""
+        return (f"{own}; it backfills ahead of the reservation for job {cut_by}: if it "
+                f"runs past its expected runtime into it (in {format_duration(max(0, left))})"
+                ", it is stopped and requeued under the same id")
+    return own

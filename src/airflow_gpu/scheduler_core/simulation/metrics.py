@@ -23,6 +23,7 @@ class JobRecord:
     rejected: str | None = None
     timeout: bool = False             # stopped at its time limit
     preemptions: int = 0
+    overrun_stops: int = 0            # stopped past its estimate at a reservation, requeued
     held_gpu_s: float = 0.0           # GPU-seconds held, over every admission
     lost_gpu_s: float = 0.0           # of which lost to preemption (rerun or stopping)
     borrowed: bool = False            # it ran on borrowed quota at least once
@@ -109,6 +110,8 @@ def replay_metrics(res: SimResult) -> dict:
         out["hi_max_wait_s"] = hi[-1] if hi else 0.0
     out["preemptions"] = sum(r.preemptions for r in res.records)
     out["preempted_jobs"] = sum(r.preemptions > 0 for r in res.records)
+    # requeued when a reservation they backfilled ahead of started (they overran)
+    out["overrun_stops"] = sum(r.overrun_stops for r in res.records)
     out["borrowed_jobs"] = sum(r.borrowed for r in res.records)
     out["gpu_hours"] = held / 3600
     out["lost_gpu_hours"] = lost / 3600

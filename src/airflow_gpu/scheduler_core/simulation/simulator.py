@@ -6,11 +6,14 @@ ends and stops are applied, the arrivals submitted, and one scheduling pass runs
 same `Scheduler.schedule` as everywhere, which also decides every preemption and quota
 reclaim. Each job's planned runtime is its `expected_runtime` column, else its trace
 duration (users who know their runtimes; the slowdown is not known in advance). Time
-limits are enforced: a job still running at its limit (its own, or the one backfill cut
-it to) ends then plus its grace, as a job that ignores SIGTERM would.
+limits are enforced: a job still running at its own limit ends then plus its grace, as a
+job that ignores SIGTERM would (`timeout`).
 
 Preemption: a victim keeps its resources through its preempt grace (it is stopping),
-then is requeued with the work it had not checkpointed yet (`progress.py`).
+then is requeued with the work it had not checkpointed yet (`progress.py`). A job
+backfilled ahead of a reservation that is still running when the reservation starts
+(it overran its estimate) is stopped the same way and requeued, as the service does
+(service/overrun.py); it is counted once, when it really ends.
 """
 
 from __future__ import annotations
@@ -109,6 +112,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     planned: dict[str, float] = {}                # job name -> its planned runtime
     work: dict[str, float] = {}                   # job name -> work left (s at factor 1)
     runs: dict[str, Run] = {}                     # job name -> its current admission
+    yielding: dict[str, float] = {}               # job name -> when it yields (overrun)
     preempt = options.policy.preemption
     # a pass when a job has run min_run_time: a job waiting may preempt it from then on
     # (only where something can preempt: extra passes would change other replays)
@@ -133,11 +137,15 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
                 sched.finish(name, now, completed=not rec.timeout)
                 rec.end = now
                 continue
-            # a preempted job stopped: it is queued again with the work it had not saved
+            # a preempted or overrunning job stopped: it is queued again with the work it
+            # had not saved
             left, lost = stop(run, now)
             work[name] = left
             rec.lost_gpu_s += run.gpus * lost
-            rec.preemptions += 1
+            if yielding.pop(name, None) == run.signal:
+                rec.overrun_stops += 1
+            else:
+                rec.preemptions += 1
             again = sched.requeue(name, now, runtime=planned[name] * left / rec.duration)
             checkpoints(again)
         while i < n and trace[i].submit == now:
@@ -160,7 +168,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             run = runs[p.victim.name]
             # signalled, it runs on through its grace; one that would end (or reach its
             # time limit) by then just ends, and is neither requeued nor charged
-            if run.signal is None and run.end > p.stop_at:
+            if run.end > p.stop_at and (run.signal is None or run.signal > now):
                 run.signal = now
                 events.push(p.stop_at, p.victim.name)
         for job, placed in done.started:
@@ -177,12 +185,16 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             rec.hosts, rec.switches = len(hosts), len(switches)
             rec.borrowed = rec.borrowed or job.borrowed
             end = now + work[job.name] * factor
-            # past its time limit it is stopped, and gone after the grace at the latest
+            # past its time limit it is stopped, and gone after the grace at the latest;
+            # past a reservation it backfilled ahead of, it yields: stopped and requeued
             hard_end = sched.state.hard_end.get(job.name, math.inf)
-            rec.timeout = hard_end < end
+            yields = job.name in done.cut and hard_end < end
+            rec.timeout = hard_end < end and not yields
             # held and lost GPU-seconds charge MIG devices by their share (quota.py)
             runs[job.name] = Run(now, factor, work[job.name], float(job.charge),
                                  min(end, hard_end), job.checkpoint_interval)
+            if yields:
+                runs[job.name].signal = yielding[job.name] = done.cut[job.name][0]
             events.push(min(end, hard_end), job.name)
             if min_run and now + min_run < min(end, hard_end):
                 events.wake(now + min_run)

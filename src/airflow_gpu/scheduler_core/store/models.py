@@ -128,12 +128,16 @@ class JobRow(Base):
     gpu_fault: Mapped[str | None] = mapped_column(Text)
     gpu_fault_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # time limits: when a live job is stopped (SIGTERM; gone after stop_grace seconds),
-    # the job whose reservation its limit was cut for (backfill), and a pending protected
+    # the job whose reservation it backfilled ahead of, and a pending protected
     # job's promised start (epoch seconds), which no backfilled job may delay
     deadline_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     stop_grace: Mapped[int | None] = mapped_column(Integer)
     limit_cut_by: Mapped[str | None] = mapped_column(String(36))
     promised_at: Mapped[float | None] = mapped_column(Float)
+    # a backfilled job's yield: from then job limit_cut_by's reservation needs its
+    # resources; still running then, it is stopped like a preempted job and requeued
+    # (overrun.py). Its time limit (deadline_at) stays its own.
+    yield_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # preemption: the job that stopped it last and why, when it must be gone by (while
     # `preempting`; then it is requeued by force), every job that ever preempted it (none
     # of them is ever preempted by it), whether it runs on borrowed quota, why its last

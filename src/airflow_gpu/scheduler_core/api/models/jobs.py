@@ -103,8 +103,11 @@ class JobOut(BaseModel):
     time_limit_s: int | None = Field(None, description="its time limit as admitted: from "
                                      "admission to deadline_at")
     stop_grace: int | None = None
-    limit_cut_by: str | None = Field(None, description="the job whose reservation backfill "
-                                     "cut its limit for")
+    limit_cut_by: str | None = Field(None, description="the job whose reservation it "
+                                     "backfilled ahead of")
+    yield_at: datetime | None = Field(None, description="backfilled: still running then "
+                                      "(past its expected runtime), it is stopped like a "
+                                      "preempted job and requeued under the same id")
     borrowed: bool = Field(False, description="admitted beyond its team's guarantee, on "
                            "GPUs other teams leave idle: it may be reclaimed")
     preempted_by: str | None = Field(None, description="the job that preempted it last")
@@ -116,7 +119,8 @@ class JobOut(BaseModel):
                                                  "requeued by force then")
     preemptions: int = 0
     requeue_reason: str | None = Field(None, description="why its last admission was "
-                                       "requeued: preempted | gpu_fault | idle")
+                                       "requeued: preempted | overrun | requeued | "
+                                       "gpu_fault | idle")
     idle_since: datetime | None = Field(None, description="every GPU it holds has stayed "
                                         "under the idle threshold since then")
     idle_flagged_at: datetime | None = Field(None, description="the idle-GPU policy flagged "
@@ -140,7 +144,7 @@ class JobOut(BaseModel):
                    lease_expires_at=j.lease_expires_at, exit_code=j.exit_code,
                    gpu_fault=j.gpu_fault, attempt=j.attempt or 0,
                    deadline_at=j.deadline_at, stop_grace=j.stop_grace,
-                   limit_cut_by=j.limit_cut_by,
+                   limit_cut_by=j.limit_cut_by, yield_at=j.yield_at,
                    time_limit_s=round(_ts(j.deadline_at) - _ts(j.admitted_at))
                    if j.deadline_at and j.admitted_at else None,
                    borrowed=bool(j.borrowed), preempted_by=j.preempted_by,
