@@ -5,6 +5,7 @@ Run it with `make bench`, or directly:
     .venv/bin/python bench/replay.py [--only philly,itp-cluster02] [--limit N]
                                      [--curve 0,1d,2d,3d,5d,7d,10d,inf] [--jobs 2]
                                      [--with FIELD=VALUE ...]
+                                     [--estimate-error exact|lognormal:SIGMA|limit:LO-HI]
                                      [--locality-slowdown 1.0,1.1,1.3]
                                      [--out bench/results/replay]
 
@@ -39,6 +40,10 @@ from pathlib import Path
 import airflow_gpu
 from airflow_gpu.scheduler_core.engine.cluster import synthetic_cluster
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.simulation.estimates import (
+    parse_estimate_error,
+    with_estimates,
+)
 from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
 from airflow_gpu.scheduler_core.simulation.trace import TraceJob, load_trace
 from airflow_gpu.scheduler_core.units import MAX_DURATION, parse_duration
@@ -54,8 +59,10 @@ DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "replay"
 HOST_GPUS = 8
 
 
-def load(name: str, traces: Path, limit: int | None) -> list[TraceJob]:
-    trace = load_trace(traces / f"{name}.csv", limit)
+def load(name: str, traces: Path, limit: int | None,
+         estimates: str = "exact") -> list[TraceJob]:
+    trace = with_estimates(load_trace(traces / f"{name}.csv", limit),
+                           parse_estimate_error(estimates))
     speedup = SETUPS[name][1]
     if speedup != 1.0:
         trace = [dataclasses.replace(t, submit=t.submit / speedup) for t in trace]
@@ -88,11 +95,12 @@ def offered_load(trace: list[TraceJob], gpus: int) -> dict:
 
 def run(task: tuple) -> dict:
     """One replay (in a worker process): (trace, label, policy fields, ...)."""
-    name, label, fields, traces, limit, slowdown, with_records = task
+    name, label, fields, (traces, limit, estimates), slowdown, with_records = task
     hosts = SETUPS[name][0]
     cluster = synthetic_cluster(hosts, "dgx-a100")
     policy = PolicyConfig(locality_slowdown=slowdown, **fields)
-    res = simulate(cluster, load(name, traces, limit), SimOptions(policy, slowdown))
+    res = simulate(cluster, load(name, traces, limit, estimates),
+                   SimOptions(policy, slowdown))
     out = {"trace": name, "label": label, "hosts": hosts, **res.metrics()}
     if with_records:
         out["_result"] = res
@@ -110,6 +118,8 @@ def main() -> int:
     ap.add_argument("--with", dest="variants", action="append", default=[],
                     metavar="FIELD=VALUE", help="also replay backfill with this policy field "
                     "changed (repeatable), e.g. --with age_weight=1")
+    ap.add_argument("--estimate-error", default="exact", help="what the scheduler is told "
+                    "of runtimes: exact, lognormal:SIGMA or limit:LO-HI (simulate's modes)")
     ap.add_argument("--jobs", type=int, default=1, help="replays run at once (processes)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args()
@@ -119,27 +129,26 @@ def main() -> int:
     if unknown:
         ap.error(f"--only: unknown trace {unknown[0]!r}; known: {', '.join(SETUPS)}")
     curve = [v.strip() for v in args.curve.split(",") if v.strip()]
+    src = (args.traces, args.limit, str(parse_estimate_error(args.estimate_error)))
     tasks = []
     for name in names:
         for policy in POLICIES:
-            tasks.append((name, policy, {"mode": policy}, args.traces, args.limit, slowdown,
-                          True))
+            tasks.append((name, policy, {"mode": policy}, src, slowdown, True))
         for variant in args.variants:
             field, _, value = variant.partition("=")
-            tasks.append((name, variant, {field: value}, args.traces, args.limit, slowdown,
-                          False))
+            tasks.append((name, variant, {field: value}, src, slowdown, False))
         for v in curve:
             seconds = math.inf if v == "inf" else parse_duration(v)
             # inf: never (the longest duration a policy takes, far past any trace)
             fields = {"reserve_after": MAX_DURATION if seconds == math.inf else seconds}
-            tasks.append((name, f"reserve_after={v}", fields, args.traces, args.limit,
-                          slowdown, False))
+            tasks.append((name, f"reserve_after={v}", fields, src, slowdown, False))
     args.out.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         runs = []
         for r in pool.map(run, tasks):
             print(f"{r['trace']:14s} {r['label']:22s} avg wait {fmt(r['avg_wait_s']):>9s}  "
-                  f"max wait {fmt(r['max_wait_s']):>9s}  replay {r['wall_s']:.1f}s", flush=True)
+                  f"max wait {fmt(r['max_wait_s']):>9s}  overrun stops {r['overrun_stops']:>4d}  "
+                  f"timeouts {r['timeouts']:>4d}  replay {r['wall_s']:.1f}s", flush=True)
             runs.append(r)
     loads = {}
     for name in names:
@@ -158,7 +167,8 @@ def main() -> int:
         "benchmark": "trace replay", "version": airflow_gpu.__version__,
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "machine": platform.machine(),
-        "locality_slowdown": slowdown, "limit": args.limit, "sizes": loads,
+        "locality_slowdown": slowdown, "limit": args.limit, "estimate_error": src[2],
+        "sizes": loads,
         "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in runs],
     }
     (args.out / "replay.json").write_text(json.dumps(report, indent=2))

@@ -95,6 +95,7 @@ def _slowdown(text: str) -> tuple[float, float, float]:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from ...scheduler_core.engine.cluster import load_cluster, synthetic_cluster
     from ...scheduler_core.policy.config import PolicyConfig, load_policy
+    from ...scheduler_core.simulation.estimates import parse_estimate_error, with_estimates
     from ...scheduler_core.simulation.simulator import SimOptions, simulate
     from ...scheduler_core.simulation.trace import load_trace
     from ...scheduler_core.units import parse_duration, parse_size
@@ -120,7 +121,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         checkpoint = parse_duration(args.checkpoint_interval)
     except ValueError as exc:
         raise InputError(f"--checkpoint-interval: {exc} (0: no checkpoints)") from None
-    trace = load_trace(args.trace, args.limit)
+    mode = parse_estimate_error(args.estimate_error)
+    trace = with_estimates(load_trace(args.trace, args.limit), mode)
     results = []
     for name in names:
         options = SimOptions(base.model_copy(update={"mode": name}), slowdown,
@@ -181,6 +183,10 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
             console.print(f"{m['policy']}: {m['hi_jobs']:,} high-priority jobs wait "
                           f"{format_duration(m['hi_avg_wait_s'])} on average, "
                           f"{format_duration(m['hi_p95_wait_s'])} at p95")
+        if m["timeouts"] or m["overrun_stops"]:
+            console.print(f"{m['policy']}: {m['timeouts']:,} jobs ended at their time limit "
+                          f"(timeout); {m['overrun_stops']:,} stops of backfilled jobs that "
+                          "overran their estimate into a reservation (requeued, run again)")
         if m["preemptions"] or m["borrowed_jobs"]:
             console.print(f"{m['policy']}: preemptions {m['preemptions']:,}, "
                           f"{m['lost_gpu_hours']:,.1f} GPU-hours lost "
@@ -237,6 +243,12 @@ def add_commands(sub) -> None:
                    help="runtime factor for one host (or NVLink domain), one "
                    "switch, across switches")
     s.add_argument("--limit", type=int, help="replay only the first N jobs")
+    s.add_argument("--estimate-error", default="exact", metavar="MODE",
+                   help="what the scheduler is told of runtimes where the trace has no "
+                        "expected_runtime or time_limit column: exact (the duration), "
+                        "lognormal:SIGMA (the duration x exp(SIGMA x z)) or limit:LO-HI (no "
+                        "estimate; a time limit of LO-HI x the duration, rounded up to the "
+                        "hour); derived from each job's id, the same every run"),
     s.add_argument("--checkpoint-interval", default="30m",
                    help="how often jobs checkpoint, where their job class does not say: "
                    "a preemption loses the work since the last one (0: no checkpoints)")

@@ -4,8 +4,9 @@ Events are job arrivals (the trace's submit times), job ends (start + work left 
 locality slowdown) and the stops of preempted jobs. At each distinct event time the
 ends and stops are applied, the arrivals submitted, and one scheduling pass runs: the
 same `Scheduler.schedule` as everywhere, which also decides every preemption and quota
-reclaim. Each job's planned runtime is its `expected_runtime` column, else its trace
-duration (users who know their runtimes; the slowdown is not known in advance). Time
+reclaim. Each job's planned runtime is its `expected_runtime` column, else its
+`time_limit`, else its trace duration (users who know their runtimes; the slowdown is not
+known in advance; `estimates.py` derives wrong ones). Time
 limits are enforced: a job still running at its own limit ends then plus its grace, as a
 job that ignores SIGTERM would (`timeout`).
 
@@ -154,9 +155,9 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             spec = (options.spec_of(t) if options.spec_of is not None else
                     job_spec(t, host_gpus, options.cpus_per_gpu, options.memory_per_gpu))
             try:
-                checkpoints(sched.submit(spec, now, t.expected_runtime or t.duration))
+                checkpoints(sched.submit(spec, now, t.planned))
                 ids[spec.name] = t.job_id
-                planned[spec.name] = t.expected_runtime or t.duration
+                planned[spec.name] = t.planned
                 work[spec.name] = t.duration
             except Rejected as exc:
                 records[t.job_id].rejected = exc.reason

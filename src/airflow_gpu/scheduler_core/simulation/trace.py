@@ -1,7 +1,10 @@
-"""Job traces: `job_id,submit_time,duration,num_gpus[,team,priority,job_class,expected_runtime]`.
+"""Job traces: `job_id,submit_time,duration,num_gpus[,team,priority,job_class,
+expected_runtime,time_limit]`.
 
-Times are seconds (`submit_time` since the trace's start). A bad line is an error that
-names the file, the line, the column, the value and the fix.
+Times are seconds (`submit_time` since the trace's start). `expected_runtime` is what the
+scheduler is told (an estimate: it never stops a job), `time_limit` a hard limit (a job
+still running at it ends `timeout`); where a job has neither, `estimates.py` derives them.
+A bad line is an error that names the file, the line, the column, the value and the fix.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from ..errors import InputError, utf8_text, validate
 from ..jobspec import JobSpec
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
-OPTIONAL = ("team", "priority", "job_class", "expected_runtime")
-FORM = "job_id,submit_time,duration,num_gpus[,team,priority,job_class,expected_runtime]"
+OPTIONAL = ("team", "priority", "job_class", "expected_runtime", "time_limit")
+FORM = ("job_id,submit_time,duration,num_gpus[,team,priority,job_class,expected_runtime,"
+        "time_limit]")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,13 @@ class TraceJob:
     job_class: str | None = None
     expected_runtime: float | None = None
     line: int = 0
+    time_limit: float | None = None
+
+    @property
+    def planned(self) -> float:
+        """The runtime the scheduler plans with: the estimate, else the limit (as Slurm
+        does), else the real duration."""
+        return self.expected_runtime or self.time_limit or self.duration
 
 
 def _number(raw: str, column: str, where: str, integer: bool = False,
@@ -106,14 +117,14 @@ def _row(row: list[str], col: dict[str, int], where: str, lineno: int,
             raise InputError(f"{where}: column '{name}' is empty")
         values[name] = _number(raw, name, where, integer, positive)
     priority = get("priority")
-    expected = get("expected_runtime")
+    expected, limit = get("expected_runtime"), get("time_limit")
     return TraceJob(
         job_id, values["submit_time"], values["duration"], int(values["num_gpus"]),
         get("team") or "default",
         int(_number(priority, "priority", where, integer=True)) if priority else 0,
         get("job_class"),
         _number(expected, "expected_runtime", where, positive=True) if expected else None,
-        lineno)
+        lineno, _number(limit, "time_limit", where, positive=True) if limit else None)
 
 
 def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int) -> JobSpec:
@@ -128,6 +139,7 @@ def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int
     if rest:
         roles.append(role("rest" if whole else "worker", 1, rest))
     name = t.job_id if t.job_id[0].isalnum() else f"job-{t.job_id}"
+    limit = {"time_limit": math.ceil(t.time_limit)} if t.time_limit else {}
     return validate(JobSpec, {"name": name, "team": t.team, "priority": t.priority,
-                              "job_class": t.job_class, "roles": roles},
+                              "job_class": t.job_class, "roles": roles, **limit},
                     f"trace line {t.line} (job {t.job_id!r})")
