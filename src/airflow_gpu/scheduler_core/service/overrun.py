@@ -34,8 +34,7 @@ def stop_overrunners(svc: Store, s: Session, now: datetime) -> list[str]:
         ran = _ts(now) - _ts(row.admitted_at) if row.admitted_at else 0.0
         why = (f"{OVERRAN}{f' of {format_duration(expected)}' if expected else ''} "
                f"(ran {format_duration(ran)}) into the reservation of job "
-               f"{row.limit_cut_by}, which it backfilled ahead of: sending {sig}, SIGKILL "
-               f"after {format_duration(grace)}")
+               f"{row.limit_cut_by}, which it backfilled ahead of")
         done = s.execute(_update(JobRow).where(
             JobRow.id == row.id, JobRow.state.in_(STOPPABLE),
             JobRow.attempt == row.attempt).values(
@@ -43,9 +42,10 @@ def stop_overrunners(svc: Store, s: Session, now: datetime) -> list[str]:
             preempt_deadline_at=datetime.fromtimestamp(_ts(now) + grace + SLACK, UTC),
             preempt_signal=sig, preempt_grace=grace))
         if done.rowcount == 1:
-            svc._event(s, "overrun", f"stopping: it {why}; it is requeued under the same id "
-                       "once its replicas have stopped (an estimate never ends a job; its "
-                       "own time_limit would)", job=row.id)
+            svc._event(s, "overrun", f"stopping: it {why}; sending {sig}, SIGKILL after "
+                       f"{format_duration(grace)}; it is requeued under the same id once its "
+                       "replicas have stopped (an estimate never ends a job; its own "
+                       "time_limit would)", job=row.id)
             stopping.append(row.id)
     return stopping
 

@@ -74,7 +74,7 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
            if forced else "its launcher stopped the replicas")
     who = (f"preempted by job {row.preempted_by}" if row.preempted_by else
            text.split(" (")[0] if asked else
-           text.split(": sending")[0] if overran else "idle GPUs")
+           text if overran else "idle GPUs")
     more, held = requeued_idle(svc, s, job_id, utcnow()) if reason == "idle" else ("", None)
     svc._event(s, "requeued", f"{who}: {how}; back in the queue under the same id "
                f"(admission {row.attempt} ended){more}", job=job_id)
