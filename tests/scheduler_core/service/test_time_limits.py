@@ -157,6 +157,17 @@ def test_a_backfilled_job_that_overruns_is_stopped_and_requeued_never_timed_out(
     assert "back in the queue under the same id" in requeued
 
 
+def test_a_backfilled_job_runs_on_past_its_yield_when_the_reserved_job_no_longer_waits(
+        client):
+    """big was cancelled: nothing needs small's host at its yield, so it is not stopped."""
+    a, big, small = backfilled(client)
+    assert client.delete(f"/api/v1/jobs/{big['id']}").status_code == 200
+    overran(client, small, a)
+    client.tick()
+    got = job(client, small["id"])
+    assert (got["state"], got["yield_at"], got["preempt_reason"]) == ("running", None, None)
+
+
 def test_raising_a_backfilled_jobs_limit_keeps_its_yield(client):
     """An admin may raise the limit of a job that backfills; its yield does not move."""
     _, _, small = backfilled(client)

@@ -2,8 +2,10 @@
 its expected runtime, to end before the reserved job starts; one still running then
 yields: it is stopped like a preempted job (its class's signal, and the grace it was
 admitted with, which the reserved job's promise counts) and requeued under the same id
-once its replicas have stopped (preemption.requeue). An estimate never ends a job
-`timeout`; only the job's own time_limit does (leases.py)."""
+once its replicas have stopped (preemption.requeue). Where the reserved job no longer
+waits (it was cancelled, or started elsewhere), nothing needs the resources: the job runs
+on. An estimate never ends a job `timeout`; only the job's own time_limit does
+(leases.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from ..jobclasses import preempt_options
 from ..jobspec import JobSpec
 from ..store.models import JobRow
 from ..units import format_duration
-from .common import SLACK, _ts, _update
+from .common import PENDING, SLACK, _ts, _update
 from .uow import Store
 
 OVERRAN = "overran its expected runtime"     # preempt_reason of such a stop (requeue)
@@ -29,6 +31,9 @@ def stop_overrunners(svc: Store, s: Session, now: datetime) -> list[str]:
     stopping = []
     for row in list(s.scalars(select(JobRow).where(
             JobRow.state.in_(STOPPABLE), JobRow.yield_at < now))):
+        if s.scalar(select(JobRow.state).where(JobRow.id == row.limit_cut_by)) != PENDING:
+            s.execute(_update(JobRow).where(JobRow.id == row.id).values(yield_at=None))
+            continue
         sig, expected = _signal_and_estimate(svc, row)
         grace = row.stop_grace or 0
         ran = _ts(now) - _ts(row.admitted_at) if row.admitted_at else 0.0
