@@ -13,12 +13,15 @@ import pytest
 import yaml
 
 from airflow_gpu.scheduler_core.errors import InputError
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.simulation.estimates import (
     parse_estimate_error,
     with_estimates,
 )
+from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
 from airflow_gpu.scheduler_core.simulation.trace import TraceJob, load_trace
 from tests.clirun import cli as run
+from tests.helpers import make_cluster
 
 TRACE = [TraceJob(f"j{i}", i * 60.0, 600.0 + 37 * i, 1 + i % 8) for i in range(2000)]
 CLUSTER = {"cluster": "one", "hosts": [{"name": "h0", "model": "dgx-a100"}]}
@@ -110,3 +113,18 @@ def test_simulate_reports_the_stops_of_overrunning_jobs(tmp_path):
     r = run(*args, "--estimate-error", "lognormal")
     assert r.returncode != 0 and "--estimate-error: 'lognormal'" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_a_backfilled_job_runs_on_when_the_job_it_would_yield_to_started_elsewhere():
+    """Two 8-GPU hosts: `a` (4 GPUs on h0, 1000 s) and `b` (h1, says 2000 s, ends at 300);
+    `big` (8 GPUs) is reserved on h0 from 1000; `liar` (says 100 s, runs 5000) backfills
+    on h0's other 4 GPUs. `b` ends early and `big` starts on h1 at 300: at 1000 nothing
+    needs liar's GPUs, so it runs on to its end, as the service lets it."""
+    cluster = make_cluster({"name": "h[0-1]", "model": "dgx-a100", "switch": "s1"})
+    trace = [TraceJob("a", 0, 1000, 4), TraceJob("b", 0, 300, 8, expected_runtime=2000),
+             TraceJob("big", 1, 500, 8), TraceJob("liar", 2, 5000, 4, expected_runtime=100)]
+    cfg = PolicyConfig(fairshare_weight=0, reserve_after=0, stop_grace=30)
+    got = {r.job_id: r for r in simulate(cluster, trace, SimOptions(cfg, (1, 1, 1))).records}
+    assert got["big"].start == 300
+    liar = got["liar"]
+    assert (liar.start, liar.end, liar.overrun_stops, liar.timeout) == (2, 5002, 0, False)

@@ -113,7 +113,8 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     planned: dict[str, float] = {}                # job name -> its planned runtime
     work: dict[str, float] = {}                   # job name -> work left (s at factor 1)
     runs: dict[str, Run] = {}                     # job name -> its current admission
-    yielding: dict[str, float] = {}               # job name -> when it yields (overrun)
+    # job name -> (when it yields, to which job, when it ends if it need not)
+    yielding: dict[str, tuple[float, str, float]] = {}
     preempt = options.policy.preemption
     # a pass when a job has run min_run_time: a job waiting may preempt it from then on
     # (only where something can preempt: extra passes would change other replays)
@@ -143,7 +144,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             left, lost = stop(run, now)
             work[name] = left
             rec.lost_gpu_s += run.gpus * lost
-            if yielding.pop(name, None) == run.signal:
+            if yielding.pop(name, (None,))[0] == run.signal:
                 rec.overrun_stops += 1
             else:
                 rec.preemptions += 1
@@ -195,10 +196,19 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             runs[job.name] = Run(now, factor, work[job.name], float(job.charge),
                                  min(end, hard_end), job.checkpoint_interval)
             if yields:
-                runs[job.name].signal = yielding[job.name] = done.cut[job.name][0]
+                at, by = done.cut[job.name]
+                runs[job.name].signal = at
+                yielding[job.name] = (at, by, min(end, now + job.limit + job.grace))
             events.push(min(end, hard_end), job.name)
             if min_run and now + min_run < min(end, hard_end):
                 events.wake(now + min_run)
+        for name, (at, by, free_end) in list(yielding.items()):
+            if at > now and by not in sched.queue:   # the reserved job started or left:
+                del yielding[name]                   # nothing needs it to yield (as the
+                runs[name].signal, runs[name].end = None, free_end         # service)
+                records[ids[name]].timeout = free_end < runs[name].start + \
+                    work[name] * runs[name].factor
+                events.push(free_end, name)
         result.times.append(now)
         if mig:      # MIG GPUs are never free whole: count the devices' shares held
             result.busy.append(sum(float(j.charge) for j in sched.running.values()))
