@@ -84,6 +84,31 @@ def requeued(reason: str, **more) -> dict:
                 **more)
 
 
+def stop_options(job_classes, policy, spec: dict, job_id: str
+                 ) -> tuple[JobSpec | None, str, float]:
+    """A stored job's spec, and the signal and grace its job class stops it with (the
+    requeues that no job asks for: `airflow-gpu requeue`, the idle policy, an overrun);
+    no spec, SIGTERM and the policy's stop_grace where the stored spec no longer reads."""
+    from ..jobclasses import preempt_options, stop_grace
+
+    try:
+        parsed = JobSpec.model_validate({**spec, "name": job_id})
+    except (ValueError, TypeError):
+        return None, "SIGTERM", float(policy.stop_grace)
+    grace = stop_grace(parsed, job_classes, policy.defaults)
+    _, sig, grace, _ = preempt_options(job_classes.get(parsed.job_class or ""), grace)
+    return parsed, sig, grace
+
+
+def stopping(why: str, sig: str, grace: float, now: datetime) -> dict:
+    """The columns of a live job told to stop with no preemptor (those requeues): its
+    launcher sends `sig`, SIGKILL `grace` seconds later, and SLACK seconds after that it
+    is requeued by force."""
+    return dict(state="preempting", preempted_by=None, preempt_reason=why,
+                preempt_deadline_at=datetime.fromtimestamp(_ts(now) + grace + SLACK, UTC),
+                preempt_signal=sig, preempt_grace=round(grace))
+
+
 def spec_gpus(spec: dict) -> float:
     """GPUs a stored spec is charged (whole GPUs plus MIG shares, quota.charged_gpus); 0
     for one it cannot read (an ended job's bad spec must not stop every pass while its

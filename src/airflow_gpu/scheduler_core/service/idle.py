@@ -16,14 +16,14 @@ holds has reported."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..store.models import GpuHoldRow, JobRow, UsageRow
 from ..units import format_duration
-from .common import SLACK, _ts, _update
+from .common import _ts, _update, stop_options, stopping
 
 
 @dataclass(frozen=True)
@@ -131,23 +131,12 @@ def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
             continue
         if rule.action != "requeue" or _ts(now) - _ts(job.idle_flagged_at) < rule.grace:
             continue
-        from ..jobclasses import preempt_options, stop_grace
-        from ..jobspec import JobSpec
-
-        try:
-            spec = JobSpec.model_validate(job.spec)
-            grace = stop_grace(spec, svc.reg.job_classes, svc._policy().defaults)
-            _, sig, grace, _ = preempt_options(svc.reg.job_classes.get(spec.job_class or ""),
-                                               grace)
-        except ValueError:
-            sig, grace = "SIGTERM", float(svc._policy().stop_grace)
+        _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), job.spec, job.id)
         why = (f"idle: its GPUs stayed under {rule.threshold:g} % utilization for "
                f"{format_duration(_ts(now) - _ts(since))} (idle policy action: requeue)")
         done = s.execute(_update(JobRow).where(
             JobRow.id == job.id, JobRow.state.in_(("admitted", "running"))).values(
-            state="preempting", preempted_by=None, preempt_reason=why,
-            preempt_deadline_at=datetime.fromtimestamp(_ts(now) + grace + SLACK, UTC),
-            preempt_signal=sig, preempt_grace=round(grace)))
+            **stopping(why, sig, grace, now)))
         if done.rowcount == 1:
             svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
                        "under the same id once its replicas have stopped", job=job.id)

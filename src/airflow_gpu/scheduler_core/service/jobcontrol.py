@@ -13,17 +13,27 @@ in the queue under the same id (preemption.requeue)."""
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from pydantic import ValidationError
 from sqlalchemy import or_, select
 
 from ..errors import InputError, describe_validation_error
-from ..jobclasses import preempt_options, resolve, stop_grace
+from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..store.models import JobRow
 from ..units import format_duration, parse_duration
-from .common import ENDED, LIVE, PENDING, SLACK, Principal, _ts, _update, utcnow
+from .common import (
+    ENDED,
+    LIVE,
+    PENDING,
+    Principal,
+    _ts,
+    _update,
+    stop_options,
+    stopping,
+    utcnow,
+)
 from .errors import Conflict, Forbidden, NotFound
 from .uow import Store
 
@@ -278,24 +288,14 @@ def requeue(svc: Store, job_id: str, who: Principal) -> JobRow:
     if row.state not in ("admitted", "running"):
         raise Conflict(f"job {job_id} is {row.state}; only an admitted or running job "
                        "can be requeued")
-    policy = svc._policy()
-    try:
-        spec = JobSpec.model_validate({**row.spec, "name": row.id})
-        grace = stop_grace(spec, svc.reg.job_classes, policy.defaults)
-        _, sig, grace, _ = preempt_options(svc.reg.job_classes.get(spec.job_class or ""),
-                                           grace)
-    except ValueError:
-        sig, grace = "SIGTERM", float(policy.stop_grace)
+    _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), row.spec, row.id)
     now = utcnow()
     why = (f"{REQUEUED}{'admin ' if who.admin else 'team '}{who.team} (airflow-gpu "
            f"requeue): sending {sig}, SIGKILL after {format_duration(grace)}")
     with svc.sessions.begin() as s:
         done = s.execute(_update(JobRow).where(
             JobRow.id == job_id, JobRow.state.in_(("admitted", "running")),
-            JobRow.attempt == row.attempt).values(
-            state="preempting", preempted_by=None, preempt_reason=why,
-            preempt_deadline_at=now + timedelta(seconds=grace + SLACK),
-            preempt_signal=sig, preempt_grace=round(grace)))
+            JobRow.attempt == row.attempt).values(**stopping(why, sig, grace, now)))
         if done.rowcount != 1:
             raise Conflict(f"job {job_id} is {s.get(JobRow, job_id).state} now; only an "
                            "admitted or running job can be requeued")

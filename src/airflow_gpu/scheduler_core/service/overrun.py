@@ -9,16 +9,14 @@ on. An estimate never ends a job `timeout`; only the job's own time_limit does
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..jobclasses import preempt_options
-from ..jobspec import JobSpec
 from ..store.models import JobRow
 from ..units import format_duration
-from .common import PENDING, SLACK, _ts, _update
+from .common import PENDING, _ts, _update, stop_options, stopping
 from .uow import Store
 
 OVERRAN = "overran its expected runtime"     # preempt_reason of such a stop (requeue)
@@ -28,39 +26,27 @@ STOPPABLE = ("admitted", "running")
 def stop_overrunners(svc: Store, s: Session, now: datetime) -> list[str]:
     """Start stopping the live jobs past their yield (in the lease check's fenced
     transaction `s`); returns them."""
-    stopping = []
+    stopped = []
     for row in list(s.scalars(select(JobRow).where(
             JobRow.state.in_(STOPPABLE), JobRow.yield_at < now))):
         if s.scalar(select(JobRow.state).where(JobRow.id == row.limit_cut_by)) != PENDING:
             s.execute(_update(JobRow).where(JobRow.id == row.id).values(yield_at=None))
             continue
-        sig, expected = _signal_and_estimate(svc, row)
-        grace = row.stop_grace or 0
+        spec, sig, _ = stop_options(svc.reg.job_classes, svc._policy(), row.spec, row.id)
+        expected = spec.expected_runtime if spec else None
+        grace = row.stop_grace or 0      # what the reserved job's promise counted
         ran = _ts(now) - _ts(row.admitted_at) if row.admitted_at else 0.0
         why = (f"{OVERRAN}{f' of {format_duration(expected)}' if expected else ''} "
                f"(ran {format_duration(ran)}) into the reservation of job "
                f"{row.limit_cut_by}, which it backfilled ahead of")
         done = s.execute(_update(JobRow).where(
             JobRow.id == row.id, JobRow.state.in_(STOPPABLE),
-            JobRow.attempt == row.attempt).values(
-            state="preempting", preempted_by=None, preempt_reason=why,
-            preempt_deadline_at=datetime.fromtimestamp(_ts(now) + grace + SLACK, UTC),
-            preempt_signal=sig, preempt_grace=grace))
+            JobRow.attempt == row.attempt).values(**stopping(why, sig, grace, now)))
         if done.rowcount == 1:
             svc._event(s, "overrun", f"stopping: it {why}; sending {sig}, SIGKILL after "
                        f"{format_duration(grace)}; it is requeued under the same id once its "
                        "replicas have stopped (an estimate never ends a job; its own "
                        "time_limit would)", job=row.id)
-            stopping.append(row.id)
-    return stopping
+            stopped.append(row.id)
+    return stopped
 
-
-def _signal_and_estimate(svc: Store, row: JobRow) -> tuple[str, float | None]:
-    """The job class's preemption signal and the job's expected runtime (SIGTERM and
-    none where the stored spec no longer reads: bad data must not stop the stop)."""
-    try:
-        spec = JobSpec.model_validate({**row.spec, "name": row.id})
-    except (ValueError, TypeError):
-        return "SIGTERM", None
-    jc = svc.reg.job_classes.get(spec.job_class or "")
-    return preempt_options(jc, float(row.stop_grace or 0))[1], spec.expected_runtime

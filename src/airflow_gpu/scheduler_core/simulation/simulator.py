@@ -205,9 +205,9 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
         for name, (at, by, free_end) in list(yielding.items()):
             if at > now and by not in sched.queue:   # the reserved job started or left:
                 del yielding[name]                   # nothing needs it to yield (as the
-                runs[name].signal, runs[name].end = None, free_end         # service)
-                records[ids[name]].timeout = free_end < runs[name].start + \
-                    work[name] * runs[name].factor
+                run = runs[name]                     # service)
+                run.signal, run.end = None, free_end
+                records[ids[name]].timeout = free_end < run.start + run.work * run.factor
                 events.push(free_end, name)
         result.times.append(now)
         if mig:      # MIG GPUs are never free whole: count the devices' shares held
