@@ -8,6 +8,7 @@ four declared GPUs), and AIRFLOW_GPU_LOCAL_HOST=host-1 names this machine in it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -31,23 +32,33 @@ LEASE = 4.0          # seconds: the commands below outlive it several times
 SMALL = ("--memory", "64MiB", "--poll-interval", "0.2")
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("run-cli")
+@contextlib.contextmanager
+def run_server(tmp: Path, lease: float, *args: str):
+    """A real server (SQLite, its log in `tmp`) on one host, `host-1`, that is this
+    machine: an admin client, and the environment `run` needs (team ml's token)."""
     cluster = tmp / "cluster.yaml"
     cluster.write_text(yaml.safe_dump({"cluster": "run", "hosts": [
         {"name": "host-1", "model": str(machine_model(tmp / "this-machine.yaml")),
          "rack": "r1", "switch": "s1"}]}))
     db = f"sqlite:///{tmp}/scheduler.db"
-    srv = Server(db, cluster, lease_ttl=LEASE, log=tmp / "server.log", interval=0.2)
+    srv = Server(db, cluster, lease_ttl=lease, log=tmp / "server.log", interval=0.2,
+                 args=args)
     admin = httpx.Client(base_url=srv.url, timeout=10, headers={
         "Authorization": f"Bearer {create_token(db, 'ops', '--admin')}"})
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__GPU_SCHEDULER")}
     env.update(AIRFLOW_GPU_URL=srv.url, AIRFLOW_GPU_TOKEN=create_token(db, "ml"),
                AIRFLOW_GPU_LOCAL_HOST="host-1", PYTHONPATH=str(REPO))
-    yield {"env": env, "admin": admin, "tmp": tmp}
-    admin.close()
-    srv.stop()
+    try:
+        yield {"env": env, "admin": admin, "tmp": tmp, "log": tmp / "server.log"}
+    finally:
+        admin.close()
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with run_server(tmp_path_factory.mktemp("run-cli"), LEASE) as srv:
+        yield srv
 
 
 def job(server, job_id: str) -> dict:

@@ -9,14 +9,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import httpx
 import pytest
-import yaml
 
-from tests.e2e.conftest import create_token, machine_model
 from tests.helpers import REPO, until
-from tests.launch.test_run_cli import SMALL
-from tests.servers import Server
+from tests.launch.test_run_cli import SMALL, run_server
 
 LIAR = ('echo attempt $AIRFLOW_GPU_ATTEMPT $AIRFLOW_GPU_REQUEUE_REASON; '
         '[ "$AIRFLOW_GPU_RESTARTED" = 1 ] && exit 0; exec sleep 300')
@@ -24,23 +20,10 @@ LIAR = ('echo attempt $AIRFLOW_GPU_ATTEMPT $AIRFLOW_GPU_REQUEUE_REASON; '
 
 @pytest.fixture
 def server(tmp_path):
-    cluster = tmp_path / "cluster.yaml"
-    cluster.write_text(yaml.safe_dump({"cluster": "run", "hosts": [
-        {"name": "host-1", "model": str(machine_model(tmp_path / "this-machine.yaml")),
-         "rack": "r1", "switch": "s1"}]}))
     policy = tmp_path / "policy.yaml"
     policy.write_text("reserve_after: 0\nstop_grace: 5\n")
-    db = f"sqlite:///{tmp_path}/scheduler.db"
-    srv = Server(db, cluster, lease_ttl=10, log=tmp_path / "server.log", interval=0.2,
-                 args=("--policy-file", str(policy)))
-    admin = httpx.Client(base_url=srv.url, timeout=10, headers={
-        "Authorization": f"Bearer {create_token(db, 'ops', '--admin')}"})
-    env = {"PATH": "/usr/bin:/bin", "AIRFLOW_GPU_URL": srv.url,
-           "AIRFLOW_GPU_TOKEN": create_token(db, "ml"), "AIRFLOW_GPU_LOCAL_HOST": "host-1",
-           "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
-    yield {"env": env, "admin": admin, "tmp": tmp_path, "log": tmp_path / "server.log"}
-    admin.close()
-    srv.stop()
+    with run_server(tmp_path, 10, "--policy-file", str(policy)) as srv:
+        yield srv
 
 
 def start(server, name: str, *args: str) -> subprocess.Popen:
