@@ -239,8 +239,10 @@ def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
     requeued (as the service and the simulator do); admitted again, they run as planned
     unless backfilled again. Returns [first start, end, backfilled] per job name, the
     protected reservations' first starts, and the jobs that were backfilled."""
+    # the jobs here run as planned: learning from their runtimes would feed each plan back
+    # into the next (test_correction.py replays real runtimes with learning on)
     cfg = PolicyConfig(fairshare_weight=0, locality_slowdown=slowdown, learn_slowdown=False,
-                       reserve_after=0, stop_grace=grace)
+                       correct_estimates="off", reserve_after=0, stop_grace=grace)
     s = Scheduler(ClusterState(cluster), cfg)
     host_gpus = cluster.max_host_gpus
     trace = sorted(trace, key=lambda t: t.submit)

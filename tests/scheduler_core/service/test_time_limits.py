@@ -127,8 +127,13 @@ def test_a_backfilled_job_that_overruns_is_stopped_and_requeued_never_timed_out(
         client, launcher):
     """Past its expected runtime into big's reservation, small gets its class's signal and
     its grace, then goes back to the queue under the same id (its launcher confirms the
-    stop, or the grace passes); big starts on the GPUs; nothing ends `timeout`."""
+    stop, or the grace passes), behind big even where it was submitted first; big starts
+    on the GPUs; nothing ends `timeout`."""
     a, big, small = backfilled(client)
+    with client.service.sessions.begin() as s:     # small the older job: it still queues
+        big_at = s.get(JobRow, big["id"]).submitted_at    # behind big once it overran
+        s.execute(update(JobRow).where(JobRow.id == small["id"]).values(
+            submitted_at=big_at - timedelta(hours=1)))
     overran(client, small, a)
     assert client.tick() == []                   # small still holds its host: stopping
     got = job(client, small["id"])
@@ -149,6 +154,8 @@ def test_a_backfilled_job_that_overruns_is_stopped_and_requeued_never_timed_out(
     got = job(client, small["id"])
     assert (got["state"], got["requeue_reason"], got["yield_at"]) == (
         "pending", "overrun", None)
+    with client.service.sessions.begin() as s:
+        assert s.get(JobRow, small["id"]).queued_at > big_at
     events = client.get(f"/api/v1/jobs/{small['id']}/explain").json()["events"]
     kinds = [e["kind"] for e in events]
     assert "timeout" not in kinds and kinds.count("overrun") == 1

@@ -7,6 +7,7 @@ import argparse
 import json
 from typing import Any
 
+from rich.console import Group
 from rich.table import Table
 
 from ...scheduler_core.errors import InputError
@@ -133,7 +134,18 @@ def _slowdown_table(d: dict) -> Table:
                   " / ".join(str(x["samples"]) for x in c["tiers"]))
     t.caption = ("learned from jobs that ran to their end" if d["learn"] else
                  "learning is off (learn_slowdown: false)")
-    return t
+    e = Table(title="Estimate factors (planned runtime = the job's runtime x factor)",
+              title_justify="left")
+    for col in ("team", "runtime from", "samples", "factor"):
+        e.add_column(col, justify="left" if col in ("team", "runtime from") else "right")
+    for x in d.get("estimates", []):
+        e.add_row(x["team"], "time_limit" if x["source"] == "limit" else "expected_runtime",
+                  str(x["samples"]), f"{x['factor']:g}")
+    mode = d.get("correct_estimates", "off")
+    e.caption = ("correction is off (correct_estimates: off)" if mode == "off" else
+                 f"correct_estimates: {mode}, the {d['estimate_quantile']:g} quantile of each "
+                 "team's ratios of actual to given runtime")
+    return Group(t, e)
 
 
 # -- the parsers ---------------------------------------------------------------------------

@@ -196,6 +196,12 @@ class PolicyConfig(_Spec):
         (1.0, 1.1, 1.3), description="runtime factor on one host, one switch, across switches")
     learn_slowdown: bool = Field(True, description="learn the slowdown per job class from "
                                  "the runtimes of ended jobs")
+    correct_estimates: Literal["off", "up", "both"] = Field(
+        "up", description="plan each job with its runtime times its team's observed ratio "
+        "of actual to estimated runtime: up (only teams that overrun), both, or off")
+    estimate_quantile: float = Field(
+        0.8, ge=0.5, le=0.99, description="the quantile of a team's observed ratios planned "
+        "with (0.5: their mean; higher: fewer jobs overrun their plan)")
     reservation_depth: int = Field(16, ge=0, le=10_000,
                                    description="at most this many reservations per pass: "
                                    "protected jobs and jobs waiting for locality")

@@ -218,7 +218,7 @@ class Pass:
         self.s._start(job, placed.allocations, self.now, deadline)
         self.result.started.append((job, placed))
         if cut < self.now + job.limit:
-            self.result.cut[job.name] = (cut, by)
+            self.result.cut[job.name] = self.s.yields[job.name] = (cut, by)
 
     def claimant(self, name: str) -> None:
         """A job that preempted others earlier: it starts if it can, else waits for its

@@ -16,6 +16,7 @@ from ..jobclasses import preempt_options, resolve, stop_grace
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from .config import FairShare, PolicyConfig
+from .correction import EstimateCorrection, source
 from .jobqueue import JobQueue
 from .onepass import Pass, PassResult
 from .quota import Quotas, need, over_quota
@@ -53,8 +54,9 @@ class Scheduler:
         self.queue = JobQueue(self.config.age_weight, self.config.size_weight
                               if self.config.mode == "backfill" else 0.0)
         self.fairshare = FairShare(self.config, now)
-        self.timemodel = timemodel or LocalityModel(self.config.locality_slowdown,
-                                                    self.config.learn_slowdown)
+        self.timemodel = timemodel or LocalityModel(
+            self.config.locality_slowdown, self.config.learn_slowdown,
+            EstimateCorrection(self.config.correct_estimates, self.config.estimate_quantile))
         self.running: dict[str, QueuedJob] = {}
         self.quotas = Quotas(self.config)       # what each team holds, against its quota
         self.stopping: dict[str, str] = {}      # preempted job -> the job it stops for
@@ -62,6 +64,8 @@ class Scheduler:
         # protected job -> the earliest start its reservations promised: what backfilled
         # jobs' limits are cut to, so that none can delay it beyond its grace
         self.promised: dict[str, float] = {}
+        # backfilled job -> (when it yields, the reserved job it yields to): see requeue
+        self.yields: dict[str, tuple[float, str]] = {}
         self._seq = 0
         self._empty = state.empty_like()
         self._never: dict[tuple, str | None] = {}
@@ -121,25 +125,37 @@ class Scheduler:
 
     def requeue(self, name: str, now: float, runtime: float | None = None) -> QueuedJob:
         """A preempted job has stopped: its resources return and it is queued again under
-        the same name and submit time (`runtime`: the work it has left)."""
+        the same name and submit time (`runtime`: the work it has left). One stopped
+        because it overran into a reservation queues behind the job it yielded to and
+        every protected job: with its old submit time it could be the oldest job, be
+        protected first and take back the resources their promises count on (the service
+        does the same with queued_at: preemption.behind_reserved)."""
         job = self.running[name]
         by = self.stopping.pop(name, None)
+        at, reserved = self.yields.get(name, (math.inf, ""))
         self.finish(name, now)
-        again = self._make(job.spec, job.submit, job.runtime if runtime is None else runtime)
+        submit = job.submit
+        if now >= at:        # the new seq puts it after a job of the same submit time
+            submit = max([submit] + [self.queue.jobs[n].submit for n in
+                                     (reserved, *self.promised) if n in self.queue])
+        again = self._make(job.spec, submit, job.estimate if runtime is None else runtime)
         again.preempted_by = job.preempted_by | ({by} if by else set())
         self.queue.add(again)
         return again
 
     def _make(self, spec: JobSpec, submit: float, runtime: float | None) -> QueuedJob:
         """A resolved spec as a queue entry; the runtime defaults to the spec's (or its
-        class's), else the policy's."""
+        class's), else the policy's, and is planned times its team's estimate factor
+        (correction.py), never past its time limit."""
         jc = self.reg.job_classes.get(spec.job_class or "")
         if runtime is None:
             runtime = planned_runtime(spec, self.config)
         limit = float(spec.time_limit or math.inf)
-        job = self.queue.make(spec, submit, self._seq, min(float(runtime), limit),
+        factor = self.timemodel.estimates.factor(
+            spec.team, source(spec.expected_runtime, spec.time_limit))
+        job = self.queue.make(spec, submit, self._seq, min(float(runtime) * factor, limit),
                               jc.priority_weight if jc else 0)
-        job.limit = limit
+        job.estimate, job.limit = float(runtime), limit
         job.grace = float(stop_grace(spec, self.reg.job_classes, self.config.defaults))
         (job.preemptible, job.preempt_signal, job.preempt_grace,
          job.checkpoint_interval) = preempt_options(jc, job.grace)
@@ -175,6 +191,7 @@ class Scheduler:
         self.promised.pop(name, None)
         self.claims.pop(name, None)
         self.stopping.pop(name, None)
+        self.yields.pop(name, None)
         if name in self.queue:
             self.queue.remove(name)
             if any(r.job.name == name for r in self._planned[2]):
@@ -186,8 +203,10 @@ class Scheduler:
             # earlier than planned, or later (overdue): then earlier than re-estimated
             self.state.epoch += 1
         if completed:
-            self.timemodel.observe(job.job_class, tier_of(self.state.allocations[name]),
-                                   job.runtime, now - self.state.started[name])
+            self.timemodel.observe_run(
+                job.job_class, job.team, source(job.spec.expected_runtime, job.spec.time_limit),
+                tier_of(self.state.allocations[name]), job.estimate,
+                now - self.state.started[name])
         self.state.release(name)
         self.quotas.add(job, -1)
         self.fairshare.add(job.team, -float(job.charge), now)

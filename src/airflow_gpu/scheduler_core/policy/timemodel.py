@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 from ..engine.cluster import TIERS
+from .correction import EstimateCorrection
 
 _PRIOR = 8.0          # samples the policy's factor is worth
 _MIN_RATIO, _MAX_RATIO = 0.01, 100.0   # an observed ratio outside this is not a runtime
@@ -45,17 +46,25 @@ class _Samples:
 class LocalityModel:
     """Slowdown factors per job class and tier: the policy's, learned from observations."""
 
-    def __init__(self, defaults: tuple[float, float, float], learn: bool = True):
+    def __init__(self, defaults: tuple[float, float, float], learn: bool = True,
+                 estimates: EstimateCorrection | None = None):
         self.defaults = _monotone(defaults)
         self.learn = learn
+        # the teams' estimate factors (correction.py), learned from the same ended jobs
+        self.estimates = estimates or EstimateCorrection()
         self._obs: dict[str, list[_Samples]] = {}
         self._cache: dict[str, tuple[float, float, float]] = {}
-        self.version = 0      # counts changes of any factor: plans made before are stale
+        self._version = 0
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """Changes with any factor (locality or estimates): plans made before are stale."""
+        return self._version, self.estimates.version
 
     def copy(self) -> LocalityModel:
-        out = LocalityModel(self.defaults, self.learn)
+        out = LocalityModel(self.defaults, self.learn, self.estimates.copy())
         out._obs = {k: [_Samples(x.n, x.log_sum) for x in v] for k, v in self._obs.items()}
-        out.version = self.version
+        out._version = self._version
         return out
 
     def observe(self, job_class: str | None, tier: int, estimate: float,
@@ -72,7 +81,15 @@ class LocalityModel:
         self._obs.setdefault(key, [_Samples(), _Samples(), _Samples()])[tier].add(ratio)
         self._cache.pop(key, None)
         if self.factors(key) != before:
-            self.version += 1
+            self._version += 1
+
+    def observe_run(self, job_class: str | None, team: str, src: str, tier: int,
+                    estimate: float, actual: float) -> None:
+        """A job ran to its end: its team's estimate factor learns from its runtime with
+        the placement's slowdown taken out, the slowdown from its runtime."""
+        if actual > 0:
+            self.estimates.observe(team, src, estimate, actual / self.factors(job_class)[tier])
+        self.observe(job_class, tier, estimate, actual)
 
     def factors(self, job_class: str | None = None) -> tuple[float, float, float]:
         """The factors planned with for jobs of `job_class` (one host first: always 1)."""

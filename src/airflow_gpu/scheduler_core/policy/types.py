@@ -26,13 +26,14 @@ class QueuedJob:
     spec: JobSpec            # with its job class applied
     submit: float
     seq: int
-    runtime: float           # expected runtime on one host, seconds
+    runtime: float           # planned runtime on one host, seconds (corrected estimate)
     base: float              # the business band: priority + class weight
     needs: list[Need]
     shape: tuple
     gpus: int = 0            # GPUs of the whole gang
     charge: float = 0        # GPUs charged (quotas, fair share): gpus + MIG shares
     size: float = 0.0        # size factor (0..1)
+    estimate: float = 0.0    # its runtime as given, before correction.py's factor
     limit: float = math.inf  # its time limit, seconds (inf: none)
     grace: float = 0.0       # seconds from SIGTERM to SIGKILL at the limit
     cpus: int = 0            # logical CPUs of the whole gang (team quotas)
@@ -82,6 +83,7 @@ class SchedulerView(Protocol):
     quotas: Any                         # quota.Quotas
     running: dict[str, QueuedJob]
     stopping: dict[str, str]
+    yields: dict[str, tuple[float, str]]
     claims: dict[str, list[str]]
     promised: dict[str, float]
     reuse_reservations: bool

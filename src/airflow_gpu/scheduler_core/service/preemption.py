@@ -6,7 +6,7 @@ confirms is overruled once the grace and some slack have passed."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -57,16 +57,17 @@ def broken_guarantee(row: JobRow, why: Pending) -> Pending:
 
 def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -> bool:
     """A preempting job back to the queue under the same id, its resources released."""
-    row = s.execute(select(JobRow.preempted_by, JobRow.attempt, JobRow.preempt_reason)
-                    .where(JobRow.id == job_id)).first()
+    row = s.execute(select(JobRow.preempted_by, JobRow.attempt, JobRow.preempt_reason,
+                           JobRow.limit_cut_by).where(JobRow.id == job_id)).first()
     # no preemptor: `airflow-gpu requeue` (jobcontrol.py) or the idle-GPU policy (idle.py)
     text = row.preempt_reason or ""
     asked, overran = text.startswith(REQUEUED), text.startswith(OVERRAN)
     reason = ("preempted" if row.preempted_by else "requeued" if asked else
               "overrun" if overran else "idle")
+    more = behind_reserved(s, job_id, row.limit_cut_by) if overran else {}
     done = s.execute(_update(JobRow).where(
         JobRow.id == job_id, JobRow.state == "preempting", *where).values(
-        **requeued(reason)))
+        **requeued(reason, **more)))
     if done.rowcount != 1:
         return False
     svc._release(s, job_id)
@@ -81,6 +82,22 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
     if held:
         svc._event(s, "held", held, job=job_id)
     return True
+
+
+def behind_reserved(s: Session, job_id: str, reserved: str | None) -> dict:
+    """An overrunner goes back to the queue behind the job it yielded to and every
+    protected job (pending with a promise): with its own age it could be the oldest job,
+    be protected first and take back the resources their promises count on (as the
+    engine's Scheduler.requeue)."""
+    own = s.execute(select(JobRow.queued_at, JobRow.submitted_at)
+                    .where(JobRow.id == job_id)).first()
+    ahead = s.execute(select(JobRow.queued_at, JobRow.submitted_at).where(
+        JobRow.state == PENDING, JobRow.id != job_id,
+        (JobRow.id == (reserved or "")) | JobRow.promised_at.is_not(None))).all()
+    latest = max((r.queued_at or r.submitted_at for r in ahead), default=None)
+    if latest is None or (own.queued_at or own.submitted_at) > latest:
+        return {}
+    return {"queued_at": latest + timedelta(milliseconds=1)}
 
 
 def stopped(svc: Store, job_id: str, attempt: int | None) -> JobRow:

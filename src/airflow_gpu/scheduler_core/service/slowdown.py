@@ -1,4 +1,5 @@
-"""The locality slowdown the service plans with, learned from the jobs that succeeded.
+"""The locality slowdown and the teams' estimate factors the service plans with, learned
+from the jobs that succeeded.
 
 The service knows each job's placement (its allocation rows) and its actual runtime
 (admitted to finished). Every pass reads the jobs that succeeded since the last one (a
@@ -23,6 +24,7 @@ from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..plugins import Registry
 from ..policy.config import PolicyConfig
+from ..policy.correction import EstimateCorrection, source
 from ..policy.scheduler import planned_runtime
 from ..policy.timemodel import LocalityModel
 from ..store.models import AllocationRow, JobRow
@@ -42,11 +44,14 @@ class LearnedSlowdown:
     def update(self, s: Session, policy: PolicyConfig, cluster: Cluster) -> LocalityModel:
         """A copy of the model with every job that succeeded since the last call."""
         with self._lock:
-            key = (policy.locality_slowdown, policy.learn_slowdown, policy.default_runtime)
+            key = (policy.locality_slowdown, policy.learn_slowdown, policy.default_runtime,
+                   policy.correct_estimates, policy.estimate_quantile)
             if key != self._key:
                 self._key, self._mark = key, None
-                self.model = LocalityModel(policy.locality_slowdown, policy.learn_slowdown)
-            if not policy.learn_slowdown:
+                self.model = LocalityModel(policy.locality_slowdown, policy.learn_slowdown,
+                                           EstimateCorrection(policy.correct_estimates,
+                                                              policy.estimate_quantile))
+            if not policy.learn_slowdown and policy.correct_estimates == "off":
                 return self.model.copy()
             q = (select(JobRow.id, JobRow.spec, JobRow.admitted_at, JobRow.finished_at)
                  .where(JobRow.state == "succeeded", JobRow.attempt <= 1,
@@ -79,11 +84,15 @@ class LearnedSlowdown:
         except (InputError, ValidationError):   # its class or spec format is gone
             return
         tier = tier_of_hosts(cluster.by_name[h] for h in hosts)
-        self.model.observe(resolved.job_class, tier, planned_runtime(resolved, policy), actual)
+        self.model.observe_run(resolved.job_class, resolved.team,
+                               source(resolved.expected_runtime, resolved.time_limit), tier,
+                               planned_runtime(resolved, policy), actual)
 
     def report(self) -> dict:
         """What the passes plan with: the policy's factors and, per job class, the learned."""
         with self._lock:
             m = self.model
             return {"tiers": list(TIERS), "default": list(m.defaults), "learn": m.learn,
-                    "classes": m.report()}
+                    "classes": m.report(), "correct_estimates": m.estimates.mode,
+                    "estimate_quantile": m.estimates.quantile,
+                    "estimates": m.estimates.report()}
