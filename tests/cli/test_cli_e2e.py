@@ -68,6 +68,7 @@ def test_cli_against_a_running_server(server, tmp_path):
     slowdown = cli("slowdown", env=env)
     assert slowdown.returncode == 0 and "(policy)" in slowdown.stdout
     assert "1.1" in slowdown.stdout and "one switch" in slowdown.stdout
+    assert "Estimate factors" in slowdown.stdout and "correct_estimates: up" in slowdown.stdout
     assert json.loads(cli("slowdown", "--json", env=env).stdout)["default"] == [1.0, 1.1, 1.3]
 
     out = cli("drain", "dgx-1", env=env)

@@ -14,6 +14,7 @@ from airflow_gpu.scheduler_core.engine.state import ClusterState
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.policy.correction import EstimateCorrection, source
 from airflow_gpu.scheduler_core.policy.scheduler import Scheduler
+from airflow_gpu.scheduler_core.policy.timemodel import LocalityModel
 from airflow_gpu.scheduler_core.simulation.simulator import SimOptions, simulate
 from airflow_gpu.scheduler_core.simulation.trace import TraceJob
 from tests.helpers import job, make_cluster
@@ -82,6 +83,18 @@ def test_the_scheduler_plans_a_teams_jobs_with_its_learned_factor():
     off = Scheduler(ClusterState(make_cluster(ONE["hosts"][0])),
                     PolicyConfig(correct_estimates="off"))
     assert off.timemodel.estimates.factor("liars", "estimate") == 1.0
+
+
+def test_a_spread_gang_teaches_the_slowdown_not_the_teams_estimates():
+    """A gang across switches that ran 1.5x its estimate: placement or a short estimate?
+    Counted as both it would be planned long twice; it teaches the slowdown only."""
+    m = LocalityModel((1.0, 1.1, 1.3), True, EstimateCorrection("up", 0.5))
+    for _ in range(100):
+        m.observe_run(None, "vision", "estimate", 2, 1000, 1500)
+    assert m.estimates.factor("vision", "estimate") == 1.0 and m.factors()[2] > 1.4
+    for _ in range(100):      # on one host, a long run is the estimate's
+        m.observe_run(None, "vision", "estimate", 0, 1000, 1500)
+    assert m.estimates.factor("vision", "estimate") == pytest.approx(1.5, rel=0.05)
 
 
 def test_source_tells_a_limit_from_an_estimate():

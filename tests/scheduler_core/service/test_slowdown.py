@@ -52,6 +52,25 @@ def test_the_slowdown_is_learned_from_ended_jobs_and_planned_with(api):
     assert api.tick() == []
     why = api.get(f"/api/v1/jobs/{waiting['id']}/explain", headers=auth(api, "nlp")).json()
     assert why["eta_seconds"] == pytest.approx(HOUR * switch["factor"], abs=30)
+    # the spread jobs' longer runs taught the slowdown, not vision's estimates: its one-host
+    # jobs ran as declared
+    assert view["correct_estimates"] == "up"
+    assert view["estimates"] == [{"team": "vision", "source": "estimate", "samples": 8,
+                                  "factor": 1.0}]
+
+
+def test_a_team_that_runs_longer_than_it_declares_is_planned_longer(api):
+    for i in range(6):         # nlp's one-host jobs say 1h and run 3h
+        run_to_end(api, "nlp", spec(f"long-{i}", 8), 3.0)
+    [nlp] = api.get("/api/v1/slowdown", headers=auth(api, "nlp")).json()["estimates"]
+    assert (nlp["team"], nlp["samples"]) == ("nlp", 6) and nlp["factor"] > 1.5
+    # its next job holds both hosts; a vision job waits for as long as nlp really runs
+    big = submit(api, "nlp", spec("big", 16)).json()
+    assert api.tick() == [big["id"]]
+    waiting = submit(api, "vision", spec("next", 8)).json()
+    assert api.tick() == []
+    why = api.get(f"/api/v1/jobs/{waiting['id']}/explain", headers=auth(api, "vision")).json()
+    assert why["eta_seconds"] == pytest.approx(HOUR * 1.1 * nlp["factor"], abs=30)
 
 
 def test_learning_can_be_turned_off(api):

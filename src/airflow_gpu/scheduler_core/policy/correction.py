@@ -5,9 +5,10 @@ backfilled sooner. As in Tsafrir, Etsion and Feitelson ("Backfilling using
 system-generated predictions rather than user runtime estimates", IEEE TPDS 2007), the
 planner does not take a runtime at its word: it plans a job with its estimate times its
 team's observed ratio of actual to estimated runtime, learned from the team's jobs that
-ran to their end. A team that under-declares is planned as long as it really runs (so
-under-declaring buys neither backfill nor the size factor's head start), and honest teams
-are not charged for it.
+ran to their end on one host or one NVLink domain (where placement does not slow a job:
+the locality model, timemodel.py, learns what spreading costs). A team that
+under-declares is planned as long as it really runs (so under-declaring buys neither
+backfill nor the size factor's head start), and honest teams are not charged for it.
 
 Ratios are kept per team and per source of the runtime: an `expected_runtime` (or the
 policy's default) and a `time_limit` alone (Slurm users' limits, mostly far too long)
@@ -79,7 +80,7 @@ class EstimateCorrection:
 
     def observe(self, team: str, src: str, estimate: float, actual: float) -> None:
         """A job of `team` planned (before any correction) for `estimate` seconds ran for
-        `actual` seconds, its placement's slowdown taken out."""
+        `actual` seconds where placement did not slow it."""
         if self.mode == "off" or estimate <= 0 or actual <= 0:
             return
         ratio = actual / estimate

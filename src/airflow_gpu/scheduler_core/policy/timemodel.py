@@ -85,10 +85,12 @@ class LocalityModel:
 
     def observe_run(self, job_class: str | None, team: str, src: str, tier: int,
                     estimate: float, actual: float) -> None:
-        """A job ran to its end: its team's estimate factor learns from its runtime with
-        the placement's slowdown taken out, the slowdown from its runtime."""
-        if actual > 0:
-            self.estimates.observe(team, src, estimate, actual / self.factors(job_class)[tier])
+        """A job ran to its end: the slowdown of its class learns from its runtime, and
+        its team's estimate factor too where no slowdown can be in it (one host or one
+        NVLink domain): a gang over hosts that ran long says the same thing to both, and
+        counted twice it would be planned long twice."""
+        if tier == 0:
+            self.estimates.observe(team, src, estimate, actual)
         self.observe(job_class, tier, estimate, actual)
 
     def factors(self, job_class: str | None = None) -> tuple[float, float, float]:

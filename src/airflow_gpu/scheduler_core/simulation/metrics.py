@@ -62,6 +62,9 @@ class SimResult:
         return replay_metrics(self)
 
 
+_BSLD_FLOOR = 600.0      # seconds: shorter jobs count as this long (bounded slowdown)
+
+
 def p95(sorted_values: list[float]) -> float:
     return sorted_values[min(len(sorted_values) - 1, math.ceil(0.95 * len(sorted_values)) - 1)]
 
@@ -100,6 +103,11 @@ def replay_metrics(res: SimResult) -> dict:
             slowdown_gpu_hours=sum(r.gpus * (useful(r) - r.duration) for r in done) / 3600,
             max_wait_s=waits[-1],
         )
+        # bounded slowdown (Feitelson): (wait + runtime) / max(runtime, 10 min), what a
+        # wait means to the job that waited; its tail is the long jobs' as much as p95's
+        bsld = sorted((r.end - r.submit) / max(r.end - r.start, _BSLD_FLOOR) for r in done)
+        out["avg_bounded_slowdown"] = sum(bsld) / len(bsld)
+        out["p95_bounded_slowdown"] = p95(bsld)
         large = [r.start - r.submit for r in done if r.gpus > res.host_gpus]
         out["large_jobs"] = len(large)      # jobs bigger than one host: gangs of hosts
         out["avg_wait_large_s"] = sum(large) / len(large) if large else 0.0
