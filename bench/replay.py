@@ -16,8 +16,9 @@ cannot reach that (small traces whose largest job needs more hosts than their lo
 trace's arrivals are sped up by a factor (`SETUPS`). An idle cluster proves nothing.
 
 Policies: `fifo`, `count` (GPU counts only, what Airflow pools give), `backfill` (the
-default) and the curve of its one knob, `reserve_after`: the wait after which the oldest
-job of a band is protected by a reservation (0 protects at once; inf never).
+default) and the curve of its knob, `reserve_after`: the wait after which the oldest
+job of a band is protected by a reservation, for the smallest jobs (a job of the whole
+cluster waits `reserve_after_scale` times as long; 0 protects at once; inf never).
 
 Estimate modes (`--estimate-error`, a comma-separated list): what the scheduler is told
 of runtimes, as `simulate`'s modes. Every mode replays the three policies (and the
@@ -36,6 +37,7 @@ import dataclasses
 import json
 import math
 import platform
+import re
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from datetime import UTC, datetime
@@ -58,7 +60,7 @@ SETUPS = {"philly": (224, 1.0), "itp-cluster01": (8, 2.0), "itp-cluster02": (12,
           "itp-cluster03": (25, 1.0), "itp-cluster05": (2, 1.4), "itp-cluster06": (12, 1.0),
           "itp-cluster08": (9, 1.0), "itp-cluster09": (4, 1.0), "itp-cluster10": (2, 2.2)}
 POLICIES = ("fifo", "count", "backfill")
-CURVE = "0,1d,2d,3d,5d,7d,10d,inf"
+CURVE = "0,6h,12h,1d,2d,3d,7d,inf"
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "replay"
 HOST_GPUS = 8
 
@@ -121,8 +123,8 @@ def main() -> int:
                     "('' for none)")
     ap.add_argument("--locality-slowdown", default="1.0,1.1,1.3")
     ap.add_argument("--with", dest="variants", action="append", default=[],
-                    metavar="FIELD=VALUE", help="also replay backfill with this policy field "
-                    "changed (repeatable), e.g. --with age_weight=1")
+                    metavar="FIELD=VALUE[,...]", help="also replay backfill with these policy "
+                    "fields changed (repeatable), e.g. --with reserve_after=0,size_weight=0")
     ap.add_argument("--estimate-error", default="exact", help="what the scheduler is told "
                     "of runtimes, comma-separated: exact, lognormal:SIGMA, limit:LO-HI "
                     "(simulate's modes); the curve runs in the first")
@@ -144,9 +146,9 @@ def main() -> int:
             for policy in POLICIES:     # plots: the first mode's
                 tasks.append((name, policy, {"mode": policy}, here, slowdown,
                               mode == modes[0]))
-            for variant in args.variants:
-                field, _, value = variant.partition("=")
-                tasks.append((name, variant, {field: value}, here, slowdown, False))
+            for variant in args.variants:     # FIELD=VALUE[,FIELD=VALUE...]
+                fields = dict(kv.split("=", 1) for kv in re.split(r",(?=\w+=)", variant))
+                tasks.append((name, f"with {variant}", fields, here, slowdown, False))
         for v in curve:
             seconds = math.inf if v == "inf" else parse_duration(v)
             # inf: never (the longest duration a policy takes, far past any trace)

@@ -46,7 +46,7 @@ def test_an_idle_requeued_job_goes_behind_its_band_not_below_it():
 
 
 def test_behind_jobs_keep_their_own_order_and_age_from_the_requeue():
-    s = _scheduler(reserve_after=1000)
+    s = _scheduler(reserve_after=1000, reserve_after_scale=1)    # every job after 1000 s
     s.submit(gpus("busy", 8), 0)
     s.schedule(0)
     s.submit(gpus("b2", 2), 500, behind=True)

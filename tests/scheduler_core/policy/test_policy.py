@@ -56,11 +56,39 @@ def test_smaller_work_goes_first_until_the_wait_guarantee():
     # within the guarantee, small jobs go first and keep the host busy: the big one waits
     # for the stream to end
     assert all(got[f"s{i}"] < got["big"] for i in range(40))
-    got = starts(ONE_HOST, rows, reserve_after=1500)
+    got = starts(ONE_HOST, rows, reserve_after=1500, reserve_after_scale=1)
     # once big has waited 1500 s (at 1510) it is protected: the host drains for it (small
     # jobs that would still run at its start wait) and it starts when the last one ends
     assert 1510 < got["big"] <= 1510 + 600
     assert sum(got[f"s{i}"] > got["big"] for i in range(40)) > 20
+    # by default a job of the whole cluster waits 28 x reserve_after to be protected
+    got = starts(ONE_HOST, rows, reserve_after=100)
+    assert 10 + 2800 < got["big"] <= 10 + 2800 + 600
+
+
+def test_a_larger_job_is_protected_later():
+    """The wait before protection grows with the job's share of the cluster's GPUs: 1000 s
+    for no GPU, 3000 s (scale 3) for all 16; the job due first is protected first."""
+    s = _scheduler(reserve_after=1000, reserve_after_scale=3)
+    s.submit(job("fill", {"name": "w", "replicas": 2, "gpus": 8}, expected_runtime=10**6), 0)
+    s.schedule(0)
+    s.submit(job("whole", {"name": "w", "replicas": 2, "gpus": 8}, expected_runtime=60), 0)
+    s.submit(job("half", {"name": "w", "gpus": 8}, expected_runtime=60), 10)
+    s.submit(job("one", {"name": "w", "gpus": 1}, expected_runtime=60), 20)
+    due = {n: s.queue.protect_due(j) for n, j in s.queue.jobs.items()}
+    assert due == {"whole": 2000, "half": 1010, "one": 20 + 2000 / 16}
+
+    def protected(now: float) -> list[str]:
+        return [j.name for j, p, _ in s.priorities(now) if p]
+    assert protected(1144) == [] and protected(1145) == ["one"]
+    s.finish("one", 1200)
+    assert protected(2009) == [] and protected(2010) == ["half"]
+    s.finish("half", 2100)
+    assert protected(2999) == [] and protected(3000) == ["whole"]
+    # not yet protected, a job says when it will be
+    why = s.schedule(2500, explain=True).pending["whole"]
+    assert why.details["protected_in_s"] == 500
+    assert "the wait guarantee protects it (8m20s from now" in why.message
 
 
 def test_fifo_short_jobs_wait_behind_the_big_one():

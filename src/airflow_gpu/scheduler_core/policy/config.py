@@ -188,8 +188,13 @@ class PolicyConfig(_Spec):
         "core", description="core: replicas get whole physical cores (SMT siblings "
         "together); thread: logical CPUs one by one; a job or its class may say otherwise")
     reserve_after: Duration = Field(
-        3 * 86400, ge=0, description="the oldest job of a band that has waited this long goes "
-        "first, with a reservation: the knob between average and worst wait")
+        12 * 3600, ge=0, description="the wait guarantee: a job of a band that has waited "
+        "this long (the smallest jobs; see reserve_after_scale) is protected, oldest "
+        "first: it goes first, with a reservation")
+    reserve_after_scale: float = Field(
+        28.0, ge=1, le=1000, description="a job asking for every GPU of the cluster waits "
+        "this many times reserve_after before it is protected; a job of a share s of the "
+        "GPUs reserve_after x (1 + s x (scale - 1)); 1: every job after reserve_after")
     size_weight: float = Field(100.0, ge=0, description="priority points of the smallest job "
                                "(GPUs x expected runtime): smaller work goes first in a band")
     locality_slowdown: tuple[PositiveFloat, PositiveFloat, PositiveFloat] = Field(
@@ -222,6 +227,11 @@ class PolicyConfig(_Spec):
             raise ValueError(f"{list(v)} must not shrink from one host to one switch to "
                              "across switches, e.g. [1.0, 1.1, 1.3]")
         return v
+
+    @property
+    def protect_span(self) -> float:
+        """Seconds a job of the whole cluster waits for protection beyond reserve_after."""
+        return float(self.reserve_after) * (self.reserve_after_scale - 1.0)
 
     @model_validator(mode="after")
     def _default_within_max(self) -> PolicyConfig:

@@ -2,9 +2,13 @@
 
 The order (docs/queue-policy.md):
 1. Business priority band (`priority` + job-class weight), highest first, always.
-2. Within a band, its oldest job first once it has waited `reserve_after`: the pass
-   protects it with a reservation (the wait guarantee). One at a time, by age, so the
-   protected job never changes until it starts.
+2. Within a band, its oldest job first once it has waited long enough: the pass
+   protects it with a reservation (the wait guarantee). How long grows with the job's
+   share of the cluster's GPUs, from `reserve_after` (the smallest jobs) to
+   `reserve_after_scale` times that (the whole cluster): a big job's reservation drains
+   much of the cluster, so it is made later, once bursts of small work have passed. One
+   at a time, by the time each became due, so the protected job never changes until it
+   starts.
 3. Then the band's other jobs by score = age + fair share + job size (highest first).
 4. Behind all of those, the band's jobs the idle-GPU policy requeued (`behind`), by the
    same rules among themselves: their submit is the requeue, so they neither come back
@@ -54,12 +58,15 @@ def size_factor(gpus: int, runtime: float) -> float:
 
 
 class JobQueue:
-    def __init__(self, age_weight: float, size_weight: float = 0.0):
+    def __init__(self, age_weight: float, size_weight: float = 0.0,
+                 protect_span: float = 0.0, cluster_gpus: int = 1):
         self.age_weight, self.size_weight = age_weight, size_weight
+        # a job of the whole cluster is protected protect_span seconds after the smallest
+        self.protect_span, self.cluster_gpus = protect_span, max(1, cluster_gpus)
         # band -> (team, shape, behind) -> [(static key, submit, seq, job)], and
-        # band -> [(submit, seq, job)]
+        # band -> [(due, seq, job)]: when each job became due for protection (protect_due)
         self._bands: dict[float, dict[tuple[str, tuple], list[tuple]]] = {}
-        self._by_submit: dict[float, list[tuple]] = {}
+        self._by_due: dict[float, list[tuple]] = {}
         self.jobs: dict[str, QueuedJob] = {}
         self.shapes: Counter = Counter()
         self._runtimes: dict[tuple, list[float]] = {}   # per shape, sorted
@@ -111,7 +118,8 @@ class JobQueue:
         lists = self._bands.setdefault(job.base, {})
         bisect.insort(lists.setdefault((job.team, job.shape, job.behind), []),
                       self._entry(job))
-        bisect.insort(self._by_submit.setdefault(job.base, []), (job.submit, job.seq, job))
+        bisect.insort(self._by_due.setdefault(job.base, []), (self.protect_due(job), job.seq,
+                                                               job))
 
     def remove(self, name: str) -> QueuedJob:
         job = self.jobs.pop(name)
@@ -126,11 +134,16 @@ class JobQueue:
         del entries[bisect.bisect_left(entries, self._entry(job)[:3])]
         if not entries:
             del lists[job.team, job.shape, job.behind]
-        by_submit = self._by_submit[job.base]
-        del by_submit[bisect.bisect_left(by_submit, (job.submit, job.seq))]
+        by_due = self._by_due[job.base]
+        del by_due[bisect.bisect_left(by_due, (self.protect_due(job), job.seq))]
         if not lists:
-            del self._bands[job.base], self._by_submit[job.base]
+            del self._bands[job.base], self._by_due[job.base]
         return job
+
+    def protect_due(self, job: QueuedJob) -> float:
+        """The job is protected once `protect_before` (now - reserve_after) reaches this:
+        its submit time, later by its share of the cluster's GPUs x protect_span."""
+        return job.submit + self.protect_span * min(1.0, float(job.charge) / self.cluster_gpus)
 
     def shortest(self, shape: tuple) -> float:
         """The shortest expected runtime among the queued jobs of a shape."""
@@ -143,22 +156,22 @@ class JobQueue:
     def protected(self, protect_before: float) -> int:
         """How many queued jobs are protected (see `ordered`): one per band at most."""
         return sum(min(1, bisect.bisect_right(e, (protect_before, math.inf)))
-                   for e in self._by_submit.values())
+                   for e in self._by_due.values())
 
     def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf,
                 skip_shapes: set | None = None) -> Iterator[tuple[QueuedJob, bool]]:
-        """(job, protected) in scheduling order: in each band, its oldest job if it was
-        submitted at or before `protect_before`, then the others by score.
+        """(job, protected) in scheduling order: in each band, the job that became due
+        for protection first if that was at or before `protect_before`, then the others
+        by score.
 
         Lazy: remove jobs only after the iteration. Shapes that enter `skip_shapes`
         meanwhile yield no more jobs (the band's other jobs keep their order)."""
         for band in sorted(self._bands, reverse=True):
-            by_submit = self._by_submit[band]
-            first = by_submit[:min(1, bisect.bisect_right(by_submit,
-                                                          (protect_before, math.inf)))]
+            by_due = self._by_due[band]
+            first = by_due[:min(1, bisect.bisect_right(by_due, (protect_before, math.inf)))]
             for *_, job in first:
                 yield job, True
-            if len(first) == len(by_submit):
+            if len(first) == len(by_due):
                 continue
             skip = {seq for _, seq, _ in first}
             # a k-way merge of the (team, shape, behind) lists, each offset by its team's

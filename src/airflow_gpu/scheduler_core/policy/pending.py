@@ -66,11 +66,12 @@ class Reasons:
         else:
             why.eta = self.eta(job)
             if p.mode == "backfill" and not protected:
-                protect = job.submit + p.s.config.reserve_after - p.now
+                protect = p.s.queue.protect_due(job) + p.s.config.reserve_after - p.now
                 if protect > 0:
                     why.details["protected_in_s"] = round(protect)
-                    why.message += (f"; smaller jobs may go first until it has waited "
-                                    f"reserve_after ({format_duration(protect)} from now)")
+                    why.message += (f"; smaller jobs may go first until the wait "
+                                    f"guarantee protects it ({format_duration(protect)} "
+                                    "from now: reserve_after, longer for larger jobs)")
                 else:
                     why.message += "; it is protected once older waiting jobs have started"
         return why

@@ -52,7 +52,8 @@ class Scheduler:
         # the job-size factor and the wait guarantee belong to `backfill`; `fifo` and
         # `count` keep the plain order (priority, age, fair share)
         self.queue = JobQueue(self.config.age_weight, self.config.size_weight
-                              if self.config.mode == "backfill" else 0.0)
+                              if self.config.mode == "backfill" else 0.0,
+                              self.config.protect_span, state.cluster.total_gpus)
         self.fairshare = FairShare(self.config, now)
         self.timemodel = timemodel or LocalityModel(
             self.config.locality_slowdown, self.config.learn_slowdown,

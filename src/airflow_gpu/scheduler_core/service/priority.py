@@ -100,7 +100,9 @@ def priorities(svc: Service, team: str | None = None) -> dict:
     return {"mode": cfg.mode,
             "weights": {"fairshare": cfg.fairshare_weight, "size": cfg.size_weight
                         if cfg.mode == "backfill" else 0.0, "age": cfg.age_weight},
-            "reserve_after_s": cfg.reserve_after, "jobs": out, "not_queued": later}
+            "reserve_after_s": cfg.reserve_after,
+            "reserve_after_scale": cfg.reserve_after_scale, "jobs": out,
+            "not_queued": later}
 
 
 def shares(svc: Service) -> list[dict]:
