@@ -232,7 +232,8 @@ def test_reusing_the_last_passes_reservations_changes_nothing(cluster, trace, sl
 
 
 def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
-                      slowdown=(1.0, 1.0, 1.0)) -> tuple[dict, dict, set]:
+                      slowdown=(1.0, 1.0, 1.0), reserve_after: float = 0
+                      ) -> tuple[dict, dict, set]:
     """Replay where every job runs exactly as planned unless it was backfilled in front
     of a reservation: those run on past it, as a job that declared far too short a
     runtime and ignores SIGTERM would, until they are stopped at its start + grace and
@@ -242,7 +243,8 @@ def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
     # the jobs here run as planned: learning from their runtimes would feed each plan back
     # into the next (test_correction.py replays real runtimes with learning on)
     cfg = PolicyConfig(fairshare_weight=0, locality_slowdown=slowdown, learn_slowdown=False,
-                       correct_estimates="off", reserve_after=0, stop_grace=grace)
+                       correct_estimates="off", reserve_after=reserve_after,
+                       stop_grace=grace)
     s = Scheduler(ClusterState(cluster), cfg)
     host_gpus = cluster.max_host_gpus
     trace = sorted(trace, key=lambda t: t.submit)
@@ -283,12 +285,14 @@ def replay_with_liars(cluster: Cluster, trace: list[TraceJob], grace: int,
 
 
 @settings(SETTINGS, max_examples=300)
-@given(clusters(), inexact_traces(), SLOWDOWNS, st.sampled_from((0, 30, 600)))
+@given(clusters(), inexact_traces(), SLOWDOWNS, st.sampled_from((0, 30, 600)),
+       st.sampled_from((0, 20, 200)))
 def test_no_backfilled_job_delays_a_reservation_by_more_than_the_grace(
-        cluster, trace, slowdown, grace):
+        cluster, trace, slowdown, grace, reserve_after):
     """With limits enforced, a protected job starts no later than its first reservation
-    plus the grace, whatever runtimes the jobs backfilled in front of it declared."""
-    runs, promised, _ = replay_with_liars(cluster, trace, grace, slowdown)
+    plus the grace, whatever runtimes the jobs backfilled in front of it declared (and
+    however long jobs of their sizes wait to be protected: reserve_after_scale)."""
+    runs, promised, _ = replay_with_liars(cluster, trace, grace, slowdown, reserve_after)
     for name, start in promised.items():
         assert runs[name][0] <= start + grace, (name, runs[name][0], start, grace)
 

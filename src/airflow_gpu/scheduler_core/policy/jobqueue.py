@@ -2,7 +2,7 @@
 
 The order (docs/queue-policy.md):
 1. Business priority band (`priority` + job-class weight), highest first, always.
-2. Within a band, its oldest job first once it has waited long enough: the pass
+2. Within a band, the job that became due first once it has waited long enough: the pass
    protects it with a reservation (the wait guarantee). How long grows with the job's
    share of the cluster's GPUs, from `reserve_after` (the smallest jobs) to
    `reserve_after_scale` times that (the whole cluster): a big job's reservation drains
@@ -55,6 +55,12 @@ def size_factor(gpus: int, runtime: float) -> float:
     Slurm's job-size factor, weighed by expected runtime as well as by GPUs."""
     work = max(1.0, max(gpus, 1) * runtime / 60.0)
     return max(0.0, 1.0 - math.log10(work) / _SIZE_DECADES)
+
+
+def protect_delay(span: float, charge: float, cluster_gpus: int) -> float:
+    """How much later than the smallest job a job is protected: its share of the
+    cluster's GPUs x `span` (PolicyConfig.protect_span)."""
+    return span * min(1.0, float(charge) / max(1, cluster_gpus))
 
 
 class JobQueue:
@@ -143,7 +149,7 @@ class JobQueue:
     def protect_due(self, job: QueuedJob) -> float:
         """The job is protected once `protect_before` (now - reserve_after) reaches this:
         its submit time, later by its share of the cluster's GPUs x protect_span."""
-        return job.submit + self.protect_span * min(1.0, float(job.charge) / self.cluster_gpus)
+        return job.submit + protect_delay(self.protect_span, job.charge, self.cluster_gpus)
 
     def shortest(self, shape: tuple) -> float:
         """The shortest expected runtime among the queued jobs of a shape."""

@@ -127,8 +127,8 @@ class Scheduler:
     def requeue(self, name: str, now: float, runtime: float | None = None) -> QueuedJob:
         """A preempted job has stopped: its resources return and it is queued again under
         the same name and submit time (`runtime`: the work it has left). One stopped
-        because it overran into a reservation queues behind the job it yielded to and
-        every protected job: with its old submit time it could be the oldest job, be
+        because it overran into a reservation becomes due for protection after the job
+        it yielded to and every protected job: with its old submit time it could be
         protected first and take back the resources their promises count on (the service
         does the same with queued_at: preemption.behind_reserved)."""
         job = self.running[name]
@@ -136,9 +136,11 @@ class Scheduler:
         at, reserved = self.yields.get(name, (math.inf, ""))
         self.finish(name, now)
         submit = job.submit
-        if now >= at:        # the new seq puts it after a job of the same submit time
-            submit = max([submit] + [self.queue.jobs[n].submit for n in
-                                     (reserved, *self.promised) if n in self.queue])
+        ahead = [self.queue.protect_due(self.queue.jobs[n]) for n in (reserved, *self.promised)
+                 if n in self.queue] if now >= at else []
+        if ahead:            # due for protection after them (1 ms: float rounding)
+            submit = max(submit, max(ahead) - (self.queue.protect_due(job) - job.submit)
+                         + 1e-3)
         again = self._make(job.spec, submit, job.estimate if runtime is None else runtime)
         again.preempted_by = job.preempted_by | ({by} if by else set())
         self.queue.add(again)

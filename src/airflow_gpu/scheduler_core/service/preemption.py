@@ -11,9 +11,12 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..jobspec import JobSpec
 from ..policy.guarantee import BROKEN
+from ..policy.jobqueue import protect_delay
 from ..policy.pending import Pending
 from ..policy.preempt import Preemption
+from ..policy.quota import spec_need
 from ..store.models import JobRow
 from .common import PENDING, SLACK, _same_attempt, _stale, _update, requeued, utcnow
 from .errors import Conflict
@@ -64,7 +67,7 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
     asked, overran = text.startswith(REQUEUED), text.startswith(OVERRAN)
     reason = ("preempted" if row.preempted_by else "requeued" if asked else
               "overrun" if overran else "idle")
-    more = behind_reserved(s, job_id, row.limit_cut_by) if overran else {}
+    more = behind_reserved(svc, s, job_id, row.limit_cut_by) if overran else {}
     done = s.execute(_update(JobRow).where(
         JobRow.id == job_id, JobRow.state == "preempting", *where).values(
         **requeued(reason, **more)))
@@ -84,20 +87,33 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
     return True
 
 
-def behind_reserved(s: Session, job_id: str, reserved: str | None) -> dict:
-    """An overrunner goes back to the queue behind the job it yielded to and every
-    protected job (pending with a promise): with its own age it could be the oldest job,
-    be protected first and take back the resources their promises count on (as the
-    engine's Scheduler.requeue)."""
-    own = s.execute(select(JobRow.queued_at, JobRow.submitted_at)
+def behind_reserved(svc: Store, s: Session, job_id: str, reserved: str | None) -> dict:
+    """An overrunner goes back to the queue due for protection after the job it yielded
+    to and every protected job (pending with a promise): with its own age it could be
+    protected first and take back the resources their promises count on (as the
+    engine's Scheduler.requeue). Due = queued + a delay that grows with the job's share
+    of the cluster's GPUs (jobqueue.protect_delay)."""
+    policy, total = svc._policy(), svc.cluster.total_gpus
+
+    def delay(spec: dict, row_id: str) -> float:
+        try:
+            charge = spec_need(JobSpec.model_validate({**spec, "name": row_id}))[0]
+        except (ValueError, TypeError):
+            charge = 0
+        return protect_delay(policy.protect_span, charge, total)
+
+    own = s.execute(select(JobRow.queued_at, JobRow.submitted_at, JobRow.spec)
                     .where(JobRow.id == job_id)).first()
-    ahead = s.execute(select(JobRow.queued_at, JobRow.submitted_at).where(
-        JobRow.state == PENDING, JobRow.id != job_id,
-        (JobRow.id == (reserved or "")) | JobRow.promised_at.is_not(None))).all()
-    latest = max((r.queued_at or r.submitted_at for r in ahead), default=None)
-    if latest is None or (own.queued_at or own.submitted_at) > latest:
+    ahead = s.execute(select(JobRow.id, JobRow.queued_at, JobRow.submitted_at, JobRow.spec)
+                      .where(JobRow.state == PENDING, JobRow.id != job_id,
+                             (JobRow.id == (reserved or "")) |
+                             JobRow.promised_at.is_not(None))).all()
+    if not ahead:
         return {}
-    return {"queued_at": latest + timedelta(milliseconds=1)}
+    due = max((r.queued_at or r.submitted_at) + timedelta(seconds=delay(r.spec, r.id))
+              for r in ahead)
+    queued = due - timedelta(seconds=delay(own.spec, job_id)) + timedelta(milliseconds=1)
+    return {"queued_at": queued} if queued > (own.queued_at or own.submitted_at) else {}
 
 
 def stopped(svc: Store, job_id: str, attempt: int | None) -> JobRow:
