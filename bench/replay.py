@@ -341,8 +341,8 @@ def _draw_curve(ax, runs: list[dict], name: str) -> None:
         if r["label"] == "count":
             ax.plot([r["max_wait_s"] / 3600], [r["avg_wait_s"] / 3600], "s", color="C3",
                     label="count")
-            ax.axvline(r["max_wait_s"] / 7200, color="C3", ls=":", lw=1,
-                       label="half of count's max wait")
+            ax.axvline(0.4 * r["max_wait_s"] / 3600, color="C3", ls=":", lw=1,
+                       label="0.4x count's max wait")
             ax.axhline(r["avg_wait_s"] / 3600, color="C3", ls="--", lw=1,
                        label="count's avg wait")
     ax.set_xlabel("max wait (h)")

@@ -10,7 +10,8 @@ expected ends spread over the next three days, and one in thirty of them ends (s
 GPUs are free, scattered). Then `--pending` jobs wait, submitted over
 the last five days (so the oldest have passed `reserve_after` and get reservations), with
 Philly's job-size mix: mostly 1-GPU jobs, some 2/4/8-GPU ones, a few gangs of 2-8 whole
-hosts; the oldest is a gang of 64 whole hosts. Timed on one core:
+hosts; the oldest, submitted eight days ago, is a gang of 64 whole hosts. Timed on one
+core:
 
 - the first pass (cold: every reservation is walked, as the service's passes are: it
   rebuilds the engine from its store each time), with and without pending reasons;
@@ -103,8 +104,9 @@ def build(hosts: int, pending: int, seed: int, now: float, teams: bool = False
     # a busy cluster is fragmented: some jobs ended since the last pass
     for name in rng.sample(sorted(sched.running), len(sched.running) // 30):
         sched.finish(name, started_at)
-    # the oldest waits for 64 whole hosts: the pass protects it with a reservation
-    sched.submit(make("wait-oldest", 512, False), now - 5 * 86400, 86400)
+    # the oldest, 8 days old, waits for 64 whole hosts: due for protection before the
+    # others (a gang of its size after 1.3 days), the pass protects it with a reservation
+    sched.submit(make("wait-oldest", 512, False), now - 8 * 86400, 86400)
     for k in range(pending - 1):
         submit = now - rng.uniform(0, 5 * 86400)
         sched.submit(make(f"wait-{k}", draw_size(rng), False), submit,

@@ -205,7 +205,7 @@ class PolicyConfig(_Spec):
         "up", description="plan each job with its runtime times its team's observed ratio "
         "of actual to estimated runtime: up (only teams that overrun), both, or off")
     estimate_quantile: float = Field(
-        0.8, ge=0.5, le=0.99, description="the quantile of a team's observed ratios planned "
+        0.9, ge=0.5, le=0.99, description="the quantile of a team's observed ratios planned "
         "with (0.5: their mean; higher: fewer jobs overrun their plan)")
     reservation_depth: int = Field(16, ge=0, le=10_000,
                                    description="at most this many reservations per pass: "
