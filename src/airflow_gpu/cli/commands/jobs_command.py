@@ -144,7 +144,8 @@ def _slowdown_table(d: dict) -> Table:
     mode = d.get("correct_estimates", "off")
     e.caption = ("correction is off (correct_estimates: off)" if mode == "off" else
                  f"correct_estimates: {mode}, the {d['estimate_quantile']:g} quantile of each "
-                 "team's ratios of actual to given runtime")
+                 "team's ratios of actual to given runtime" + (
+                     "" if e.row_count else "; no job has run to its end on one host yet"))
     return Group(t, e)
 
 
