@@ -130,7 +130,8 @@ class Pass:
                 return self.wait(job, locality_wait(job, right_now, better, self.now))
         if got is not None:
             return self.start(job, got)
-        if s.config.preemption.rules or s.config.preemption.reclaim:
+        # reclaim needs a team with a guarantee (none: nothing to reclaim, skip the search)
+        if s.config.preemption.rules or (s.config.preemption.reclaim and s.config.teams):
             why = preempt(self, job)
             if why is not None:
                 return self.wait(job, why)

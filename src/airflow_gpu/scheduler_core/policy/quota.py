@@ -85,6 +85,8 @@ class Quotas:
     def __init__(self, config: PolicyConfig):
         self.config = config
         self.held: dict[str, Usage] = {}
+        # no team policy at all: every limit is inf, no job ever waits for a quota
+        self.unlimited = not config.teams
 
     def add(self, job: QueuedJob, sign: int = 1) -> None:
         u = self.held.setdefault(job.team, [0, 0, 0])
@@ -122,6 +124,8 @@ class Quotas:
 
     def wait(self, job: QueuedJob) -> Pending | None:
         """Why the job may not start now for its team's quota, or None."""
+        if self.unlimited:
+            return None
         caps = most(self.config, job.team, job.preemptible)
         for i, (a, cap) in enumerate(zip(self._after(job), caps, strict=True)):
             if a > cap:
