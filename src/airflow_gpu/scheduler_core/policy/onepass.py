@@ -131,7 +131,8 @@ class Pass:
         if got is not None:
             return self.start(job, got)
         # reclaim needs a team with a guarantee (none: nothing to reclaim, skip the search)
-        if s.config.preemption.rules or (s.config.preemption.reclaim and s.config.teams):
+        if s.config.preemption.rules or (s.config.preemption.reclaim
+                                         and not s.quotas.unlimited):
             why = preempt(self, job)
             if why is not None:
                 return self.wait(job, why)

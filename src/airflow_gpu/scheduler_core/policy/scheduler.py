@@ -16,7 +16,7 @@ from ..jobclasses import preempt_options, resolve, stop_grace
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from .config import FairShare, PolicyConfig
-from .correction import EstimateCorrection, source
+from .correction import source
 from .jobqueue import JobQueue
 from .onepass import Pass, PassResult
 from .quota import Quotas, need, over_quota
@@ -55,9 +55,7 @@ class Scheduler:
                               if self.config.mode == "backfill" else 0.0,
                               self.config.protect_span, state.cluster.total_gpus)
         self.fairshare = FairShare(self.config, now)
-        self.timemodel = timemodel or LocalityModel(
-            self.config.locality_slowdown, self.config.learn_slowdown,
-            EstimateCorrection(self.config.correct_estimates, self.config.estimate_quantile))
+        self.timemodel = timemodel or LocalityModel.for_policy(self.config)
         self.running: dict[str, QueuedJob] = {}
         self.quotas = Quotas(self.config)       # what each team holds, against its quota
         self.stopping: dict[str, str] = {}      # preempted job -> the job it stops for

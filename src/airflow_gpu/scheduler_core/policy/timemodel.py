@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..engine.cluster import TIERS
 from .correction import EstimateCorrection
+
+if TYPE_CHECKING:
+    from .config import PolicyConfig
 
 _PRIOR = 8.0          # samples the policy's factor is worth
 _MIN_RATIO, _MAX_RATIO = 0.01, 100.0   # an observed ratio outside this is not a runtime
@@ -55,6 +59,12 @@ class LocalityModel:
         self._obs: dict[str, list[_Samples]] = {}
         self._cache: dict[str, tuple[float, float, float]] = {}
         self._version = 0
+
+    @classmethod
+    def for_policy(cls, policy: PolicyConfig) -> LocalityModel:
+        """The model a policy plans with: its slowdown factors and estimate correction."""
+        return cls(policy.locality_slowdown, policy.learn_slowdown,
+                   EstimateCorrection(policy.correct_estimates, policy.estimate_quantile))
 
     @property
     def version(self) -> tuple[int, int]:

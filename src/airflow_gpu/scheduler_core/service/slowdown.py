@@ -24,7 +24,7 @@ from ..jobclasses import resolve
 from ..jobspec import JobSpec
 from ..plugins import Registry
 from ..policy.config import PolicyConfig
-from ..policy.correction import EstimateCorrection, source
+from ..policy.correction import source
 from ..policy.scheduler import planned_runtime
 from ..policy.timemodel import LocalityModel
 from ..store.models import AllocationRow, JobRow
@@ -48,9 +48,7 @@ class LearnedSlowdown:
                    policy.correct_estimates, policy.estimate_quantile)
             if key != self._key:
                 self._key, self._mark = key, None
-                self.model = LocalityModel(policy.locality_slowdown, policy.learn_slowdown,
-                                           EstimateCorrection(policy.correct_estimates,
-                                                              policy.estimate_quantile))
+                self.model = LocalityModel.for_policy(policy)
             if not policy.learn_slowdown and policy.correct_estimates == "off":
                 return self.model.copy()
             q = (select(JobRow.id, JobRow.spec, JobRow.admitted_at, JobRow.finished_at)
