@@ -18,11 +18,13 @@ LIAR = ('echo attempt $AIRFLOW_GPU_ATTEMPT $AIRFLOW_GPU_REQUEUE_REASON; '
         '[ "$AIRFLOW_GPU_RESTARTED" = 1 ] && exit 0; exec sleep 300')
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(params=[10, 120], ids=["lease-10s", "lease-120s"])
+def server(tmp_path, request):
+    """A short lease, and one long enough that a launcher beating a third of it would
+    hear of the stop only after its 5 s grace: it beats within the grace instead."""
     policy = tmp_path / "policy.yaml"
     policy.write_text("reserve_after: 0\nstop_grace: 5\n")
-    with run_server(tmp_path, 10, "--policy-file", str(policy)) as srv:
+    with run_server(tmp_path, request.param, "--policy-file", str(policy)) as srv:
         yield srv
 
 

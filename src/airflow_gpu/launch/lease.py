@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 from ..scheduler_core.client import ApiError
 from ..scheduler_core.errors import InputError
+from ..scheduler_core.jobclasses import STOP_GRACE, STOP_SLACK
 from .handle import signal_of
 from .supervise import Interrupted
 
@@ -32,9 +33,14 @@ def monotonic_at(iso: str | None) -> float | None:
 
 
 def beat_interval(job: dict) -> float:
-    """Seconds between heartbeats: a third of what is left of the lease, 0.5 to 30."""
+    """Seconds between heartbeats: a third of what is left of the lease, and at most half
+    of the job's grace plus the service's slack, so that a stop (preemption, an overrun
+    into a reservation) is heard while its grace runs, not after the service has requeued
+    the job by force and given its GPUs away; 0.5 to 30."""
     left = seconds_left(job.get("lease_expires_at"))
-    return 10.0 if left is None else min(30.0, max(0.5, left / 3))
+    grace = job.get("stop_grace")
+    heard = ((STOP_GRACE if grace is None else float(grace)) + STOP_SLACK) / 2
+    return min(30.0, max(0.5, min(10.0 if left is None else left / 3, heard)))
 
 
 class Lease:

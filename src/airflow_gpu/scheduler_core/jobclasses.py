@@ -14,6 +14,9 @@ from .jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU, JobSpec
 from .units import format_duration
 
 STOP_GRACE = 30     # seconds from SIGTERM to SIGKILL at the time limit (Slurm's KillWait)
+# seconds past a stop's grace (preemption, overrun) before the service requeues the job by
+# force: a launcher that beats within grace + this hears of the stop in time
+STOP_SLACK = 10.0
 
 
 @dataclass(frozen=True)

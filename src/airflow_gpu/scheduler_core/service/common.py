@@ -14,6 +14,7 @@ from sqlalchemy import delete, inspect, update
 from sqlalchemy.orm import Session
 
 from ..engine.mig import gpu_share
+from ..jobclasses import STOP_SLACK
 from ..jobspec import JobSpec
 from ..store.models import AllocationRow, CpuHoldRow, EventRow, GpuHoldRow, JobRow, MigHoldRow
 from .errors import Conflict
@@ -25,7 +26,7 @@ UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "po
 # until its launcher says it has stopped, or its preempt deadline passes)
 LIVE = ("admitted", "running", "preempting")
 ENDED = ("succeeded", "failed", "cancelled", "lost", "timeout")
-SLACK = 10.0    # seconds past a victim's grace before it is requeued by force
+SLACK = STOP_SLACK    # seconds past a victim's grace before it is requeued by force
 
 
 @dataclass(frozen=True)
