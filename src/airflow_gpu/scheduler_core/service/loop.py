@@ -1,7 +1,8 @@
 """The scheduling loop: run a pass on a short interval, and at once after submits and
-finishes; check the jobs' leases on threads of their own, which no pass delays
-(leases.py). With PostgreSQL, the replicas of one deployment elect one scheduler
-(leadership.py): only the leader runs passes and lease checks."""
+finishes (a burst of them gathers into one pass); check the jobs' leases on threads of
+their own, which no pass delays (leases.py). With PostgreSQL, the replicas of one
+deployment elect one scheduler (leadership.py): only the leader runs passes and lease
+checks."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 
 class SchedulerLoop(Leadership):
-    COALESCE = 0.2           # seconds to wait after a wake-up, so bursts share a pass
+    COALESCE = 0.2           # seconds a burst gathers before its pass (loop._next)
     MAX_COALESCE = 0.5
     def __init__(self, service: Service, metrics=None, interval: float | None = None):
         self.service = service
@@ -90,11 +91,18 @@ class SchedulerLoop(Leadership):
             from .health import warning
 
             self.note_quiet(warning(self))
-            self.service.wake.wait(self.interval)
-            # Let a burst of submits or finishes gather into one pass; the longer passes
-            # take, the longer the gathering, so passes never crowd out the API.
+            self._next()
+
+    def _next(self) -> None:
+        """Wait for the next pass. Woken from idle (a finish, a submit), it runs at once:
+        freed GPUs go to the next job within one pass. Wakes that came while the last pass
+        ran mean a burst is arriving: gather it into one pass, longer while passes take
+        longer, so passes never crowd out the API."""
+        if self.service.wake.is_set():
             self._stop.wait(min(self.MAX_COALESCE, max(self.COALESCE, 2 * self.last_pass)))
-            self.service.wake.clear()
+        else:
+            self.service.wake.wait(self.interval)
+        self.service.wake.clear()     # before the pass: a wake during it is seen after
 
     def tick(self) -> list[str]:
         """A lease check, then a pass (run by hand: tests, tools); returns the admitted."""

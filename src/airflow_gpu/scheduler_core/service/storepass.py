@@ -29,7 +29,7 @@ from ..store.models import (
 from ..units import format_duration
 from . import passerrors, quarantine
 from .agents import silent_hosts
-from .common import ENDED, LIVE, PENDING, _ts, _update, spec_gpus, utcnow
+from .common import LIVE, PENDING, _ts, _update, spec_gpus, utcnow
 from .faults import handle_gpu_faults
 from .idle import queue_entry
 from .jobcontrol import not_held
@@ -181,16 +181,9 @@ def _restore(svc: Store, cluster: Cluster, s: Session, sched: Scheduler, t_now: 
 
 def past_usage(svc: Store, s: Session, fairshare, t_now: float,
                live: list[JobRow]) -> None:
-    """The GPU usage of the ended jobs (the last 5 half-lives of it) and of the `live`
-    ones into the fair share: what each pass orders by (and `priority.py` shows)."""
-    half_lives = 5 * svc.settings.policy.fairshare_half_life
-    # Columns, not rows: a row this session already holds would come back with its old
-    # values (a job cancelled since it was read still shows no finished_at).
-    for team, spec, admitted_at, finished_at in s.execute(select(
-            JobRow.team, JobRow.spec, JobRow.admitted_at, JobRow.finished_at).where(
-            JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
-            JobRow.finished_at > datetime.fromtimestamp(t_now - half_lives, UTC))):
-        fairshare.add_past(team, spec_gpus(spec), _ts(admitted_at), _ts(finished_at))
+    """The GPU usage of the ended jobs (running totals: usage.py) and of the `live` ones
+    into the fair share: what each pass orders by (and `priority.py` shows)."""
+    svc.ended_usage.add_to(s, fairshare, t_now, float(svc.settings.policy.fairshare_half_life))
     for row in live:
         if row.admitted_at is not None:
             fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at), t_now)

@@ -67,7 +67,9 @@ class Store:
         self.preemptions: list[str] = []     # the last pass's preemptions, by reason
         self.told: dict[tuple[str, str], str] = {}   # ("team"|"job", name) -> error told
         from .slowdown import LearnedSlowdown
+        from .usage import EndedUsage
 
+        self.ended_usage = EndedUsage()             # fair share's usage of ended jobs
         self.slowdown = LearnedSlowdown(self.reg)   # the locality slowdown passes plan with
 
     _event = staticmethod(event)
