@@ -126,6 +126,13 @@ class Client:
     def job(self, job_id: str) -> dict:
         return self.request("GET", f"/api/v1/jobs/{job_id}")
 
+    def wait(self, job_id: str, state: str | None = None, timeout: float = 30.0) -> dict:
+        """The job once it is no longer in `state` (default: the state it is in now), or
+        as it is after `timeout` seconds (at most 60): one long-poll request."""
+        params = {"timeout": timeout, **({"state": state} if state else {})}
+        return self.request("GET", f"/api/v1/jobs/{_ref(job_id)}/wait", params=params,
+                            timeout=timeout + self.http.timeout.read)
+
     def jobs(self, state: str | None = None, team: str | None = None, name: str | None = None,
              newest_first: bool = False, limit: int | None = None) -> list[dict]:
         params = {k: v for k, v in (("state", state), ("team", team), ("name", name),
@@ -270,3 +277,12 @@ class AsyncClient:
 
     async def cancel(self, job_id: str) -> dict:
         return await self.request("DELETE", f"/api/v1/jobs/{job_id}")
+
+    async def wait_many(self, ids: list[str], state: str = "pending",
+                        timeout: float = 30.0) -> dict:
+        """One long poll for many jobs (POST /api/v1/jobs/wait): as soon as one or more
+        of them is no longer in `state`, those; at the timeout, all of them as they are
+        now. `{"jobs": [...], "missing": [ids], "timed_out": bool}`."""
+        return await self.request("POST", "/api/v1/jobs/wait",
+                                  json={"ids": ids, "state": state, "timeout": timeout},
+                                  timeout=timeout + self.http.timeout.read)

@@ -124,6 +124,7 @@ class SchedulerLoop(Leadership):
 
         t0 = time.perf_counter()
         admitted = self.service.schedule_pass()
+        self.service.changes.bump()           # requests waiting on jobs look again
         self.last_pass = time.perf_counter() - t0
         self.last_pass_at = time.time()
         self._succeeded("pass", "election")

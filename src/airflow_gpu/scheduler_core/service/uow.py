@@ -22,6 +22,7 @@ from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import JobRow, TeamRow
+from .changes import Changes, Wake
 from .common import Principal, event, release
 from .errors import Forbidden, NotFound
 
@@ -55,7 +56,8 @@ class Store:
         self._specs: dict[str, tuple] = {}   # job id -> (its key, parsed spec), for passes
         self._empty = ClusterState(self.cluster)
         self._never: dict[tuple, str | None] = {}   # job shape -> why it never fits
-        self.wake = threading.Event()        # set when a pass is worth running now
+        self.changes = Changes()             # tells waiting requests (changes.py)
+        self.wake = Wake(self.changes)       # set when a pass is worth running now
         # hosts registered by node agents join the file's (agents.py)
         self._models: dict = {}
         self._cluster_sig: tuple | None = ()
