@@ -119,7 +119,9 @@ def test_cli_inside_airflow_reads_the_connection(scheduler, hook, airflow_home):
     env = airflow_env(airflow_home, AIRFLOW_CONN_GPU_SCHEDULER_DEFAULT=scheduler.connection())
     for name in ("AIRFLOW_GPU_URL", "AIRFLOW_GPU_TOKEN"):
         env.pop(name, None)
-    out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "queue", "--json"],
+    # --all: admitted at once, the job is lost (no heartbeat, a 4 s lease) before the
+    # command has started
+    out = subprocess.run([sys.executable, "-m", "airflow_gpu.cli", "queue", "--all", "--json"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert [j["id"] for j in json.loads(out.stdout)] == [submitted["id"]]

@@ -1,5 +1,6 @@
 """Deferrable admission: wait in the triggerer, not in a worker slot, until the
-scheduler-core admits, cancels or loses the job."""
+scheduler-core admits, cancels or loses the job; told within a moment of the admission
+(watch.py)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from ..scheduler_core.client import ApiError
 from ..scheduler_core.errors import InputError
 from ..scheduler_core.reasonkey import reason_key
 from ..scheduler_core.units import format_duration
+from .watch import Watcher
 
 LIVE = ("admitted", "running")
 
 
 class AdmissionTrigger(BaseTrigger):
-    """Polls the job every `poll_interval` seconds and yields one event:
+    """Waits for the job's admission through the triggerer's watcher (watch.py: one long
+    poll for all the deferred GPU tasks of this triggerer) and yields one event:
     `{"status": "admitted" | "cancelled" | "lost" | "failed" | "succeeded" | "missing" |
     "timeout", "job_id", "message"}`.
 
@@ -28,7 +31,9 @@ class AdmissionTrigger(BaseTrigger):
     Airflow scheduler applies that one (`airflow dags test` runs the trigger inline and
     never does), and it neither says why the job waited nor cancels it. At the deadline
     the job is cancelled and the event names the last pending reason; `timeout` (the
-    operator's `admission_timeout`, seconds) is only for that message."""
+    operator's `admission_timeout`, seconds) is only for that message. `poll_interval`:
+    how often at most the pending reason is read again (admission itself is told at
+    once), and the seconds between retries while the scheduler is unreachable."""
 
     def __init__(self, job_id: str, gpu_scheduler_conn_id: str = "gpu_scheduler_default",
                  poll_interval: float = 5.0, deadline: float | None = None,
@@ -51,16 +56,22 @@ class AdmissionTrigger(BaseTrigger):
             return self.poll_interval
         return max(0.0, min(self.poll_interval, self.deadline - time.time()))
 
+    def _left(self) -> float | None:
+        """Seconds to the deadline (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.time())
+
     def _expired(self) -> bool:
         return self.deadline is not None and time.time() >= self.deadline
 
-    async def _time_out(self, client, reason: str | None) -> TriggerEvent:
+    async def _time_out(self, reason: str | None) -> TriggerEvent:
         """Take the job out of the queue and say why it waited."""
         within = f"{self.timeout:g}s (admission_timeout)" if self.timeout is not None \
             else "its deadline"
         said = f"not admitted within {within}; waiting for: {reason or 'queued'}"
         try:
-            await client.cancel(self.job_id)
+            hook = GpuSchedulerHook(self.gpu_scheduler_conn_id)
+            async with await hook.aget_conn() as client:
+                await client.cancel(self.job_id)
         except ApiError as exc:
             if exc.status not in (404, 409):
                 said += f"; cancelling it failed: {exc}"
@@ -71,49 +82,54 @@ class AdmissionTrigger(BaseTrigger):
         return self._event("timeout", said)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        hook = GpuSchedulerHook(self.gpu_scheduler_conn_id)
-        said = None
-        async with await hook.aget_conn() as client:
-            while True:
-                try:
-                    job = await client.job(self.job_id)
-                except ApiError as exc:
-                    if exc.status == 404:
-                        yield self._event("missing", f"job {self.job_id} is not in the "
-                                          "scheduler (was its database reset?)")
-                        return
-                    raise
-                except InputError as exc:   # the service restarts or is unreachable: wait
-                    if self._expired():
-                        yield await self._time_out(client, f"the scheduler ({exc})")
-                        return
-                    self.log.warning("%s; retrying in %ss", exc, self.poll_interval)
-                    await asyncio.sleep(self._pause())
-                    continue
-                state = job["state"]
-                if state in LIVE:
-                    yield self._event("admitted", "admitted on " + ", ".join(
-                        sorted({r["host"] for r in job["replicas"] if r.get("live", True)})))
+        # every look goes through the triggerer's watcher: no client, no request, per task
+        watcher = Watcher.of(self.gpu_scheduler_conn_id)
+        said = job = None
+        while True:
+            try:     # look at once first (and while it stops), then wait for a change
+                now = job is None or job["state"] == "preempting"
+                job = await watcher.next(self.job_id, self._left(),
+                                         0 if now else self.poll_interval) or job
+            except ApiError as exc:
+                if exc.status == 404:
+                    yield self._event("missing", f"job {self.job_id} is not in the "
+                                      "scheduler (was its database reset?)")
                     return
-                if state == "preempting":   # the last admission is still stopping
-                    await asyncio.sleep(self.poll_interval)
-                    continue
-                if state != "pending":
-                    yield self._event(state, f"job {self.job_id} became {state} while "
-                                      "waiting for admission")
-                    return
-                reason = (job.get("pending") or {}).get("reason")
-                # said again when its code, blockers or placement change, not its countdowns
-                if reason_key(job) != said:
-                    eta = (job.get("pending") or {}).get("eta_seconds")
-                    self.log.info("waiting for GPUs: %s%s", reason or "queued",
-                                  f" (ETA {format_duration(eta)})" if eta is not None
-                                  else "")
-                    said = reason_key(job)
+                raise
+            except InputError as exc:   # the service restarts or is unreachable: wait
                 if self._expired():
-                    yield await self._time_out(client, reason)
+                    yield await self._time_out(f"the scheduler ({exc})")
                     return
+                self.log.warning("%s; retrying in %ss", exc, self.poll_interval)
                 await asyncio.sleep(self._pause())
+                job = None
+                continue
+            if job is None:             # the deadline came before the first look
+                yield await self._time_out(None)
+                return
+            state = job["state"]
+            if state in LIVE:
+                yield self._event("admitted", "admitted on " + ", ".join(
+                    sorted({r["host"] for r in job["replicas"] if r.get("live", True)})))
+                return
+            if state == "preempting":   # the last admission is still stopping
+                await asyncio.sleep(self.poll_interval)
+                continue
+            if state != "pending":
+                yield self._event(state, f"job {self.job_id} became {state} while "
+                                  "waiting for admission")
+                return
+            reason = (job.get("pending") or {}).get("reason")
+            # said again when its code, blockers or placement change, not its countdowns
+            if reason_key(job) != said:
+                eta = (job.get("pending") or {}).get("eta_seconds")
+                self.log.info("waiting for GPUs: %s%s", reason or "queued",
+                              f" (ETA {format_duration(eta)})" if eta is not None
+                              else "")
+                said = reason_key(job)
+            if self._expired():
+                yield await self._time_out(reason)
+                return
 
     def _event(self, status: str, message: str) -> TriggerEvent:
         return TriggerEvent({"status": status, "job_id": self.job_id, "message": message})

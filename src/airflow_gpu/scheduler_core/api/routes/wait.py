@@ -17,6 +17,7 @@ from sqlalchemy import select
 from ...service.changes import POLL
 from ...service.common import LIVE
 from ...service.errors import NotFound
+from ...service.jobcontrol import name_blockers
 from ...store.models import JobRow
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
@@ -44,13 +45,17 @@ class WaitOut(BaseModel):
 
 def _read(service, ids: list[str], state: str | None, changed: bool) -> tuple[list, list]:
     """The jobs of `ids` that are no longer in `state` (all of them unless `changed`),
-    with their grants, and the ids no job has: one query each."""
+    with their grants, and the ids no job has. Their states are read first (a waiter
+    reads again at each change, for hundreds of ids), whole rows only for those."""
     with service.reads() as s:
-        rows = {r.id: r for r in s.scalars(select(JobRow).where(JobRow.id.in_(ids)))}
-    missing = [i for i in ids if i not in rows]
-    out = [r for r in rows.values() if not changed or r.state != state]
-    live = service.live_allocations([r.id for r in out if r.state in LIVE])
-    return [JobOut.of(r, live.get(r.id)) for r in out], missing
+        states = dict(s.execute(select(JobRow.id, JobRow.state)
+                                .where(JobRow.id.in_(ids))).tuples().all())
+        missing = [i for i in ids if i not in states]
+        want = [i for i, st in states.items() if not changed or st != state]
+        rows = list(s.scalars(select(JobRow).where(JobRow.id.in_(want)))) if want else []
+    live = service.live_allocations([r.id for r in rows if r.state in LIVE])
+    # pending reasons name their blockers as GET /api/v1/jobs/{id} does
+    return name_blockers(service, [JobOut.of(r, live.get(r.id)) for r in rows]), missing
 
 
 async def _wait(request: Request, service, ids: list[str], state: str,
@@ -83,11 +88,9 @@ async def wait_job(job_id: JobRef, request: Request, _: Who, service: Svc,
                    timeout: Annotated[float, Query(ge=0, le=MAX_WAIT)] = 30.0):
     """The job once it is no longer in `state` (default: the state it is in now), or as
     it is at the timeout."""
-    from ...service.jobcontrol import name_blockers
-
     if state is None:
         state = (await run_in_threadpool(service.get, job_id)).state
     out = await _wait(request, service, [job_id], state, timeout)
     if out.missing:
         raise NotFound(f"job {job_id!r} does not exist (any more)")
-    return (await run_in_threadpool(name_blockers, service, out.jobs))[0]
+    return out.jobs[0]
