@@ -62,11 +62,13 @@ def conn_id_of(pattern: str, host: str) -> str:
 @dataclass
 class DockerEngines:
     """Clients of the admitted hosts' engines through their connections (one per replica:
-    each replica streams its own logs)."""
+    each replica streams its own logs; the first replica on an engine takes over the
+    client the task already made for it)."""
 
     pattern: str = DEFAULT_PATTERN
     default_url: str | None = None       # the operator's docker_url= for hosts without one
     _conns: dict[str, Connection | None] = field(default_factory=dict, repr=False)
+    _spare: dict[tuple, docker.DockerClient] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         check_pattern(self.pattern)
@@ -88,7 +90,21 @@ class DockerEngines:
                 self._conns[conn_id] = None
         return self._conns[conn_id]
 
+    def shared(self, r: Replica) -> docker.DockerClient:
+        """The client of `r`'s engine for the task's own calls (the leftover-container
+        sweep); the first replica started there takes it over (`client`)."""
+        key = (self.conn_id(r), r.docker_url or self.default_url)
+        if key not in self._spare:
+            self._spare[key] = self._new(r)
+        return self._spare[key]
+
     def client(self, r: Replica) -> docker.DockerClient:
+        """A client of `r`'s engine of its own (it streams the replica's logs): the
+        engine's shared one if no replica took it yet, else a new one."""
+        spare = self._spare.pop((self.conn_id(r), r.docker_url or self.default_url), None)
+        return spare or self._new(r)
+
+    def _new(self, r: Replica) -> docker.DockerClient:
         conn = self.connection(r)
         if conn is None:                 # the default pattern and no such connection
             return engine(r, self.default_url)

@@ -17,13 +17,13 @@ from airflow.sdk import BaseOperator, Context, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from pydantic import ValidationError
 
-from ..hooks.scheduler import GpuSchedulerHook
+from ..hooks.scheduler import GpuSchedulerHook, client_options
 from ..launch.handle import Handle, LaunchError
 from ..launch.lease import Lease, beat_interval, monotonic_at
 from ..launch.local import local_host
 from ..launch.replica import Replica, replicas_of
 from ..launch.supervise import Outcome, stop_all, supervise
-from ..scheduler_core.client import ApiError
+from ..scheduler_core.client import ApiError, Client
 from ..scheduler_core.errors import InputError, describe_validation_error
 from ..scheduler_core.jobclasses import timeout_message
 from ..scheduler_core.jobspec import JobSpec
@@ -115,6 +115,9 @@ class GpuBaseOperator(BaseOperator):
         self._handles: list[Handle] = []
         self._stop = threading.Event()
         self._lease = Lease()          # heartbeats: what was logged once (preemption, idle)
+        self._client: Client | None = None    # the task's scheduler client (_scheduler)
+        self._connection = None
+        self._cluster_view: dict | None = None
 
     # -- the job spec ---------------------------------------------------------------------
     def _spec(self, name: str, team: str | None = None,
@@ -163,27 +166,51 @@ class GpuBaseOperator(BaseOperator):
     def hook(self) -> GpuSchedulerHook:
         return GpuSchedulerHook(self.gpu_scheduler_conn_id)
 
+    def _scheduler(self) -> Client:
+        """The task's one scheduler client: the connection is looked up once (in Airflow 3
+        a call to the API server), one HTTP connection is kept for every call."""
+        if self._client is None:
+            self._connection = self.hook.get_connection(self.gpu_scheduler_conn_id)
+            self._client = Client(**client_options(self._connection))
+        return self._client
+
+    def _cluster(self, client) -> dict:
+        """The cluster's hosts, read once per task (the local runner needs them twice)."""
+        if self._cluster_view is None:
+            self._cluster_view = client.cluster()
+        return self._cluster_view
+
+    def _close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
     def execute(self, context: Context) -> Any:
+        try:
+            return self._submit(context)
+        finally:
+            self._close()
+
+    def _submit(self, context: Context) -> Any:
         ti = context["ti"]
         name = job_name(ti.dag_id, ti.task_id)
-        with self.hook.get_conn() as client:
-            team = self.team or self.hook.get_connection(
-                self.gpu_scheduler_conn_id).extra_dejson.get("team")
-            host = self._worker_host(client)
-            spec = self._spec(name, team, self._runtime(client, name), host)
-            try:
-                job = client.submit(spec, idempotency_key(ti))
-            except ApiError as exc:
-                if exc.status == 422:
-                    raise AirflowFailException(pinned_refusal(host, str(exc)) if host else
-                                               f"the GPU scheduler refused the job: "
-                                               f"{exc}") from None
-                raise AirflowException(f"submitting the GPU job failed: {exc}") from None
-            ti.xcom_push(key="gpu_job_id", value=job["id"])
-            self._job_id = job["id"]            # on_kill cancels it from here on
-            self.log.info("GPU job %s submitted (%s)", job["id"], job["state"])
-            since = time.time()
-            job = self._grace(client, job)
+        client = self._scheduler()
+        team = self.team or self._connection.extra_dejson.get("team")
+        host = self._worker_host(client)
+        spec = self._spec(name, team, self._runtime(client, name), host)
+        try:
+            job = client.submit(spec, idempotency_key(ti))
+        except ApiError as exc:
+            if exc.status == 422:
+                raise AirflowFailException(pinned_refusal(host, str(exc)) if host else
+                                           f"the GPU scheduler refused the job: "
+                                           f"{exc}") from None
+            raise AirflowException(f"submitting the GPU job failed: {exc}") from None
+        ti.xcom_push(key="gpu_job_id", value=job["id"])
+        self._job_id = job["id"]            # on_kill cancels it from here on
+        self.log.info("GPU job %s submitted (%s)", job["id"], job["state"])
+        since = time.time()
+        job = self._grace(client, job)
         if job["state"] in LIVE:
             return self._run(context, job["id"])
         if job["state"] != "pending":
@@ -195,20 +222,24 @@ class GpuBaseOperator(BaseOperator):
         starts processes here); None: any host (the Docker runner, a simulated cluster)."""
         if not self.starts_here:
             return None
-        cluster = client.cluster()
+        cluster = self._cluster(client)
         here = local_host(conf.get("gpu_scheduler", "local_host", fallback=""))
         return worker_host(here, [h["name"] for h in cluster["hosts"]],
                            cluster.get("cluster", "?"), self.task_id, self.queue)
 
     def _grace(self, client, job: dict) -> dict:
         """On a cluster with room the next pass admits within a moment: wait that long
-        here rather than pay a round trip through the triggerer."""
+        here (one long poll, answered as the pass commits) rather than pay a round trip
+        through the triggerer."""
         deadline = time.monotonic() + self.admission_grace
-        while job["state"] == "pending" and time.monotonic() < deadline:
-            if self._stop.wait(0.2):            # on_kill: the job is cancelled
-                raise AirflowException(f"GPU job {job['id']}: the task was stopped while "
-                                       "waiting for admission; the job is cancelled")
-            job = client.job(job["id"])
+        while job["state"] == "pending" and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            job = client.wait(job["id"], "pending", min(left, 60))
+        if self._stop.is_set():                 # on_kill: the job is cancelled
+            raise AirflowException(f"GPU job {job['id']}: the task was stopped while "
+                                   "waiting for admission; the job is cancelled")
         return job
 
     def _defer(self, job: dict, since: float | None = None) -> None:
@@ -229,39 +260,42 @@ class GpuBaseOperator(BaseOperator):
         if event["status"] != "admitted":
             raise AirflowException(f"GPU job {event['job_id']}: {event['message']}")
         self.log.info("GPU job %s %s", event["job_id"], event["message"])
-        return self._run(context, event["job_id"])
+        try:
+            return self._run(context, event["job_id"])
+        finally:
+            self._close()
 
     # -- run ------------------------------------------------------------------------------
     def _run(self, context: Context, job_id: str) -> Any:
         self._job_id = job_id
-        with self.hook.get_conn() as client:
-            try:
-                job = client.heartbeat(job_id)       # confirms the start
-            except ApiError as exc:
-                raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
-            attempt = job["attempt"]             # the admission these replicas belong to
-            hosts = {h["name"]: h for h in client.cluster()["hosts"]}
-            replicas = replicas_of(job, hosts)
-            for r in replicas:
-                self.log.info("granted %s", r.describe())
-            try:
-                self._handles = []
-                self._launch(context, replicas, self._handles)
-            except LaunchError as exc:
-                stop_all(self._handles)
-                self._finish(client, job_id, attempt, "failed", None)
-                raise AirflowException(str(exc)) from None
-            outcome = supervise(self._handles, self.log,
-                                lambda: self._beat(client, job_id, attempt),
-                                self._beat_interval(job), self._stop,
-                                monotonic_at(job.get("deadline_at")),
-                                float(job.get("stop_grace") or 0))
-            if outcome.timed_out:
-                self._finish(client, job_id, attempt, "timeout", None)
-                raise AirflowException(f"GPU job {job_id}: " + timeout_message(
-                    job["time_limit_s"], job.get("stop_grace") or 0,
-                    outcome.ended()))
-            return self._conclude(client, job_id, attempt, replicas, outcome)
+        client = self._scheduler()
+        try:
+            job = client.heartbeat(job_id)       # confirms the start
+        except ApiError as exc:
+            raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
+        attempt = job["attempt"]             # the admission these replicas belong to
+        hosts = {h["name"]: h for h in self._cluster(client)["hosts"]}
+        replicas = replicas_of(job, hosts)
+        for r in replicas:
+            self.log.info("granted %s", r.describe())
+        try:
+            self._handles = []
+            self._launch(context, replicas, self._handles)
+        except LaunchError as exc:
+            stop_all(self._handles)
+            self._finish(client, job_id, attempt, "failed", None)
+            raise AirflowException(str(exc)) from None
+        outcome = supervise(self._handles, self.log,
+                            lambda: self._beat(client, job_id, attempt),
+                            self._beat_interval(job), self._stop,
+                            monotonic_at(job.get("deadline_at")),
+                            float(job.get("stop_grace") or 0))
+        if outcome.timed_out:
+            self._finish(client, job_id, attempt, "timeout", None)
+            raise AirflowException(f"GPU job {job_id}: " + timeout_message(
+                job["time_limit_s"], job.get("stop_grace") or 0,
+                outcome.ended()))
+        return self._conclude(client, job_id, attempt, replicas, outcome)
 
     def _conclude(self, client, job_id: str, attempt: int, replicas: list[Replica],
                   outcome: Outcome) -> Any:

@@ -133,14 +133,15 @@ class GpuGangOperator(GpuBaseOperator):
         engines = {}
         for r in replicas:
             engines.setdefault((self._engines().conn_id(r), r.docker_url or self.docker_url), r)
-        with self.hook.get_conn() as client:
-            def is_live(job_id: str) -> bool:
-                try:
-                    # a preempting job's containers are saving a checkpoint
-                    return client.job(job_id)["state"] in HOLDING
-                except ApiError as exc:
-                    return exc.status != 404
-            for r in engines.values():
-                reap_orphans(self._engines().client(r), is_live, self.log, client.url)
-            return client.url
+        client = self._scheduler()
+
+        def is_live(job_id: str) -> bool:
+            try:
+                # a preempting job's containers are saving a checkpoint
+                return client.job(job_id)["state"] in HOLDING
+            except ApiError as exc:
+                return exc.status != 404
+        for r in engines.values():   # the engine's client, which its first replica takes
+            reap_orphans(self._engines().shared(r), is_live, self.log, client.url)
+        return client.url
 
