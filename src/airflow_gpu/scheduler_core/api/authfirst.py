@@ -14,7 +14,16 @@ from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.routing import Match
 
-from .deps import PRINCIPAL, authenticate, host_agent, not_agent, who
+from .deps import (
+    PRINCIPAL,
+    agent_of,
+    authenticate,
+    host_agent,
+    known,
+    not_agent,
+    refuse_agent,
+    who,
+)
 from .errors import Http, http_answer
 
 
@@ -54,11 +63,13 @@ class AuthFirst:
                        if k == b"authorization"), None)
         service = scope["app"].state.service
         try:
-            principal = await anyio.to_thread.run_sync(authenticate, service, header)
+            # a token seen within auth.CACHE_SECONDS costs no thread: most requests
+            principal = known(header) or await anyio.to_thread.run_sync(
+                authenticate, service, header)
             if check is not_agent:
-                not_agent(principal)
+                refuse_agent(principal)
             elif check is host_agent:
-                host_agent(params["name"], principal)
+                agent_of(params["name"], principal)
         except Http as exc:
             await http_answer(exc)(scope, receive, send)
             return

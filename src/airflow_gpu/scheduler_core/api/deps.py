@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..service import probes
-from ..service.auth import AgentPrincipal, TokenExpired, principal_for
+from ..service.auth import AgentPrincipal, TokenExpired, principal_for, remembered
 from ..service.common import Principal
 from ..service.core import Service
 from .errors import Http
@@ -22,19 +23,36 @@ _bearer = HTTPBearer(auto_error=False)
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def _service(request: Request) -> Service:
+# The dependencies that touch no database are `async def`: FastAPI runs a plain `def` one
+# in a worker thread, a trip that costs more than the check itself.
+async def _service(request: Request) -> Service:
     return request.app.state.service
 
 
 Svc = Annotated[Service, Depends(_service)]
 
 
-def authenticate(service: Service, authorization: str | None) -> Principal:
-    """Who sends this Authorization header; Http(401) when nobody valid does."""
+def _token(authorization: str | None) -> str:
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Http(401, "missing bearer token: send 'Authorization: Bearer <token>' "
                    "(airflow-gpu token create --team T)")
+    return token
+
+
+def known(authorization: str | None) -> Principal | None:
+    """authenticate without the database, for the event loop: the caller when this
+    process looked the token up less than auth.CACHE_SECONDS ago, else None (look it up);
+    Http(401) without a bearer token or past its expiry."""
+    try:
+        return remembered(_token(authorization))
+    except TokenExpired as exc:
+        raise Http(401, str(exc)) from None
+
+
+def authenticate(service: Service, authorization: str | None) -> Principal:
+    """Who sends this Authorization header; Http(401) when nobody valid does."""
+    token = _token(authorization)
     try:
         p = principal_for(service.reads, token)
     except TokenExpired as exc:
@@ -45,13 +63,14 @@ def authenticate(service: Service, authorization: str | None) -> Principal:
     return p
 
 
-def who(request: Request, cred: Bearer) -> Principal:
+async def who(request: Request, cred: Bearer) -> Principal:
     """The caller (401 without a valid token): as found before routing, else looked up."""
     found = request.scope.get(PRINCIPAL)
     if found is not None:
         return found
-    return authenticate(request.app.state.service,
-                        f"Bearer {cred.credentials}" if cred is not None else None)
+    return await anyio.to_thread.run_sync(
+        authenticate, request.app.state.service,
+        f"Bearer {cred.credentials}" if cred is not None else None)
 
 
 def probe_reader(request: Request, cred: Bearer) -> None:
@@ -61,8 +80,8 @@ def probe_reader(request: Request, cred: Bearer) -> None:
         raise Http(*refused)
 
 
-def not_agent(p: Annotated[Principal, Depends(who)]) -> Principal:
-    """Team and admin tokens; an agent token is refused (403) here."""
+def refuse_agent(p: Principal) -> Principal:
+    """Team and admin tokens; an agent token is refused (403)."""
     if isinstance(p, AgentPrincipal):
         raise Http(403, f"this is an agent token (role agent, hosts {p.describe()}): it "
                    "may only register and report its own hosts (PUT /api/v1/hosts/{name}, "
@@ -72,7 +91,7 @@ def not_agent(p: Annotated[Principal, Depends(who)]) -> Principal:
     return p
 
 
-def host_agent(name: str, p: Annotated[Principal, Depends(who)]) -> Principal:
+def agent_of(name: str, p: Principal) -> Principal:
     """The agent token of host `name` (or an admin token), which the service then lets
     register and report that host; any other agent token is refused (403)."""
     if isinstance(p, AgentPrincipal):
@@ -83,6 +102,16 @@ def host_agent(name: str, p: Annotated[Principal, Depends(who)]) -> Principal:
         # for this host's register and report; still an agent's (agents.register)
         return replace(p, admin=True)
     return p
+
+
+async def not_agent(p: Annotated[Principal, Depends(who)]) -> Principal:
+    """refuse_agent, as a route's dependency."""
+    return refuse_agent(p)
+
+
+async def host_agent(name: str, p: Annotated[Principal, Depends(who)]) -> Principal:
+    """agent_of the path's host, as a route's dependency."""
+    return agent_of(name, p)
 
 
 Who = Annotated[Principal, Depends(not_agent)]

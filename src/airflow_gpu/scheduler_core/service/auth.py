@@ -235,6 +235,16 @@ def _principal(row: TokenRow) -> Principal:
     return Principal(row.team, row.admin)
 
 
+def remembered(token: str) -> Principal | None:
+    """Who holds `token` if this process looked it up less than CACHE_SECONDS ago (no
+    database, so the event loop may ask); None when it must be looked up; TokenExpired
+    past its expiry."""
+    hit = _known.get(_hash(token))
+    if hit and time.monotonic() - hit[0] < CACHE_SECONDS:
+        return _unexpired(hit[1], hit[2])
+    return None
+
+
 def principal_for(sessions: sessionmaker[Session], token: str) -> Principal | None:
     """Who holds `token` (None: no such token); TokenExpired past its expiry. Known tokens
     are remembered for CACHE_SECONDS (every request carries one); unknown ones are looked
