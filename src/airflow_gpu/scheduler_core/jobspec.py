@@ -130,7 +130,9 @@ class Role(_Spec):
     name: str = Field(pattern=_NAME, max_length=MAX_TEXT)
     replicas: int = Field(1, ge=1, le=MAX_REPLICAS)
     gpus: int = Field(0, ge=0, le=64, description="GPUs per replica")
-    gpu: GpuConstraint = GpuConstraint()
+    # a factory: pydantic deep-copies an instance given as the default on every validation
+    gpu: GpuConstraint = Field(default_factory=GpuConstraint,
+                               json_schema_extra={"default": GpuConstraint().model_dump()})
     cpus: int = Field(1, ge=1, le=4096, description="logical CPUs per replica (exclusive)")
     memory: Size | None = Field(
         None, description="host memory per replica (booked, and the replica's limit); "
@@ -208,7 +210,8 @@ class JobSpec(_Spec):
     roles: list[Role] = Field(min_length=1, max_length=MAX_ROLES,
                               description=f"at most {MAX_ROLES} roles, {MAX_REPLICAS} "
                               "replicas in all")
-    placement: Placement = Placement()
+    placement: Placement = Field(default_factory=Placement,   # as Role.gpu
+                                 json_schema_extra={"default": Placement().model_dump()})
 
     @field_validator("roles", mode="before")
     @classmethod
