@@ -22,7 +22,6 @@ from .common import (
     LIVE,
     PENDING,
     Principal,
-    _columns,
     _same_attempt,
     _stale,
     _update,
@@ -33,51 +32,58 @@ from .common import (
 from .errors import Conflict, Forbidden
 from .uow import Store
 
+# Built once: the statement's compiled form is then cached by SQLAlchemy.
+INSERT_JOB = insert(JobRow)
+
 
 def submit(svc: Store, spec: JobSpec, who: Principal,
            key: str | None = None) -> tuple[JobRow, bool]:
     """Queue a job; (row, created). The same idempotency key (per team) returns the
     job it created first; with another spec it is a Conflict. Raises Rejected (can
     never run) or InputError (bad class)."""
-    row = job_row(svc, spec, who, key)
+    values = job_values(svc, spec, who, key)
     try:   # the unique (team, key) index answers "seen before?" without a lookup
         # The hot path of the API: one INSERT that commits itself (one round trip);
         # the job's "submitted" event is its submitted_at.
         with svc._autocommit.connect() as conn:
-            conn.execute(insert(JobRow), [_columns(row)])
+            conn.execute(INSERT_JOB, values)
     except IntegrityError:
-        found = by_key(svc, row.team, row.idempotency_key) if row.idempotency_key \
-            else None
+        found = by_key(svc, values["team"], values["idempotency_key"]) \
+            if values["idempotency_key"] else None
         if found is None:
             raise
-        same_job(found, row)
+        same_job(found, JobRow(**values))
         return found, False
     svc.wake.set()
-    return row, True
+    return JobRow(**values), True
 
 
 def job_row(svc: Store, spec: JobSpec, who: Principal, key: str | None = None) -> JobRow:
     """The row a submit inserts, once `who` may submit `spec` and it can run: raises
     Forbidden (another team's), Rejected (can never run) or InputError (bad class).
     Shared by the single and the batch submit (batch.py)."""
+    return JobRow(**job_values(svc, spec, who, key))
+
+
+def job_values(svc: Store, spec: JobSpec, who: Principal, key: str | None = None) -> dict:
+    """job_row's columns (those a new job sets; the others are NULL or their default)."""
     key = key or None                 # an empty key is no key
     if "team" not in spec.model_fields_set:
         spec = spec.model_copy(update={"team": who.team})
-    if not who.may_act_for(spec.team):
-        raise Forbidden(f"team: your token is for team {who.team!r}, not {spec.team!r}")
+    team = spec.team
+    if not who.may_act_for(team):
+        raise Forbidden(f"team: your token is for team {who.team!r}, not {team!r}")
     resolved = resolve(spec, svc.reg.job_classes, defaults=svc._policy().defaults)
     why = rejection(svc, resolved)
     if why:
         raise Rejected(spec.name, why)
-    return JobRow(id=str(uuid.uuid4()), name=spec.name, team=spec.team,
-                  idempotency_key=key,
-                  spec={**spec.model_dump(mode="json", exclude_unset=True),
-                        "team": spec.team},
-                  state=PENDING, priority=spec.priority, details={}, attempt=0,
-                  borrowed=False, preemptions=0, idle_requeues=0,
-                  # what a retry with the same key must match (none without a key)
-                  spec_digest=spec_digest(spec) if key else None,
-                  submitted_at=utcnow())
+    return dict(id=str(uuid.uuid4()), name=spec.name, team=team, idempotency_key=key,
+                spec={**spec.model_dump(mode="json", exclude_unset=True), "team": team},
+                state=PENDING, priority=spec.priority, details={}, attempt=0,
+                borrowed=False, preemptions=0, idle_requeues=0,
+                # what a retry with the same key must match (none without a key)
+                spec_digest=spec_digest(spec) if key else None,
+                submitted_at=utcnow())
 
 
 def by_key(svc: Store, team: str, key: str) -> JobRow | None:
