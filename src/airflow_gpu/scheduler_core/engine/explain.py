@@ -149,9 +149,14 @@ def _free_on(state: ClusterState, need: Need, hosts) -> int:
 def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[str, int]]:
     """Jobs holding GPUs this need could use (eligible, on hosts it may use), most first."""
     counts: dict[str, int] = {}
+    eligible = {i: need.eligible(state.cluster.hosts[i].type) for i in usable}
     for job, allocs in state.allocations.items():
-        n = sum((a.gpu_mask & need.eligible(a.host.type)).bit_count() for a in allocs
-                if a.host.index in usable)
+        n = 0
+        for a in allocs:
+            if a.gpu_mask:
+                m = eligible.get(a.host.index)
+                if m:
+                    n += (a.gpu_mask & m).bit_count()
         if n:
             counts[job] = n
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))

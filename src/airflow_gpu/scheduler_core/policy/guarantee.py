@@ -10,6 +10,7 @@ one that does not, and then says so (preempt.py, docs/queue-policy.md "Reclaim")
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from .quota import need
@@ -33,7 +34,7 @@ def below(quotas: Quotas, team: str, less, gone=(0, 0, 0)) -> float:
     its guarantee, or what it holds where that is less."""
     u = quotas.held.get(team, (0, 0, 0))
     short = 0.0
-    for i, (a, x, y, g) in enumerate(zip(u, less, gone, quotas.config.guarantee(team),
+    for i, (a, x, y, g) in enumerate(zip(u, less, gone, quotas.guarantee(team),
                                         strict=True)):
         if g == math.inf or x <= 0:
             continue
@@ -43,10 +44,12 @@ def below(quotas: Quotas, team: str, less, gone=(0, 0, 0)) -> float:
     return short
 
 
-def stopping_by_team(s: SchedulerView) -> dict[str, list[float]]:
-    """What each team's jobs that are stopping already give back."""
-    out: dict[str, list[float]] = {}
-    for name in s.stopping:
+def stopping_by_team(s: SchedulerView, names: Iterable[str] | None = None,
+                     out: dict[str, list[float]] | None = None) -> dict[str, list[float]]:
+    """What each team's jobs that are stopping already give back; `names` (of them) on
+    top of `out`: a running total."""
+    out = {} if out is None else dict(out)
+    for name in s.stopping if names is None else names:
         v = s.running.get(name)
         if v is not None:
             out[v.team] = _plus(out.get(v.team), need(v))
@@ -84,12 +87,12 @@ def broken_teams(s: SchedulerView, job: QueuedJob, victims: list[QueuedJob], gon
     return out
 
 
-def broken_guarantees(p: PassView, job: QueuedJob, chosen, placed: Placed
+def broken_guarantees(p: PassView, job: QueuedJob, chosen, placed: Placed, gone=None
                       ) -> tuple[dict[str, str], dict[str, str]]:
     """Per victim of a team the set takes below its guarantee, what its preemption says
     (whose guarantee, for whom, and whether it may restart on what is left); per such
-    team, what the preemptor's reason says."""
-    teams = broken_teams(p.s, job, [c[1] for c in chosen])
+    team, what the preemptor's reason says. `gone`: as broken_teams."""
+    teams = broken_teams(p.s, job, [c[1] for c in chosen], gone)
     out = {}
     for _, v, _ in chosen:
         if v.team in teams:

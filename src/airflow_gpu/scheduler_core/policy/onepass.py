@@ -74,7 +74,7 @@ class Pass:
             return self.head is not None
         if self.protect_left > 0 and self.may_reserve():
             return False
-        if self.s.state.usable_total == 0 and not self.s.queue.cpu_only:
+        if not self.s.queue.cpu_only and self.plan.no_usable_gpu():
             return True
         if self._failures == self._failures_seen:
             return False
@@ -144,8 +144,8 @@ class Pass:
             if reserved is not None and self.mode == "backfill":
                 reserved = self.keep_promise(reserved)
                 self.add(reserved)
-        if self.explain:
-            self.plan.hold_first(0)
+        if self.explain:       # (the reasons drop the holds where they place)
+            self.plan.let_go()
             self.wait(job, upcoming(self, job, self.reasons.blocked(job, protected, reserved)))
 
     def keep_promise(self, r: Reservation) -> Reservation:
@@ -212,9 +212,8 @@ class Pass:
         time, it is planned to end before then; that is enforced: it is stopped at the
         reservation's start (the service and the simulator requeue it), so the reserved
         job waits at most the grace for it, whatever the job declared."""
-        cut, by = min(((r.start, r.job.name) for r in self.reservations if r.job is not job
-                       and r.start > self.now and r.overlaps(placed.allocations)),
-                      default=(math.inf, ""))
+        cut, by = min(((r.start, r.job.name) for r in self.plan.overlapping(placed.allocations)
+                       if r.job is not job and r.start > self.now), default=(math.inf, ""))
         deadline = min(self.now + job.limit, cut)
         job.borrowed = not self.s.quotas.covered(job)
         self.s._start(job, placed.allocations, self.now, deadline)

@@ -12,6 +12,7 @@ from ..engine.placement import Placed
 from .reservations import Hold, Reservation
 
 if TYPE_CHECKING:
+    from ..engine.state import ReplicaAllocation
     from .types import QueuedJob, SchedulerView
 
 
@@ -32,25 +33,116 @@ class PassPlan:
         self.last = last if reuse else []
         self.next_last = 0                             # how far the last pass's still stand
         self._held: list[Hold] = []                    # holds of reservations[:len(_held)]
+        self._asked = 0               # of them, those the pass asked for (hold_first)
+        # each hold's hosts' changes (ClusterState.changes) once it was taken, and holds
+        # dropped while nothing else changed on their hosts: taken again as they were
+        self._grabbed: dict[Hold, tuple[int, ...]] = {}
+        self._kept: dict[Reservation, tuple[Hold, list, tuple[int, ...]]] = {}
+        self._on_host: dict[int, list[Reservation]] = {}   # the reservations on each host
+        for r in self.reservations:
+            self._index(r, 1)
+
+    def _index(self, r: Reservation, sign: int) -> None:
+        for host in dict.fromkeys(a.host.index for a in r.allocations):
+            if sign > 0:
+                self._on_host.setdefault(host, []).append(r)
+            else:
+                self._on_host[host].remove(r)
+
+    def blocks(self, allocs: list[ReplicaAllocation], end: float) -> bool:
+        """Some reservation that starts before `end` holds part of `allocs`."""
+        on_host = self._on_host
+        for host in {a.host.index for a in allocs}:
+            for r in on_host.get(host, ()):
+                if r.start < end and r.overlaps(allocs):
+                    return True
+        return False
+
+    def overlapping(self, allocs: list[ReplicaAllocation]) -> list[Reservation]:
+        """The reservations that hold part of `allocs` (looked up by host)."""
+        found = {id(r): r for host in {a.host.index for a in allocs}
+                 for r in self._on_host.get(host, ()) if r.overlaps(allocs)}
+        return list(found.values())
+
+    def holds_all(self) -> bool:
+        return len(self._held) == len(self.reservations)
 
     def starts(self) -> list[float]:
         return [r.start for r in self.reservations]
 
     def hold_first(self, k: int) -> None:
         """Hold exactly the first `k` reservations (by start) on the live state."""
-        state = self.s.state
         while len(self._held) > k:
-            self._held.pop().drop(state)
+            self._drop()
         while len(self._held) < k:
-            hold = Hold(self.reservations[len(self._held)].allocations)
+            self._held.append(self._grab(self.reservations[len(self._held)]))
+        self._asked = k
+
+    def _changes(self, hold: Hold) -> tuple[int, ...]:
+        changes = self.s.state.changes
+        return tuple(changes[h] for h in hold.want)
+
+    def _grab(self, r: Reservation) -> Hold:
+        state = self.s.state
+        kept = self._kept.pop(r, None)
+        if kept is not None and self._changes(kept[0]) == kept[2]:
+            # its hosts are as they were before it was taken: it takes the same again
+            hold, pieces, _ = kept
+            for piece in pieces:
+                state.hold(piece)
+            hold.pieces.extend(pieces)
+        else:
+            hold = Hold(r.allocations)
             hold.grab(state)
-            self._held.append(hold)
+        self._grabbed[hold] = self._changes(hold)
+        return hold
+
+    def _drop(self) -> None:
+        hold = self._held.pop()
+        r = self.reservations[len(self._held)]
+        kept = self._changes(hold) == self._grabbed.pop(hold)   # nothing else came since
+        pieces = list(hold.pieces)
+        hold.drop(self.s.state)
+        if kept:
+            self._kept[r] = (hold, pieces, self._changes(hold))
+
+    def let_go(self) -> None:
+        """The pass holds nothing now, but the holds stay until a placement asks for
+        fewer (hold_first): most of the time it asks for them all again next."""
+        self._asked = 0
+
+    def no_usable_gpu(self) -> bool:
+        """No GPU is usable with the holds the pass asked for (more may be kept)."""
+        state = self.s.state
+        if state.usable_total:
+            return False
+        for hold in self._held[self._asked:]:
+            for piece in hold.pieces:
+                hs = state.hosts[piece.host.index]
+                if not hs.drained and piece.gpu_mask & ~hs.bad_gpus:
+                    return False
+        return True
 
     def add(self, r: Reservation) -> None:
         i = bisect.bisect_right(self.starts(), r.start)
-        self.hold_first(min(i, len(self._held)))
+        held = len(self._held)
+        if i < held and not any(h in x._held for x in self.reservations[i:held]
+                                for h in r._held):
+            # the holds after it are on other hosts, so its hold takes now what it would
+            # have taken before theirs: they stay
+            self._held.insert(i, self._grab(r))
+        else:
+            self._held_to(min(i, held))
+        self._asked = min(i, self._asked)
         self.reservations.insert(i, r)
         self.made.append(r)
+        self._index(r, 1)
+
+    def _held_to(self, k: int) -> None:
+        """hold_first(k) for k <= len(_held), what the pass asked for left as it is."""
+        asked = self._asked
+        self.hold_first(k)
+        self._asked = min(k, asked)
 
     def drop_carried(self, job: QueuedJob) -> bool:
         """The job is considered again: its carried reservation goes (True if it had one)."""
@@ -58,8 +150,10 @@ class PassPlan:
         if r is None:
             return False
         i = next(k for k, x in enumerate(self.reservations) if x is r)
-        self.hold_first(min(i, len(self._held)))
+        self._held_to(min(i, len(self._held)))
         del self.reservations[i]
+        self._index(r, -1)
+        self._kept.pop(r, None)
         return True
 
     def due_now(self, job: QueuedJob) -> Placed | None:
@@ -71,8 +165,7 @@ class PassPlan:
         self.hold_first(0)
         if not r.is_free(self.s.state):
             return None
-        end = self.now + self.s.runtime(job, r.tier)
-        if any(x.start < end and x.overlaps(r.allocations) for x in self.reservations):
+        if self.blocks(r.allocations, self.now + self.s.runtime(job, r.tier)):
             return None
         return Placed(r.allocations)
 

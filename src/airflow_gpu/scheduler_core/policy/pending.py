@@ -82,6 +82,7 @@ class Reasons:
         p = self.p
         s = p.s
         if job.shape not in self._why:
+            p.plan.hold_first(0)
             got = place(job.spec, s.state, s.reg, job.needs)
             if isinstance(got, Placed):
                 blocker = next((r for r in p.reservations if r.overlaps(got.allocations)),
@@ -181,6 +182,7 @@ class Reasons:
             return None
         if job.shape not in self._eta:
             s = p.s
+            p.plan.hold_first(0)
             r = earliest_end(job, s.state, s.reg, p.now, p.reservations,
                              lambda tier: s.runtime(job, tier), s.best_tier(job))
             self._eta[job.shape] = None if r is None else r.start - p.now

@@ -17,6 +17,9 @@ the same on each host alone, and the cheapest set wins.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -62,7 +65,38 @@ def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
     return unsaved(max(0.0, now - started), job.checkpoint_interval)
 
 
-def pool(s: SchedulerView, now: float, soon: bool = False) -> list[tuple[tuple, QueuedJob]]:
+class Pool(list):
+    """(cost, job) of running jobs that may be preempted, cheapest first, with what one
+    pass keeps of it between searches: each kind of preemptor's candidates so far
+    (`candidates`), each victim's host (`one_host`)."""
+
+    def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
+        super().__init__(entries)
+        # kind -> (teams over their guarantee, len(stopping), candidates, their names,
+        # pool position)
+        self.kinds: dict[tuple, tuple] = {}
+        self.hosts: dict[str, int | None] = {}
+        self._gone: tuple[int, dict[str, list[float]]] = (0, {})
+
+    def gone(self, s: SchedulerView) -> dict[str, list[float]]:
+        """guarantee.stopping_by_team as a running total: in a pass, jobs only begin to
+        stop (in the order `stopping` keeps)."""
+        n, by_team = self._gone
+        if n != len(s.stopping):
+            by_team = (stopping_by_team(s, itertools.islice(s.stopping, n, None), by_team)
+                       if n < len(s.stopping) else stopping_by_team(s))
+            self._gone = (len(s.stopping), by_team)
+        return by_team
+
+    def one_host(self, s: SchedulerView, name: str) -> int | None:
+        """The host a victim runs on, None if it spans several."""
+        if name not in self.hosts:
+            hosts = {a.host.index for a in s.state.allocations[name]}
+            self.hosts[name] = hosts.pop() if len(hosts) == 1 else None
+        return self.hosts[name]
+
+
+def pool(s: SchedulerView, now: float, soon: bool = False) -> Pool:
     """(cost, job) of every running job that may be preempted at all, cheapest first.
     `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
     cfg = s.config.preemption
@@ -75,7 +109,7 @@ def pool(s: SchedulerView, now: float, soon: bool = False) -> list[tuple[tuple, 
         cost = (max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started, v.seq)
         out.append((((max(now, started + cfg.min_run_time), *cost) if soon else cost), v))
     out.sort(key=lambda c: c[0])
-    return out
+    return Pool(out)
 
 
 def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
@@ -85,10 +119,10 @@ def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
 
 
 def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
-               victims: list[tuple[tuple, QueuedJob]] | None = None
-               ) -> list[tuple[tuple, QueuedJob, str]]:
-    """(cost, victim, reason) of every job `job` may stop, cheapest first; `own_team`:
-    only its team's (it waits for its team's quota); `victims`: this pool, not the pass's."""
+               victims: Pool | None = None) -> list[tuple[tuple, QueuedJob, str]]:
+    """(cost, victim, reason) of every job `job` may stop, cheapest first, at most
+    4 x max_victims; `own_team`: only its team's (it waits for its team's quota);
+    `victims`: this pool, not the pass's."""
     s = p.s
     cfg = s.config.preemption
     below = cfg.victims_below(job.base, job.job_class)
@@ -99,27 +133,40 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         if p.victim_pool is None:
             p.victim_pool = pool(s, p.now)
         victims = p.victim_pool
-    out = []
-    quotas, over = s.quotas, {}
-    for cost, v in victims:
-        name = v.name
-        if (name in s.stopping or name in job.preempted_by
-                or own_team and v.team != job.team):
+    quotas, stopping = s.quotas, s.stopping
+    over = {t: quotas.over(t) for t in quotas.held}     # every running job's team
+    # within a pass jobs only start and victims only stop: while no team crosses its
+    # guarantee, a kind's candidates are those found before less the victims stopping
+    # since, then the scan goes on where it stopped
+    kind = (job.team, below, reclaim, job.preempted_by, own_team)
+    flags = tuple(over.values())
+    out, names, pos = [], [], 0
+    cached = victims.kinds.get(kind)
+    if cached is not None and cached[0] == flags:
+        _, seen, out, names, pos = cached
+        for name in itertools.islice(stopping, seen, None):
+            if name in names:
+                i = names.index(name)
+                del out[i], names[i]
+    limit = cfg.max_victims * 4
+    mine, preempted_by = job.team, job.preempted_by
+    while len(out) < limit and pos < len(victims):
+        cost, v = victims[pos]
+        pos += 1
+        name, team = v.spec.name, v.spec.team
+        if name in stopping or name in preempted_by or own_team and team != mine:
             continue
-        if v.team not in over:
-            over[v.team] = quotas.over(v.team)
-        borrowed = v.borrowed and over[v.team]
-        if reclaim and borrowed and v.team != job.team:
+        borrowed = v.borrowed and over[team]
+        if reclaim and borrowed and team != mine:
             reason = "reclaim"
-        elif v.base < below and (v.team == job.team or borrowed
-                                 or not quotas.guaranteed(v.team)):
+        elif v.base < below and (team == mine or borrowed or not quotas.guaranteed(team)):
             reason = "priority"
         else:
             continue
         out.append((cost, v, reason))
-        if len(out) >= cfg.max_victims * 4:
-            break
-    return out
+        names.append(name)
+    victims.kinds[kind] = (flags, len(stopping), out, names, pos)
+    return list(out)
 
 
 class Trial:
@@ -131,8 +178,15 @@ class Trial:
         self.p, self.job = p, job
         self.freed = freed         # stopping already for this job: free for every trial
         self.own_team = own_team   # the victims must also free the team's quota for it
-        self.gone = stopping_by_team(p.s)
         self.skipped = False       # a candidate was left out to keep a guarantee
+        # inside `giving_back`: the jobs whose resources are given back now
+        self.out: dict[str, list] | None = None
+
+    @functools.cached_property
+    def gone(self) -> dict[str, list[float]]:
+        """What each team's stopping jobs give back (guarantee.stopping_by_team)."""
+        victims = self.p.victim_pool
+        return victims.gone(self.p.s) if victims is not None else stopping_by_team(self.p.s)
 
     def shortfall(self, chosen) -> dict[str, float]:
         """Per other team: GPUs the victims take it below its guarantee (guarantee.below)."""
@@ -143,15 +197,52 @@ class Trial:
     def quota_ok(self, victims: list[QueuedJob]) -> bool:
         return not self.own_team or self.p.s.quotas.fits_without(self.job, victims)
 
+    @contextlib.contextmanager
+    def giving_back(self):
+        """Between the placements of one search, victims' resources stay given back:
+        each placement gives back or takes again only those its set changes (the state
+        it sees is the same); all are taken again at the end."""
+        self.out = {}
+        try:
+            yield
+        finally:
+            self._take_again(list(self.out))
+            self.out = None
+
+    def _take_again(self, names) -> None:
+        state = self.p.s.state
+        for name in names:
+            for a in self.out.pop(name):
+                state.hold(a)
+
+    def _give_back(self, victims: list[QueuedJob]) -> list:
+        """Give back the resources of `freed` and `victims` (and only theirs); returns
+        what to take again after the placement (nothing inside `giving_back`)."""
+        p, state = self.p, self.p.s.state
+        if self.out is None:
+            allocs = [a for v in self.freed + victims for a in state.allocations[v.name]]
+            p.plan.hold_first(len(p.reservations))
+            for a in allocs:
+                state.unhold(a)
+            return allocs
+        if not p.plan.holds_all():       # holds are grabbed with every victim running
+            self._take_again(list(self.out))
+            p.plan.hold_first(len(p.reservations))
+        names = {v.name for v in victims} | {v.name for v in self.freed}
+        self._take_again([n for n in self.out if n not in names])
+        for v in self.freed + victims:
+            if v.name not in self.out:
+                self.out[v.name] = allocs = state.allocations[v.name]
+                for a in allocs:
+                    state.unhold(a)
+        return []
+
     def place(self, victims: list[QueuedJob]) -> Placed | None:
         p, s, job = self.p, self.p.s, self.job
         if not self.quota_ok(victims):
             return None
         state = s.state
-        allocs = [a for v in self.freed + victims for a in state.allocations[v.name]]
-        p.plan.hold_first(len(p.reservations))
-        for a in allocs:
-            state.unhold(a)
+        allocs = self._give_back(victims)
         try:
             got = place_best(job, state, s.reg, s.best_tier(job))
         finally:
@@ -160,7 +251,7 @@ class Trial:
         if got is None:
             return None
         end = p.now + s.runtime(job, got.tier)
-        if any(r.start < end and r.overlaps(got.allocations) for r in p.reservations):
+        if p.plan.blocks(got.allocations, end):
             return None          # it would take what a reservation needs before it ends
         return got
 
@@ -176,32 +267,33 @@ class Trial:
             v.gpus for v in self.freed)
         quotas, taken = self.p.s.quotas, {}
         got = None
-        for c in cands:
-            _, v, reason = c
-            if v.team != self.job.team:
-                more = [a + b for a, b in zip(taken.get(v.team, (0, 0, 0)), need(v),
-                                              strict=True)]
-                if (strict or reason != "reclaim") and below(
-                        quotas, v.team, more, self.gone.get(v.team, (0, 0, 0))):
-                    self.skipped = True
-                    continue
-                taken[v.team] = more
-            chosen.append(c)
-            freed_gpus += v.gpus
-            if freed_gpus < self.job.gpus:
-                continue                  # not enough GPUs by count yet: no placement
-            got = self.place([x[1] for x in chosen])
-            if got is not None or len(chosen) >= limit:
-                break
-        if got is None:
-            return None
-        for c in sorted(chosen, key=lambda c: c[0], reverse=True):
-            if len(chosen) == 1:
-                break
-            rest = [x for x in chosen if x is not c]
-            fewer = self.place([x[1] for x in rest])
-            if fewer is not None:
-                chosen, got = rest, fewer
+        with self.giving_back():
+            for c in cands:
+                _, v, reason = c
+                if v.team != self.job.team:
+                    more = [a + b for a, b in zip(taken.get(v.team, (0, 0, 0)), need(v),
+                                                  strict=True)]
+                    if (strict or reason != "reclaim") and below(
+                            quotas, v.team, more, self.gone.get(v.team, (0, 0, 0))):
+                        self.skipped = True
+                        continue
+                    taken[v.team] = more
+                chosen.append(c)
+                freed_gpus += v.gpus
+                if freed_gpus < self.job.gpus:
+                    continue                  # not enough GPUs by count yet: no placement
+                got = self.place([x[1] for x in chosen])
+                if got is not None or len(chosen) >= limit:
+                    break
+            if got is None:
+                return None
+            for c in sorted(chosen, key=lambda c: c[0], reverse=True):
+                if len(chosen) == 1:
+                    break
+                rest = [x for x in chosen if x is not c]
+                fewer = self.place([x[1] for x in rest])
+                if fewer is not None:
+                    chosen, got = rest, fewer
         return chosen, got
 
     def every_set(self, cands: list[tuple[tuple, QueuedJob, str]], limit: int
@@ -222,10 +314,11 @@ class Trial:
                 continue                  # priority never takes a guarantee
             sets.append(((sum(short.values()), *_total(chosen)), chosen))
         sets.sort(key=lambda s: s[0])
-        for _, chosen in sets:
-            got = self.place([c[1] for c in chosen])
-            if got is not None:
-                return chosen, got
+        with self.giving_back():
+            for _, chosen in sets:
+                got = self.place([c[1] for c in chosen])
+                if got is not None:
+                    return chosen, got
         return None
 
 
@@ -279,14 +372,22 @@ def search(trial: Trial, cands: list[tuple[tuple, QueuedJob, str]], limit: int
     best = trial.cheapest(cands, limit)
     if best is None or job.gpus > s.state.cluster.max_host_gpus:
         return best
+    # hosts by their cheapest candidate (cands are cheapest first): only those where it
+    # costs less than the best set, since no set there can cost less otherwise
+    victims, bound = trial.p.victim_pool, _total(best[0])[0]
     by_host: dict[int, list] = {}
     for c in cands:
-        hosts = {a.host.index for a in s.state.allocations[c[1].name]}
-        if len(hosts) == 1:
-            by_host.setdefault(hosts.pop(), []).append(c)
-    # a host's cheapest candidate bounds what any set there costs
-    tried = sorted(by_host.items(), key=lambda hc: hc[1][0][0])
-    for host, cs in tried[:HOST_SCOPES]:
+        if c[0][0] >= bound or len(by_host) == HOST_SCOPES:
+            break
+        host = victims.one_host(s, c[1].name)
+        if host is not None:
+            by_host.setdefault(host, [])
+    if by_host:
+        for c in cands:
+            host = victims.one_host(s, c[1].name)
+            if host in by_host:
+                by_host[host].append(c)
+    for host, cs in by_host.items():
         if cs[0][0][0] >= _total(best[0])[0]:
             break
         free = s.state.hosts[host].usable_gpus.bit_count()
@@ -321,7 +422,7 @@ def stop_for(p: PassView, job: QueuedJob, chosen, placed: Placed,
     s, now = p.s, p.now
     names, reasons = [], set()
     stop_at = now
-    broken, teams = broken_guarantees(p, job, chosen, placed)
+    broken, teams = broken_guarantees(p, job, chosen, placed, p.victim_pool.gone(s))
     for _, v, reason in chosen:
         lost = lost_seconds(v, s.state.started[v.name], now)
         why = ("reclaims its team's guaranteed GPUs from borrowed work" if reason == "reclaim"

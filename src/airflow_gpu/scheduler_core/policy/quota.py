@@ -87,6 +87,14 @@ class Quotas:
         self.held: dict[str, Usage] = {}
         # no team policy at all: every limit is inf, no job ever waits for a quota
         self.unlimited = not config.teams
+        self._guarantee: dict[str, tuple[float, float, float]] = {}
+
+    def guarantee(self, team: str) -> tuple[float, float, float]:
+        """config.guarantee, kept per team: a scheduler's policy does not change."""
+        g = self._guarantee.get(team)
+        if g is None:
+            g = self._guarantee[team] = self.config.guarantee(team)
+        return g
 
     def add(self, job: QueuedJob, sign: int = 1) -> None:
         u = self.held.setdefault(job.team, [0, 0, 0])
@@ -99,7 +107,7 @@ class Quotas:
 
     def covered(self, job: QueuedJob) -> bool:
         """The team's guarantee covers the job on top of what the team holds."""
-        g = self.config.guarantee(job.team)
+        g = self.guarantee(job.team)
         return all(a <= b for a, b in zip(self._after(job), g, strict=True))
 
     def fits_without(self, job: QueuedJob, victims: list[QueuedJob]) -> bool:
@@ -119,7 +127,7 @@ class Quotas:
     def over(self, team: str, less: Usage = (0, 0, 0)) -> bool:
         """The team holds (minus `less`) more than its guarantee in some resource."""
         u = self.held.get(team, (0, 0, 0))
-        g = self.config.guarantee(team)
+        g = self.guarantee(team)
         return any(a - x > b for a, x, b in zip(u, less, g, strict=True))
 
     def wait(self, job: QueuedJob) -> Pending | None:
