@@ -3,14 +3,21 @@ holding the GPU (the service knows the holds), and integrated into the job's usa
 sampled seconds, utilization x seconds (trapezoids between consecutive samples), peak
 utilization and memory, energy (the GPU's energy counter where it reports one, else the
 power integrated) and the time at zero utilization. Gaps longer than the host timeout
-(the host was unreachable) are not integrated. The job's series for the UI gets one point
-per SERIES_STEP and host."""
+(the host was unreachable) are not integrated. The job's series for the UI gets a point
+from the first report of each SERIES_STEP (UTC-aligned, as the series is read) per host.
+
+A report costs the same few statements however many jobs hold the host's GPUs: the
+holds with their jobs and today's usage rows, then one bulk update (and, where due, one
+insert of new rows and one of series points). A usage row's `last_at` (the job's
+previous report on the host) decides the series point, so job_samples, which grows all
+the job's life, is never read here."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from ..engine.mig import gpu_share
@@ -19,24 +26,158 @@ from .common import LIVE, _ts
 
 SERIES_STEP = 30.0          # seconds between two points of a job's series on one host
 
+_USAGE, _SAMPLES = UsageRow.__table__, SampleRow.__table__
+_HOLDS, _JOBS, _ALLOCS = GpuHoldRow.__table__, JobRow.__table__, AllocationRow.__table__
+_INTEGRATED = ("sampled_seconds", "util_seconds", "util_peak", "memory_peak_bytes",
+               "energy_joules", "zero_seconds", "below_since", "last_at", "last_util",
+               "last_power", "last_energy")
+_COLUMNS = ("job_id", "team", "attempt", "role", "replica", "host", "gpu", "day",
+            *_INTEGRATED)
+
+# Built once (Core, not ORM): a report is a few statements, so building and adapting
+# them would cost as much as running them.
+_EVERY = _HOLDS.alias("every")
+_UKEYS = tuple(c.key for c in _USAGE.c)
+# each GPU's today's usage row comes with its hold: the unique key's index finds it
+_HELD = (select(_HOLDS.c.gpu, _JOBS.c.id, _JOBS.c.team, _JOBS.c.attempt, _JOBS.c.spec,
+                _JOBS.c.state, _JOBS.c.idle_since, _JOBS.c.idle_flagged_at,
+                select(func.count()).where(_EVERY.c.job_id == _JOBS.c.id)
+                .scalar_subquery(), *(c.label(f"u_{c.key}") for c in _USAGE.c))
+         .join_from(_HOLDS, _JOBS, _JOBS.c.id == _HOLDS.c.job_id)
+         .outerjoin(_USAGE, and_(_USAGE.c.job_id == _JOBS.c.id,
+                                 _USAGE.c.attempt == _JOBS.c.attempt,
+                                 _USAGE.c.host == _HOLDS.c.host, _USAGE.c.gpu == _HOLDS.c.gpu,
+                                 _USAGE.c.day == bindparam("day")))
+         .where(_HOLDS.c.host == bindparam("host"), _JOBS.c.state.in_(LIVE))
+         .order_by(_HOLDS.c.gpu))
+_IDS = bindparam("ids", expanding=True)
+
+
+def _usage_read(newer: bool, spread: bool):
+    u = _USAGE.c
+    here = u.host == bindparam("host")
+    q = select(_USAGE).where(
+        u.job_id.in_(_IDS), u.day == bindparam("day") if newer else u.day < bindparam("day"),
+        or_(here, u.job_id.in_(bindparam("spread", expanding=True))) if spread else here)
+    return q if newer else q.order_by(u.day.desc())
+
+
+_USAGE_READ = {(newer, spread): _usage_read(newer, spread)
+               for newer in (True, False) for spread in (True, False)}
+_ROLES = select(_ALLOCS.c.job_id, _ALLOCS.c.role, _ALLOCS.c.replica, _ALLOCS.c.gpus).where(
+    _ALLOCS.c.job_id.in_(_IDS), _ALLOCS.c.host == bindparam("host"),
+    _ALLOCS.c.live.is_(True))
+_UPDATE_USAGE = update(_USAGE).where(_USAGE.c.id == bindparam("b_id"))
+_INSERT_USAGE, _INSERT_SAMPLES = insert(_USAGE), insert(_SAMPLES)
+
 
 def day_of(at: datetime) -> str:
     return at.strftime("%Y-%m-%d")
 
 
-def _latest(s: Session, job_ids: list[str], host: str) -> dict[tuple, UsageRow]:
-    """The newest usage row of each (job, attempt, gpu) on `host`: it carries the last
-    sample (an older day's row starts the next day's)."""
-    out: dict[tuple, UsageRow] = {}
-    rows = s.scalars(select(UsageRow).where(UsageRow.job_id.in_(job_ids),
-                                            UsageRow.host == host)
-                     .order_by(UsageRow.day.desc()))
+@dataclass(slots=True)
+class Usage:
+    """A job_usage row in memory: read, integrated, written back in one statement."""
+
+    job_id: str
+    team: str
+    attempt: int
+    role: str
+    replica: int
+    host: str
+    gpu: int
+    day: str
+    sampled_seconds: float = 0.0
+    util_seconds: float = 0.0
+    util_peak: float | None = None
+    memory_peak_bytes: int | None = None
+    energy_joules: float = 0.0
+    zero_seconds: float = 0.0
+    below_since: datetime | None = None
+    last_at: datetime | None = None
+    last_util: float | None = None
+    last_power: float | None = None
+    last_energy: float | None = None
+    id: int | None = None
+
+
+@dataclass(slots=True)
+class Held:
+    """A live job holding GPUs of the reporting host, with what the idle policy needs."""
+
+    id: str
+    team: str
+    attempt: int
+    spec: dict
+    state: str
+    idle_since: datetime | None
+    idle_flagged_at: datetime | None
+    held: int                                   # GPUs it holds on every host
+    gpus: list[int] = field(default_factory=list)   # those it holds here
+    rows: dict[tuple[str, int], Usage] = field(default_factory=dict)  # (host, gpu): newest
+
+
+@dataclass(slots=True)
+class Attributed:
+    """What one report was attributed to: the jobs, their idle rules (idle.IdleRule)."""
+
+    jobs: dict[str, Held]
+    rules: dict[str, object]
+    reported: list[str]          # the jobs whose GPUs the report gave, in its order
+
+
+def _held(s: Session, host: str, today: str) -> dict[str, Held]:
+    """The live jobs holding GPUs of `host`, each with its GPUs here, the count of all it
+    holds (the idle policy waits for every one of them) and today's usage rows here: one
+    statement."""
+    jobs: dict[str, Held] = {}
+    for r in s.connection().execute(_HELD, {"host": host, "day": today}):
+        job = jobs.get(r[1])
+        if job is None:
+            job = jobs[r[1]] = Held(*r[1:9])
+        job.gpus.append(r[0])
+        if r[9] is not None:
+            job.rows[(host, r[0])] = Usage(**dict(zip(_UKEYS, r[9:], strict=True)))
+    return jobs
+
+
+def _older(s: Session, jobs: dict[str, Held], host: str, wide: set[str],
+           today: str) -> None:
+    """Into each job's `rows`, the newest usage rows `_held` did not find: for the jobs in
+    `wide`, those on the other hosts; older days' for GPUs without a row today (a job's
+    first report of the day, or its first at all). No statement in the steady state."""
+
+    def read(ids: list[str], newer: bool) -> None:
+        spread = sorted(wide.intersection(ids))
+        params = {"ids": ids, "day": today, "host": host}
+        if spread:
+            params["spread"] = spread
+        for r in s.connection().execute(_USAGE_READ[(newer, bool(spread))], params):
+            job = jobs[r.job_id]
+            if r.attempt == job.attempt:
+                job.rows.setdefault((r.host, r.gpu), Usage(**r._mapping))
+
+    if wide:
+        read(sorted(wide), True)
+    short = sorted(j.id for j in jobs.values()
+                   if any((host, g) not in j.rows for g in j.gpus)
+                   or (j.id in wide and len(j.rows) < j.held))
+    if short:
+        read(short, False)
+
+
+def _roles(s: Session, host: str, rows: list[Usage]) -> None:
+    """The role and replica of new usage rows, from the live allocations on `host`."""
+    found = {}
+    for job_id, role, index, gs in s.connection().execute(
+            _ROLES, {"ids": sorted({r.job_id for r in rows}), "host": host}):
+        for g in gs:
+            found[(job_id, g)] = (role, index)
     for r in rows:
-        out.setdefault((r.job_id, r.attempt, r.gpu), r)
-    return out
+        r.role, r.replica = found.get((r.job_id, r.gpu), ("?", 0))
 
 
-def integrate(row: UsageRow, g: dict, now: datetime, max_gap: float,
+def integrate(row: Usage, g: dict, now: datetime, max_gap: float,
               threshold: float) -> None:
     """Add the interval from the row's last sample to this one (`g`, a reported GPU)."""
     util, power = g.get("utilization_gpu"), g.get("power_watts")
@@ -65,70 +206,74 @@ def integrate(row: UsageRow, g: dict, now: datetime, max_gap: float,
     row.last_at, row.last_util, row.last_power, row.last_energy = now, util, power, energy
 
 
-def record(svc, s: Session, host: str, gpus: list[dict], now: datetime) -> list[str]:
-    """Attribute a report of `host` to the live jobs holding its GPUs; returns their ids."""
-    from .idle import threshold_of
+def record(svc, s: Session, host: str, gpus: list[dict], now: datetime) -> Attributed:
+    """Attribute a report of `host` to the live jobs holding its GPUs."""
+    from .idle import rule_of
 
-    held = {g: (job_id, team, attempt, spec) for g, job_id, team, attempt, spec in s.execute(
-        select(GpuHoldRow.gpu, JobRow.id, JobRow.team, JobRow.attempt, JobRow.spec)
-        .join(JobRow, JobRow.id == GpuHoldRow.job_id)
-        .where(GpuHoldRow.host == host, JobRow.state.in_(LIVE)))}
-    if not held:
-        return []
-    ids = sorted({j for j, *_ in held.values()})
-    replica = {}
-    for job_id, role, index, gs in s.execute(
-            select(AllocationRow.job_id, AllocationRow.role, AllocationRow.replica,
-                   AllocationRow.gpus).where(AllocationRow.job_id.in_(ids),
-                                             AllocationRow.host == host,
-                                             AllocationRow.live.is_(True))):
-        for g in gs:
-            replica[(job_id, g)] = (role, index)
-    latest = _latest(s, ids, host)
     today = day_of(now)
+    jobs = _held(s, host, today)
+    if not jobs:
+        return Attributed({}, {}, [])
+    rules = {j: rule_of(svc, job.spec) for j, job in jobs.items()}
+    # a job held elsewhere too is idle only when all its GPUs are: read them all
+    wide = {j for j, job in jobs.items()
+            if rules[j].after is not None and job.held > len(job.gpus)}
+    _older(s, jobs, host, wide, today)
+    prev = {j: max((_ts(r.last_at) for (h, _), r in job.rows.items()
+                    if h == host and r.last_at is not None), default=None)
+            for j, job in jobs.items()}
+    by_gpu = {g: job for job in jobs.values() for g in job.gpus}
     per_job: dict[str, list[dict]] = {}
+    fresh: list[Usage] = []
+    changed: dict[int, Usage] = {}
     for g in gpus:
-        hit = held.get(g["index"])
-        if hit is None:
+        job = by_gpu.get(g["index"])
+        if job is None:
             continue
-        job_id, team, attempt, spec = hit
-        per_job.setdefault(job_id, []).append(g)
-        role, index = replica.get((job_id, g["index"]), ("?", 0))
-        row = latest.get((job_id, attempt, g["index"]))
+        per_job.setdefault(job.id, []).append(g)
+        row = job.rows.get((host, g["index"]))
         if row is None or row.day != today:
-            new = UsageRow(job_id=job_id, team=team, attempt=attempt, role=role,
-                           replica=index, host=host, gpu=g["index"], day=today,
-                           sampled_seconds=0.0, util_seconds=0.0, energy_joules=0.0,
-                           zero_seconds=0.0)
+            new = Usage(job.id, job.team, job.attempt, "?", 0, host, g["index"], today)
             if row is not None:           # carry the last sample across midnight
                 new.last_at, new.last_util = row.last_at, row.last_util
                 new.last_power, new.last_energy = row.last_power, row.last_energy
                 new.below_since = row.below_since
-            s.add(new)
-            row = new
-        integrate(row, g, now, svc.settings.host_timeout, threshold_of(svc, spec))
-    _series(s, host, per_job, now)
-    s.flush()
-    return list(per_job)
+            job.rows[(host, g["index"])] = row = new
+            fresh.append(new)
+        elif row.id is not None:
+            changed[row.id] = row
+        integrate(row, g, now, svc.settings.host_timeout, rules[job.id].threshold)
+    conn = s.connection()
+    if changed:
+        conn.execute(_UPDATE_USAGE, [{"b_id": r.id, **{k: getattr(r, k) for k in _INTEGRATED}}
+                                     for r in changed.values()])
+    if fresh:
+        _roles(s, host, fresh)
+        conn.execute(_INSERT_USAGE, [{k: getattr(r, k) for k in _COLUMNS} for r in fresh])
+    _series(s, host, per_job, prev, now)
+    return Attributed(jobs, rules, list(per_job))
 
 
-def _series(s: Session, host: str, per_job: dict[str, list[dict]], now: datetime) -> None:
-    last = dict(s.execute(select(SampleRow.job_id, func.max(SampleRow.at)).where(
-        SampleRow.job_id.in_(list(per_job)), SampleRow.host == host)
-        .group_by(SampleRow.job_id)).all())
+def _series(s: Session, host: str, per_job: dict[str, list[dict]],
+            prev: dict[str, float | None], now: datetime) -> None:
+    """A point per job whose previous report here was in an earlier SERIES_STEP."""
+    step = int(_ts(now) // SERIES_STEP)
+    points = []
     for job_id, gs in per_job.items():
-        at = last.get(job_id)
-        if at is not None and _ts(now) - _ts(at) < SERIES_STEP:
+        at = prev.get(job_id)
+        if at is not None and int(at // SERIES_STEP) == step:
             continue
         utils = [g["utilization_gpu"] for g in gs if g.get("utilization_gpu") is not None]
         mems = [g["memory_used_bytes"] for g in gs if g.get("memory_used_bytes") is not None]
         powers = [g["power_watts"] for g in gs if g.get("power_watts") is not None]
         if not (utils or mems or powers):
             continue
-        s.add(SampleRow(job_id=job_id, host=host, at=now, gpus=len(gs),
-                        utilization_gpu=sum(utils) / len(utils) if utils else None,
-                        memory_used_bytes=sum(mems) if mems else None,
-                        power_watts=sum(powers) if powers else None))
+        points.append({"job_id": job_id, "host": host, "at": now, "gpus": len(gs),
+                       "utilization_gpu": sum(utils) / len(utils) if utils else None,
+                       "memory_used_bytes": sum(mems) if mems else None,
+                       "power_watts": sum(powers) if powers else None})
+    if points:
+        s.connection().execute(_INSERT_SAMPLES, points)
 
 
 def charged_gpus(a) -> float:

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select, update
 
 from ..engine.nvlink_groups import nvlink_groups
 from ..errors import InputError
@@ -14,6 +16,17 @@ from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow, MigHoldRow
 from .common import LIVE, UTILIZATION, Principal, _ts, utcnow
 from .errors import Forbidden, NotFound
 from .uow import Store
+
+_HOSTS, _GPUS = HostRow.__table__, GpuRow.__table__
+# built once: a report is a few statements, building them would cost as much
+_HOST_GPUS = (select(_HOSTS.c.registered_at, _HOSTS.c.reported_at, _GPUS.c.index,
+                     _GPUS.c.name, _GPUS.c.healthy, _GPUS.c.health_reason,
+                     _GPUS.c.ecc_corrected_total, _GPUS.c.nvlink_errors_total)
+              .select_from(_HOSTS).outerjoin(_GPUS, _GPUS.c.host == _HOSTS.c.name)
+              .where(_HOSTS.c.name == bindparam("name")).order_by(_GPUS.c.index))
+_SET_GPU = update(_GPUS).where(_GPUS.c.host == bindparam("b_host"),
+                               _GPUS.c.index == bindparam("b_index"))
+_SET_HOST = update(_HOSTS).where(_HOSTS.c.name == bindparam("b_name"))
 
 
 def sync_hosts(svc: Store) -> None:
@@ -63,15 +76,24 @@ def forget_host(svc: Store, name: str, who: Principal) -> None:
     svc.wake.set()
 
 
-def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list[GpuRow]:
+@dataclass(slots=True)
+class GpuHealth:
+    """A GPU's health as a report left it: what the report is answered with."""
+
+    index: int
+    name: str
+    healthy: bool
+    health_reason: str | None
+
+
+def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list[GpuHealth]:
     """Health and utilization of a host's GPUs, as its node agent (or an admin) reports
     it (a heartbeat of the host). An unhealthy GPU gets no new work; jobs on it are
-    handled by their class's on_gpu_failure policy (faults.py)."""
+    handled by their class's on_gpu_failure policy (faults.py). Returns the health of
+    every GPU of the host, by index."""
     from .accounting import record
-    from .agents import reachable
     from .faults import handle_gpu_faults
     from .idle import evaluate
-    from .wear import wear
 
     if not who.admin:
         raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
@@ -83,36 +105,59 @@ def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list
     if host is None:
         raise NotFound(f"host {name!r} is not in the cluster; its node agent registers "
                        "it (PUT /api/v1/hosts/{name})")
+    for g in gpus:
+        if not 0 <= g["index"] < host.type.n_gpus:
+            raise InputError(f"gpus[].index: {g['index']} is not a GPU of {name} "
+                             f"(it has GPUs 0-{host.type.n_gpus - 1})")
     now = utcnow()
     with svc.sessions.begin() as s:
-        hrow = s.get(HostRow, name)
-        if not reachable(hrow, svc.settings.host_timeout, _ts(now)):
-            svc._event(s, "host", f"host {name} is reachable again: its node agent "
-                       "reported", host=name)
-        for g in gpus:
-            if not 0 <= g["index"] < host.type.n_gpus:
-                raise InputError(f"gpus[].index: {g['index']} is not a GPU of {name} "
-                                 f"(it has GPUs 0-{host.type.n_gpus - 1})")
-            row = s.get(GpuRow, (name, g["index"]))
-            if row.healthy != g["healthy"]:
-                svc._event(s, "health", f"GPU {name}:{g['index']} "
-                           f"{'healthy' if g['healthy'] else 'unhealthy'}"
-                           + (f" ({g.get('reason')})" if g.get("reason") else ""),
-                           host=name)
-            row.healthy, row.health_reason, row.reported_at = (
-                g["healthy"], g.get("reason"), now)
-            for key in UTILIZATION:
-                if key in g:
-                    setattr(row, key, g[key])
-            wear(row, g, now)
-        hrow.reported_at = now
-        s.flush()
-        handle_gpu_faults(svc, s, now, host=name)
+        stored = _health(svc, s, name, gpus, now)
+        # only an unhealthy GPU can have jobs to act on
+        if not all(g.healthy for g in stored):
+            handle_gpu_faults(svc, s, now, host=name)
         evaluate(svc, s, record(svc, s, name, gpus, now), now)
     svc.wake.set()
-    with svc.reads() as s:
-        return list(s.scalars(select(GpuRow).where(GpuRow.host == name)
-                              .order_by(GpuRow.index)))
+    return stored
+
+
+def _health(svc: Store, s, name: str, gpus: list[dict], now: datetime) -> list[GpuHealth]:
+    """Take a report's health, utilization and wear into the host's GPU rows (one read,
+    one bulk update); events for the host coming back and GPUs changing health."""
+    from .agents import reachable
+    from .wear import wear
+
+    conn = s.connection()
+    rows = conn.execute(_HOST_GPUS, {"name": name}).all()
+    if rows and not reachable(rows[0], svc.settings.host_timeout, _ts(now)):
+        svc._event(s, "host", f"host {name} is reachable again: its node agent "
+                   "reported", host=name)
+    health = {r.index: GpuHealth(r.index, r.name, r.healthy, r.health_reason)
+              for r in rows if r.index is not None}
+    # the error counters wear() compares, as they stand
+    counters = {r.index: SimpleNamespace(ecc_corrected_total=r.ecc_corrected_total,
+                                         nvlink_errors_total=r.nvlink_errors_total)
+                for r in rows if r.index is not None}
+    groups: dict[tuple, list[dict]] = {}     # one executemany per set of columns
+    for g in gpus:
+        gpu = health.get(g["index"])
+        if gpu is None:                      # no such row: nothing to update
+            continue
+        if gpu.healthy != g["healthy"]:
+            svc._event(s, "health", f"GPU {name}:{g['index']} "
+                       f"{'healthy' if g['healthy'] else 'unhealthy'}"
+                       + (f" ({g.get('reason')})" if g.get("reason") else ""),
+                       host=name)
+        gpu.healthy, gpu.health_reason = g["healthy"], g.get("reason")
+        wear(counters[gpu.index], g, now)
+        values = {"healthy": gpu.healthy, "health_reason": gpu.health_reason,
+                  "reported_at": now, **{k: g[k] for k in UTILIZATION if k in g},
+                  **vars(counters[gpu.index])}
+        groups.setdefault(tuple(values), []).append(
+            {"b_host": name, "b_index": gpu.index, **values})
+    for params in groups.values():
+        conn.execute(_SET_GPU, params)
+    conn.execute(_SET_HOST, {"b_name": name, "reported_at": now})
+    return [health[i] for i in sorted(health)]
 
 
 def set_drained(svc: Store, name: str, drained: bool, who: Principal,

@@ -10,20 +10,26 @@ idle, freeing nothing. At its `hold_after`-th idle requeue it is held (JobHeldUs
 its team or an admin releases it) instead of looping every `after + grace`.
 
 Evaluated on every node agent report, from the per-GPU `below_since` marks accounting
-keeps: a job is idle since the latest of its GPUs' marks, and only once every GPU it
-holds has reported."""
+keeps (the usage rows the report read already): a job is idle since the latest of its
+GPUs' marks, and only once every GPU it holds has reported."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
-from ..store.models import GpuHoldRow, JobRow, UsageRow
+from ..store.models import JobRow
 from ..units import format_duration
 from .common import _ts, _update, stop_options, stopping
+
+if TYPE_CHECKING:
+    from .accounting import Attributed, Held
+
+WATCHED = ("admitted", "running")    # the jobs the policy flags and stops
 
 
 @dataclass(frozen=True)
@@ -51,20 +57,14 @@ def threshold_of(svc, spec: dict) -> float:
     return rule_of(svc, spec).threshold
 
 
-def idle_since(s: Session, job_id: str, attempt: int) -> tuple[datetime | None, int]:
+def idle_since(job: Held) -> tuple[datetime | None, int]:
     """Since when every GPU the job holds is under the threshold (None: one is not, or
-    has not reported), and how many GPUs it holds."""
-    latest: dict[tuple, datetime | None] = {}
-    for host, gpu, below in s.execute(
-            select(UsageRow.host, UsageRow.gpu, UsageRow.below_since).where(
-                UsageRow.job_id == job_id, UsageRow.attempt == attempt)
-            .order_by(UsageRow.day.desc())):
-        latest.setdefault((host, gpu), below)
-    held = s.scalar(select(func.count()).select_from(GpuHoldRow).where(
-        GpuHoldRow.job_id == job_id))
-    if not held or len(latest) < held or any(b is None for b in latest.values()):
-        return None, held
-    return max(latest.values()), held
+    has not reported), and how many GPUs it holds; from the newest usage rows the report
+    read (accounting.record)."""
+    marks = [r.below_since for r in job.rows.values()]
+    if not job.held or len(marks) < job.held or any(b is None for b in marks):
+        return None, job.held
+    return max(marks), job.held
 
 
 def queue_entry(row: JobRow) -> tuple[float, bool]:
@@ -108,35 +108,61 @@ def message(rule: IdleRule, since: datetime, gpus: int) -> str:
     return what + "; release them if the work is done (action: notify)"
 
 
-def evaluate(svc, s: Session, job_ids: list[str], now: datetime) -> None:
+# the flag's columns, written for every changed job at once (a stopped job's too,
+# before its stop: hence the state guard, which keeps a requeued job's cleared flag)
+_JOBS = JobRow.__table__
+_SET_FLAG = update(_JOBS).where(_JOBS.c.id == bindparam("b_id"),     # no IN: executemany
+                                or_(*(_JOBS.c.state == w for w in WATCHED)))
 
-    for job in s.scalars(select(JobRow).where(JobRow.id.in_(job_ids),
-                                              JobRow.state.in_(("admitted", "running")))):
-        rule = rule_of(svc, job.spec)
-        # the policy off for this job: nothing to keep (and no queries per report)
-        since, gpus = (idle_since(s, job.id, job.attempt) if rule.after is not None
-                       else (None, 0))
+
+def evaluate(svc, s: Session, seen: Attributed, now: datetime) -> None:
+    """The policy over the jobs a report gave GPUs of: flags set and cleared in one
+    statement; events, and stops, only for the jobs whose flag or state changes."""
+    changed: list[dict] = []
+    acts: list[tuple] = []            # (job, message) events and (job, rule, since) stops
+    for job_id in seen.reported:
+        job = seen.jobs[job_id]
+        if job.state not in WATCHED:
+            continue
+        rule = seen.rules[job_id]
+        was = (job.idle_since, job.idle_flagged_at)
+        # the policy off for this job: nothing to keep
+        since, gpus = idle_since(job) if rule.after is not None else (None, 0)
         if since is None:
             if job.idle_since is not None:
                 if job.idle_flagged_at is not None:
-                    svc._event(s, "idle", "uses its GPUs again: the idle flag is cleared",
-                               job=job.id)
+                    acts.append((job, "uses its GPUs again: the idle flag is cleared"))
                 job.idle_since = job.idle_flagged_at = None
-            continue
-        job.idle_since = since
-        if job.idle_flagged_at is None:
-            if _ts(now) - _ts(since) >= rule.after:
-                job.idle_flagged_at = now
-                svc._event(s, "idle", "idle: " + message(rule, since, gpus), job=job.id)
-            continue
-        if rule.action != "requeue" or _ts(now) - _ts(job.idle_flagged_at) < rule.grace:
-            continue
-        _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), job.spec, job.id)
-        why = (f"idle: its GPUs stayed under {rule.threshold:g} % utilization for "
-               f"{format_duration(_ts(now) - _ts(since))} (idle policy action: requeue)")
-        done = s.execute(_update(JobRow).where(
-            JobRow.id == job.id, JobRow.state.in_(("admitted", "running"))).values(
-            **stopping(why, sig, grace, now)))
-        if done.rowcount == 1:
-            svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
-                       "under the same id once its replicas have stopped", job=job.id)
+        else:
+            job.idle_since = since
+            if job.idle_flagged_at is None:
+                if _ts(now) - _ts(since) >= rule.after:
+                    job.idle_flagged_at = now
+                    acts.append((job, "idle: " + message(rule, since, gpus)))
+            elif rule.action == "requeue" and _ts(now) - _ts(job.idle_flagged_at) >= rule.grace:
+                acts.append((job, rule, since))
+        if (job.idle_since, job.idle_flagged_at) != was:
+            changed.append({"b_id": job.id, "idle_since": job.idle_since,
+                            "idle_flagged_at": job.idle_flagged_at})
+    if changed:
+        s.connection().execute(_SET_FLAG, changed)
+    for job, *act in acts:
+        if len(act) == 1:
+            svc._event(s, "idle", act[0], job=job.id)
+        else:
+            _stop(svc, s, job, *act, now)
+
+
+def _stop(svc, s: Session, job: Held, rule: IdleRule, since: datetime,
+          now: datetime) -> None:
+    """Stop an idle job like a preempted one (action requeue): its class's signal and
+    grace, then the requeue under the same id."""
+    _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), job.spec, job.id)
+    why = (f"idle: its GPUs stayed under {rule.threshold:g} % utilization for "
+           f"{format_duration(_ts(now) - _ts(since))} (idle policy action: requeue)")
+    done = s.execute(_update(JobRow).where(
+        JobRow.id == job.id, JobRow.state.in_(WATCHED)).values(
+        **stopping(why, sig, grace, now)))
+    if done.rowcount == 1:
+        svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
+                   "under the same id once its replicas have stopped", job=job.id)
