@@ -1,8 +1,8 @@
 """Waiting for jobs to change state, by long poll: a launcher learns of its admission as
 soon as the pass that admits it commits, with one request instead of a poll every few
-seconds. `GET /api/v1/jobs/{id}/wait` waits for one job (an operator's admission grace,
-`airflow-gpu wait`); `POST /api/v1/jobs/wait` for many in one request (the triggerer's
-watcher: all its deferred GPU tasks)."""
+seconds. `GET /api/v1/jobs/{id}/wait` waits for one job (an operator's admission
+grace); `POST /api/v1/jobs/wait` for many in one request (the triggerer's watcher: all
+its deferred GPU tasks)."""
 
 from __future__ import annotations
 
