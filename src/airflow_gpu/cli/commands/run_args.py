@@ -232,6 +232,7 @@ def options(p: argparse.ArgumentParser, positional: bool) -> argparse.ArgumentPa
     p.add_argument("--base-port", type=int, default=29500,
                    help="first rendezvous port for the job class's framework (default 29500)")
     p.add_argument("--poll-interval", type=float, default=1.0,
-                   help="seconds between looks at a pending job (default 1)")
+                   help="seconds between updates of a pending job's status line (its "
+                   "admission is told at once; default 1)")
     service_args(p)
     return p

@@ -232,17 +232,19 @@ class Run:
                               job["state"], job["id"])
                     return EXIT_ENDED
                 self.status.show(*pending_line(job))
-                self._sleep(self.poll)
                 job = self._refresh(job)
         finally:
             self.status.close()
 
     def _refresh(self, job: dict) -> dict:
+        """The job once its state changes (a long poll: told as the pass that admits it
+        commits), else as it is after `poll` seconds, for the status line."""
         try:
-            return self.client.job(job["id"])
+            return self.client.wait(job["id"], job["state"], min(self.poll, 60))
         except InputError as exc:               # a service restart: keep waiting
             self.status.close()
             log.warning("%s; retrying", exc)
+            self._sleep(self.poll)
             return job
 
     def _sleep(self, seconds: float) -> None:
