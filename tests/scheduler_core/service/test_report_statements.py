@@ -2,8 +2,9 @@
 GPUs, through the real app and store (SQLite and PostgreSQL): one job, then eight, on
 one host, with the idle policy on. And what the bulk path computes in memory holds where
 the statements change: a report after midnight carries the last sample into the new
-day's row, and a job spread over two hosts is flagged idle only once both have reported
-its GPUs idle."""
+day's row; a job spread over two hosts is flagged idle only once both have reported its
+GPUs idle; a job class's idle settings win over the policy's. Only a report that changes
+what a pass reads (health, reachability, a job's state) wakes the scheduling loop."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import event, select
 
+from airflow_gpu.scheduler_core.jobclasses import JobClass
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.service import hosts
 from airflow_gpu.scheduler_core.store.models import UsageRow
@@ -149,3 +151,47 @@ def test_a_job_on_two_hosts_is_flagged_idle_once_both_reported_it_idle(
         # one of its GPUs is used again: the flag goes
         report(api, "dgx-2", 80.0, t0 + timedelta(seconds=200), monkeypatch)
         assert job(api, a["id"])["idle_flagged_at"] is None
+
+
+def test_only_a_report_that_changes_what_passes_read_wakes_the_loop(db_url):
+    for api in serve(db_url, hosts=ONE):
+        (a,) = start(api, 1)
+        (gpu,) = a["replicas"][0]["gpus"]
+        wake = api.service.wake
+        for util in (10.0, 90.0, 0.0):     # utilization alone: the loop keeps its interval
+            wake.clear()
+            report(api, "dgx-1", util)
+            assert not wake.is_set()
+        body = {"gpus": [{"index": gpu, "healthy": False, "reason": "XID 79"}]}
+        r = api.post("/api/v1/hosts/dgx-1/report", headers=auth(api, "admin"), json=body)
+        assert r.status_code == 200, r.text
+        assert wake.is_set()               # a GPU turned unhealthy: its job is requeued
+        assert job(api, a["id"])["state"] == "pending"
+        wake.clear()
+        body["gpus"][0].update(healthy=True, reason=None)
+        api.post("/api/v1/hosts/dgx-1/report", headers=auth(api, "admin"), json=body)
+        assert wake.is_set()               # and healthy again: it takes work again
+
+
+def test_a_job_class_s_idle_settings_win_over_the_policy(db_url, monkeypatch):
+    policy = PolicyConfig.model_validate({"idle": {"after": 60, "threshold": 5}})
+    for api in serve(db_url, policy, ONE):
+        classes = api.service.reg.job_classes
+        monkeypatch.setitem(classes, "notebook", JobClass(
+            "notebook", "interactive", idle_after=30, idle_threshold=50))
+        monkeypatch.setitem(classes, "quiet", JobClass("quiet", "never idle", idle_after=0))
+        ids = {}
+        for name in ("plain", "notebook", "quiet"):
+            body = {**spec(name, 1), **({"job_class": name} if name != "plain" else {})}
+            ids[name] = submit(api, "vision", body).json()["id"]
+        api.tick()
+        for i in ids.values():
+            beat(api, job(api, i))
+        t0 = datetime.now(UTC)
+        for dt in (0, 20, 40, 70):        # 20 %: under the notebook's 50, over the policy's 5
+            report(api, "dgx-1", 20.0, t0 + timedelta(seconds=dt), monkeypatch)
+        got = {name: job(api, i) for name, i in ids.items()}
+        assert got["notebook"]["idle_flagged_at"] is not None
+        assert datetime.fromisoformat(got["notebook"]["idle_since"]) == t0
+        for name in ("plain", "quiet"):
+            assert (got[name]["idle_since"], got[name]["idle_flagged_at"]) == (None, None)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from ..engine.mig import gpu_share
@@ -39,8 +40,10 @@ _COLUMNS = ("job_id", "team", "attempt", "role", "replica", "host", "gpu", "day"
 _EVERY = _HOLDS.alias("every")
 _UKEYS = tuple(c.key for c in _USAGE.c)
 # each GPU's today's usage row comes with its hold: the unique key's index finds it
-_HELD = (select(_HOLDS.c.gpu, _JOBS.c.id, _JOBS.c.team, _JOBS.c.attempt, _JOBS.c.spec,
-                _JOBS.c.state, _JOBS.c.idle_since, _JOBS.c.idle_flagged_at,
+# (the spec's job class only: the idle rule needs no more, and specs can be large)
+_HELD = (select(_HOLDS.c.gpu, _JOBS.c.id, _JOBS.c.team, _JOBS.c.attempt,
+                _JOBS.c.spec["job_class"].as_string(), _JOBS.c.state, _JOBS.c.idle_since,
+                _JOBS.c.idle_flagged_at,
                 select(func.count()).where(_EVERY.c.job_id == _JOBS.c.id)
                 .scalar_subquery(), *(c.label(f"u_{c.key}") for c in _USAGE.c))
          .join_from(_HOLDS, _JOBS, _JOBS.c.id == _HOLDS.c.job_id)
@@ -108,7 +111,7 @@ class Held:
     id: str
     team: str
     attempt: int
-    spec: dict
+    job_class: str | None
     state: str
     idle_since: datetime | None
     idle_flagged_at: datetime | None
@@ -126,12 +129,12 @@ class Attributed:
     reported: list[str]          # the jobs whose GPUs the report gave, in its order
 
 
-def _held(s: Session, host: str, today: str) -> dict[str, Held]:
+def _held(conn: Connection, host: str, today: str) -> dict[str, Held]:
     """The live jobs holding GPUs of `host`, each with its GPUs here, the count of all it
     holds (the idle policy waits for every one of them) and today's usage rows here: one
     statement."""
     jobs: dict[str, Held] = {}
-    for r in s.connection().execute(_HELD, {"host": host, "day": today}):
+    for r in conn.execute(_HELD, {"host": host, "day": today}):
         job = jobs.get(r[1])
         if job is None:
             job = jobs[r[1]] = Held(*r[1:9])
@@ -141,7 +144,7 @@ def _held(s: Session, host: str, today: str) -> dict[str, Held]:
     return jobs
 
 
-def _older(s: Session, jobs: dict[str, Held], host: str, wide: set[str],
+def _older(conn: Connection, jobs: dict[str, Held], host: str, wide: set[str],
            today: str) -> None:
     """Into each job's `rows`, the newest usage rows `_held` did not find: for the jobs in
     `wide`, those on the other hosts; older days' for GPUs without a row today (a job's
@@ -152,7 +155,7 @@ def _older(s: Session, jobs: dict[str, Held], host: str, wide: set[str],
         params = {"ids": ids, "day": today, "host": host}
         if spread:
             params["spread"] = spread
-        for r in s.connection().execute(_USAGE_READ[(newer, bool(spread))], params):
+        for r in conn.execute(_USAGE_READ[(newer, bool(spread))], params):
             job = jobs[r.job_id]
             if r.attempt == job.attempt:
                 job.rows.setdefault((r.host, r.gpu), Usage(**r._mapping))
@@ -166,10 +169,10 @@ def _older(s: Session, jobs: dict[str, Held], host: str, wide: set[str],
         read(short, False)
 
 
-def _roles(s: Session, host: str, rows: list[Usage]) -> None:
+def _roles(conn: Connection, host: str, rows: list[Usage]) -> None:
     """The role and replica of new usage rows, from the live allocations on `host`."""
     found = {}
-    for job_id, role, index, gs in s.connection().execute(
+    for job_id, role, index, gs in conn.execute(
             _ROLES, {"ids": sorted({r.job_id for r in rows}), "host": host}):
         for g in gs:
             found[(job_id, g)] = (role, index)
@@ -210,15 +213,15 @@ def record(svc, s: Session, host: str, gpus: list[dict], now: datetime) -> Attri
     """Attribute a report of `host` to the live jobs holding its GPUs."""
     from .idle import rule_of
 
-    today = day_of(now)
-    jobs = _held(s, host, today)
+    today, conn = day_of(now), s.connection()
+    jobs = _held(conn, host, today)
     if not jobs:
         return Attributed({}, {}, [])
-    rules = {j: rule_of(svc, job.spec) for j, job in jobs.items()}
+    rules = {j: rule_of(svc, {"job_class": job.job_class}) for j, job in jobs.items()}
     # a job held elsewhere too is idle only when all its GPUs are: read them all
     wide = {j for j, job in jobs.items()
             if rules[j].after is not None and job.held > len(job.gpus)}
-    _older(s, jobs, host, wide, today)
+    _older(conn, jobs, host, wide, today)
     prev = {j: max((_ts(r.last_at) for (h, _), r in job.rows.items()
                     if h == host and r.last_at is not None), default=None)
             for j, job in jobs.items()}
@@ -243,18 +246,17 @@ def record(svc, s: Session, host: str, gpus: list[dict], now: datetime) -> Attri
         elif row.id is not None:
             changed[row.id] = row
         integrate(row, g, now, svc.settings.host_timeout, rules[job.id].threshold)
-    conn = s.connection()
     if changed:
         conn.execute(_UPDATE_USAGE, [{"b_id": r.id, **{k: getattr(r, k) for k in _INTEGRATED}}
                                      for r in changed.values()])
     if fresh:
-        _roles(s, host, fresh)
+        _roles(conn, host, fresh)
         conn.execute(_INSERT_USAGE, [{k: getattr(r, k) for k in _COLUMNS} for r in fresh])
-    _series(s, host, per_job, prev, now)
+    _series(conn, host, per_job, prev, now)
     return Attributed(jobs, rules, list(per_job))
 
 
-def _series(s: Session, host: str, per_job: dict[str, list[dict]],
+def _series(conn: Connection, host: str, per_job: dict[str, list[dict]],
             prev: dict[str, float | None], now: datetime) -> None:
     """A point per job whose previous report here was in an earlier SERIES_STEP."""
     step = int(_ts(now) // SERIES_STEP)
@@ -273,7 +275,7 @@ def _series(s: Session, host: str, per_job: dict[str, list[dict]],
                        "memory_used_bytes": sum(mems) if mems else None,
                        "power_watts": sum(powers) if powers else None})
     if points:
-        s.connection().execute(_INSERT_SAMPLES, points)
+        conn.execute(_INSERT_SAMPLES, points)
 
 
 def charged_gpus(a) -> float:

@@ -111,24 +111,31 @@ def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list
                              f"(it has GPUs 0-{host.type.n_gpus - 1})")
     now = utcnow()
     with svc.sessions.begin() as s:
-        stored = _health(svc, s, name, gpus, now)
+        stored, changed = _health(svc, s, name, gpus, now)
         # only an unhealthy GPU can have jobs to act on
-        if not all(g.healthy for g in stored):
-            handle_gpu_faults(svc, s, now, host=name)
-        evaluate(svc, s, record(svc, s, name, gpus, now), now)
-    svc.wake.set()
+        if not all(g.healthy for g in stored) and handle_gpu_faults(svc, s, now, host=name):
+            changed = True
+        if evaluate(svc, s, record(svc, s, name, gpus, now), now):
+            changed = True
+    # passes read health, reachability and jobs' states, not utilization: a routine
+    # report leaves the loop to its interval (a fleet's reports would keep it passing)
+    if changed:
+        svc.wake.set()
     return stored
 
 
-def _health(svc: Store, s, name: str, gpus: list[dict], now: datetime) -> list[GpuHealth]:
+def _health(svc: Store, s, name: str, gpus: list[dict],
+            now: datetime) -> tuple[list[GpuHealth], bool]:
     """Take a report's health, utilization and wear into the host's GPU rows (one read,
-    one bulk update); events for the host coming back and GPUs changing health."""
+    one bulk update); events for the host coming back and GPUs changing health. Returns
+    the host's GPUs, and whether any of that happened."""
     from .agents import reachable
     from .wear import wear
 
     conn = s.connection()
     rows = conn.execute(_HOST_GPUS, {"name": name}).all()
-    if rows and not reachable(rows[0], svc.settings.host_timeout, _ts(now)):
+    changed = bool(rows) and not reachable(rows[0], svc.settings.host_timeout, _ts(now))
+    if changed:
         svc._event(s, "host", f"host {name} is reachable again: its node agent "
                    "reported", host=name)
     health = {r.index: GpuHealth(r.index, r.name, r.healthy, r.health_reason)
@@ -143,6 +150,7 @@ def _health(svc: Store, s, name: str, gpus: list[dict], now: datetime) -> list[G
         if gpu is None:                      # no such row: nothing to update
             continue
         if gpu.healthy != g["healthy"]:
+            changed = True
             svc._event(s, "health", f"GPU {name}:{g['index']} "
                        f"{'healthy' if g['healthy'] else 'unhealthy'}"
                        + (f" ({g.get('reason')})" if g.get("reason") else ""),
@@ -157,7 +165,7 @@ def _health(svc: Store, s, name: str, gpus: list[dict], now: datetime) -> list[G
     for params in groups.values():
         conn.execute(_SET_GPU, params)
     conn.execute(_SET_HOST, {"b_name": name, "reported_at": now})
-    return [health[i] for i in sorted(health)]
+    return [health[i] for i in sorted(health)], changed
 
 
 def set_drained(svc: Store, name: str, drained: bool, who: Principal,

@@ -115,9 +115,10 @@ _SET_FLAG = update(_JOBS).where(_JOBS.c.id == bindparam("b_id"),     # no IN: ex
                                 or_(*(_JOBS.c.state == w for w in WATCHED)))
 
 
-def evaluate(svc, s: Session, seen: Attributed, now: datetime) -> None:
+def evaluate(svc, s: Session, seen: Attributed, now: datetime) -> bool:
     """The policy over the jobs a report gave GPUs of: flags set and cleared in one
-    statement; events, and stops, only for the jobs whose flag or state changes."""
+    statement; events, and stops, only for the jobs whose flag or state changes. Returns
+    whether it stopped a job."""
     changed: list[dict] = []
     acts: list[tuple] = []            # (job, message) events and (job, rule, since) stops
     for job_id in seen.reported:
@@ -146,23 +147,28 @@ def evaluate(svc, s: Session, seen: Attributed, now: datetime) -> None:
                             "idle_flagged_at": job.idle_flagged_at})
     if changed:
         s.connection().execute(_SET_FLAG, changed)
+    stopped = False
     for job, *act in acts:
         if len(act) == 1:
             svc._event(s, "idle", act[0], job=job.id)
         else:
-            _stop(svc, s, job, *act, now)
+            stopped = _stop(svc, s, job, *act, now) or stopped
+    return stopped
 
 
 def _stop(svc, s: Session, job: Held, rule: IdleRule, since: datetime,
-          now: datetime) -> None:
+          now: datetime) -> bool:
     """Stop an idle job like a preempted one (action requeue): its class's signal and
     grace, then the requeue under the same id."""
-    _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), job.spec, job.id)
+    spec = s.scalar(select(JobRow.spec).where(JobRow.id == job.id))
+    _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), spec, job.id)
     why = (f"idle: its GPUs stayed under {rule.threshold:g} % utilization for "
            f"{format_duration(_ts(now) - _ts(since))} (idle policy action: requeue)")
     done = s.execute(_update(JobRow).where(
         JobRow.id == job.id, JobRow.state.in_(WATCHED)).values(
         **stopping(why, sig, grace, now)))
-    if done.rowcount == 1:
-        svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
-                   "under the same id once its replicas have stopped", job=job.id)
+    if done.rowcount != 1:
+        return False
+    svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
+               "under the same id once its replicas have stopped", job=job.id)
+    return True
