@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from ..units import format_size
@@ -159,7 +160,9 @@ def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[st
                     n += (a.gpu_mask & m).bit_count()
         if n:
             counts[job] = n
-    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    held = sorted(counts.items())                    # by name, then (stable) most first
+    held.sort(key=itemgetter(1), reverse=True)
+    return held
 
 
 def why_never(trial: Trial, within: str) -> str:

@@ -36,13 +36,19 @@ def fit_replica(t: HostType, hs: HostState, need: Need) -> tuple | None:
     # preferred then widens, none widens at once.
     passes = {"strict": (False,), "preferred": (False, True), "none": (True,)}[need.affinity]
     for widen in passes:
-        for gset in sets if widen else (*sets, *_spread_by_cores(t, hs, free, need)):
+        for gset in sets if widen else _then_spread(t, hs, free, need, sets):
             shares = _gpu_numas(t, gset)
             got = take_from(numa_pools(t, hs, list(shares), widen), hs, need.cpus, need.memory,
                              shares, cores)
             if got:
                 return gset, *got
     return None
+
+
+def _then_spread(t: HostType, hs: HostState, free: int, need: Need, sets: list[int]):
+    """`sets`, then `_spread_by_cores`'s, made only if none of `sets` fits (most do)."""
+    yield from sets
+    yield from _spread_by_cores(t, hs, free, need)
 
 
 def _spread_by_cores(t: HostType, hs: HostState, free: int, need: Need) -> list[int]:

@@ -55,7 +55,7 @@ class Pass:
         self.reasons = Reasons(self) if explain else None
         self.claimants: set[str] = set()              # considered first (see claimant)
         self.cannot_preempt: dict[tuple, float] = {}  # kinds of jobs no preemption helps
-        self.victim_pool: list | None = None          # preempt.pool, made when first needed
+        self.victim_pool: list | None = None          # victims.pool, made when first needed
 
     @property
     def reservations(self) -> list[Reservation]:
@@ -74,7 +74,9 @@ class Pass:
             return self.head is not None
         if self.protect_left > 0 and self.may_reserve():
             return False
-        if not self.s.queue.cpu_only and self.plan.no_usable_gpu():
+        # (holds kept beyond those asked for only take: the live count is the lower one)
+        if (self.s.state.usable_total == 0 and not self.s.queue.cpu_only
+                and self.plan.usable_total() == 0):
             return True
         if self._failures == self._failures_seen:
             return False
@@ -198,8 +200,11 @@ class Pass:
         key = (job.shape, k)
         if key in self.failed or job.shape in self.hopeless:
             return None
-        self.plan.hold_first(k)
-        got = place_best(job, self.s.state, self.s.reg, best_tier)
+        got = None
+        # too few GPUs fails place_best's first test: then no hold kept is given back
+        if self.plan.ask(k) >= job.gpus:
+            self.plan.hold_first(k)
+            got = place_best(job, self.s.state, self.s.reg, best_tier)
         if got is None:
             self.failed.add(key)
             self._failures += 1

@@ -111,17 +111,26 @@ class PassPlan:
         fewer (hold_first): most of the time it asks for them all again next."""
         self._asked = 0
 
-    def no_usable_gpu(self) -> bool:
-        """No GPU is usable with the holds the pass asked for (more may be kept)."""
+    def ask(self, k: int) -> int:
+        """Hold the first `k` reservations, those after them kept until a placement needs
+        the state (hold_first); returns the GPUs usable with the first `k` held."""
+        if k > len(self._held):
+            self.hold_first(k)
+        self._asked = k
+        return self.usable_total()
+
+    def usable_total(self) -> int:
+        """Usable GPUs with the holds the pass asked for, though more may be kept: those
+        kept give back what they took, and nothing else took from it since (within a
+        pass, resources only come back where they were taken)."""
         state = self.s.state
-        if state.usable_total:
-            return False
+        n = state.usable_total
         for hold in self._held[self._asked:]:
             for piece in hold.pieces:
                 hs = state.hosts[piece.host.index]
-                if not hs.drained and piece.gpu_mask & ~hs.bad_gpus:
-                    return False
-        return True
+                if not hs.drained:
+                    n += (piece.gpu_mask & ~hs.bad_gpus).bit_count()
+        return n
 
     def add(self, r: Reservation) -> None:
         i = bisect.bisect_right(self.starts(), r.start)

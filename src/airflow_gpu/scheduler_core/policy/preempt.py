@@ -12,14 +12,13 @@ whose wait (so far, plus what it still expects) stays within `min_saved_wait`. T
 of a victim is the GPU-seconds it loses (since its last checkpoint), then its band, then
 the latest start: candidates are added cheapest first until the job places, then each one
 not needed is dropped again;
-the same on each host alone, and the cheapest set wins.
+the same on each host alone, and the cheapest set wins. Who may be stopped: victims.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,9 +35,12 @@ from .guarantee import (
 from .quota import need
 from .reservations import Reservation, earliest_end, place_best
 from .types import Pending
+from .victims import candidates, lost_seconds, reclaims
+from .victims import pool as pool  # upcoming.py imports it from here
+from .victims import unsaved as unsaved  # simulation/progress.py imports it from here
 
 if TYPE_CHECKING:
-    from .types import PassView, QueuedJob, SchedulerView
+    from .types import PassView, QueuedJob
 
 HOST_SCOPES = 16          # hosts tried alone for a job that fits on one
 EXHAUSTIVE = 10           # up to this many candidates, every set of them is tried
@@ -52,121 +54,6 @@ class Preemption:
     message: str
     stop_at: float         # the victim is gone by then: the signal, then its grace
     broken: str = ""       # whose guarantee it breaks, for whom (guarantee.py)
-
-
-def unsaved(ran: float, interval: float | None) -> float:
-    """Seconds of a run of `ran` seconds done since its last checkpoint (every `interval`
-    seconds from its start; none: all of it)."""
-    return ran % interval if interval else ran
-
-
-def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
-    """Seconds of the job's work a stop now loses: since its last checkpoint."""
-    return unsaved(max(0.0, now - started), job.checkpoint_interval)
-
-
-class Pool(list):
-    """(cost, job) of running jobs that may be preempted, cheapest first, with what one
-    pass keeps of it between searches: each kind of preemptor's candidates so far
-    (`candidates`), each victim's host (`one_host`)."""
-
-    def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
-        super().__init__(entries)
-        # kind -> (teams over their guarantee, len(stopping), candidates, their names,
-        # pool position)
-        self.kinds: dict[tuple, tuple] = {}
-        self.hosts: dict[str, int | None] = {}
-        self._gone: tuple[int, dict[str, list[float]]] = (0, {})
-
-    def gone(self, s: SchedulerView) -> dict[str, list[float]]:
-        """guarantee.stopping_by_team as a running total: in a pass, jobs only begin to
-        stop (in the order `stopping` keeps)."""
-        n, by_team = self._gone
-        if n != len(s.stopping):
-            by_team = (stopping_by_team(s, itertools.islice(s.stopping, n, None), by_team)
-                       if n < len(s.stopping) else stopping_by_team(s))
-            self._gone = (len(s.stopping), by_team)
-        return by_team
-
-    def one_host(self, s: SchedulerView, name: str) -> int | None:
-        """The host a victim runs on, None if it spans several."""
-        if name not in self.hosts:
-            hosts = {a.host.index for a in s.state.allocations[name]}
-            self.hosts[name] = hosts.pop() if len(hosts) == 1 else None
-        return self.hosts[name]
-
-
-def pool(s: SchedulerView, now: float, soon: bool = False) -> Pool:
-    """(cost, job) of every running job that may be preempted at all, cheapest first.
-    `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
-    cfg = s.config.preemption
-    out = []
-    for name, v in s.running.items():
-        started = s.state.started[name]
-        if name in s.stopping or not v.preemptible or (
-                now - started < cfg.min_run_time and not soon):
-            continue
-        cost = (max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started, v.seq)
-        out.append((((max(now, started + cfg.min_run_time), *cost) if soon else cost), v))
-    out.sort(key=lambda c: c[0])
-    return Pool(out)
-
-
-def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
-    """The job may reclaim: its team's GPU guarantee covers it (not waiting for quota)."""
-    return (s.config.preemption.reclaim and job.gpus > 0 and not own_team
-            and s.quotas.guaranteed(job.team) and s.quotas.covered(job))
-
-
-def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
-               victims: Pool | None = None) -> list[tuple[tuple, QueuedJob, str]]:
-    """(cost, victim, reason) of every job `job` may stop, cheapest first, at most
-    4 x max_victims; `own_team`: only its team's (it waits for its team's quota);
-    `victims`: this pool, not the pass's."""
-    s = p.s
-    cfg = s.config.preemption
-    below = cfg.victims_below(job.base, job.job_class)
-    reclaim = reclaims(s, job, own_team)
-    if below == -math.inf and not reclaim:
-        return []
-    if victims is None:
-        if p.victim_pool is None:
-            p.victim_pool = pool(s, p.now)
-        victims = p.victim_pool
-    quotas, stopping = s.quotas, s.stopping
-    over = {t: quotas.over(t) for t in quotas.held}     # every running job's team
-    # within a pass jobs only start and victims only stop: while no team crosses its
-    # guarantee, a kind's candidates are those found before less the victims stopping
-    # since, then the scan goes on where it stopped
-    kind = (job.team, below, reclaim, job.preempted_by, own_team)
-    flags = tuple(over.values())
-    out, names, pos = [], [], 0
-    cached = victims.kinds.get(kind)
-    if cached is not None and cached[0] == flags:
-        _, seen, out, names, pos = cached
-        for name in itertools.islice(stopping, seen, None):
-            if name in names:
-                i = names.index(name)
-                del out[i], names[i]
-    limit = cfg.max_victims * 4
-    mine, preempted_by = job.team, job.preempted_by
-    while len(out) < limit and pos < len(victims):
-        cost, v = victims[pos]
-        pos += 1
-        name, team = v.spec.name, v.spec.team
-        if name in stopping or name in preempted_by or own_team and team != mine:
-            continue
-        borrowed = v.borrowed and over[team]
-        if reclaim and borrowed and team != mine:
-            reason = "reclaim"
-        elif v.base < below and (team == mine or borrowed or not quotas.guaranteed(team)):
-            reason = "priority"
-        else:
-            continue
-        out.append((cost, v, reason))
-        names.append(name)
-    victims.kinds[kind] = (flags, len(stopping), out, names, pos)
-    return list(out)
 
 
 class Trial:
@@ -227,7 +114,7 @@ class Trial:
             return allocs
         if not p.plan.holds_all():       # holds are grabbed with every victim running
             self._take_again(list(self.out))
-            p.plan.hold_first(len(p.reservations))
+        p.plan.hold_first(len(p.reservations))
         names = {v.name for v in victims} | {v.name for v in self.freed}
         self._take_again([n for n in self.out if n not in names])
         for v in self.freed + victims:
@@ -263,8 +150,7 @@ class Trial:
         A victim that would take another team below its guarantee is left out; unless
         not `strict` and it is reclaimed (a gang stops whole: see `preempt`)."""
         chosen: list[tuple[tuple, QueuedJob, str]] = []
-        freed_gpus = self.p.s.state.usable_total + sum(
-            v.gpus for v in self.freed)
+        freed_gpus = self.p.plan.usable_total() + sum(v.gpus for v in self.freed)
         quotas, taken = self.p.s.quotas, {}
         got = None
         with self.giving_back():
@@ -303,7 +189,7 @@ class Trial:
         cheapest first: the first that places."""
         if self.place([c[1] for c in cands]) is None:
             return None                   # not even all of them free enough
-        free = self.p.s.state.usable_total + sum(v.gpus for v in self.freed)
+        free = self.p.plan.usable_total() + sum(v.gpus for v in self.freed)
         sets = []
         for mask in range(1, 1 << len(cands)):
             chosen = [c for i, c in enumerate(cands) if mask >> i & 1]

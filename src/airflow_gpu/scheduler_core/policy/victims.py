@@ -1,0 +1,130 @@
+"""Who a preemption may stop (preempt.py decides which of them it does): the running jobs
+that may be preempted at all, cheapest first, and those a pending job may stop by
+reclaim or by priority; a pass keeps what it found of them for the jobs that follow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import TYPE_CHECKING
+
+from .guarantee import stopping_by_team
+
+if TYPE_CHECKING:
+    from .types import PassView, QueuedJob, SchedulerView
+
+
+def unsaved(ran: float, interval: float | None) -> float:
+    """Seconds of a run of `ran` seconds done since its last checkpoint (every `interval`
+    seconds from its start; none: all of it)."""
+    return ran % interval if interval else ran
+
+
+def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
+    """Seconds of the job's work a stop now loses: since its last checkpoint."""
+    return unsaved(max(0.0, now - started), job.checkpoint_interval)
+
+
+class Pool(list):
+    """(cost, job) of running jobs that may be preempted, cheapest first, with what one
+    pass keeps of it between searches: each kind of preemptor's candidates so far
+    (`candidates`), each victim's host (`one_host`)."""
+
+    def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
+        super().__init__(entries)
+        # kind -> (teams over their guarantee, len(stopping), candidates, their names,
+        # pool position)
+        self.kinds: dict[tuple, tuple] = {}
+        self.hosts: dict[str, int | None] = {}
+        self._gone: tuple[int, dict[str, list[float]]] = (0, {})
+
+    def gone(self, s: SchedulerView) -> dict[str, list[float]]:
+        """guarantee.stopping_by_team as a running total: in a pass, jobs only begin to
+        stop (in the order `stopping` keeps)."""
+        n, by_team = self._gone
+        if n != len(s.stopping):
+            by_team = (stopping_by_team(s, itertools.islice(s.stopping, n, None), by_team)
+                       if n < len(s.stopping) else stopping_by_team(s))
+            self._gone = (len(s.stopping), by_team)
+        return by_team
+
+    def one_host(self, s: SchedulerView, name: str) -> int | None:
+        """The host a victim runs on, None if it spans several."""
+        if name not in self.hosts:
+            hosts = {a.host.index for a in s.state.allocations[name]}
+            self.hosts[name] = hosts.pop() if len(hosts) == 1 else None
+        return self.hosts[name]
+
+
+def pool(s: SchedulerView, now: float, soon: bool = False) -> Pool:
+    """(cost, job) of every running job that may be preempted at all, cheapest first.
+    `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
+    cfg = s.config.preemption
+    out = []
+    for name, v in s.running.items():
+        started = s.state.started[name]
+        if name in s.stopping or not v.preemptible or (
+                now - started < cfg.min_run_time and not soon):
+            continue
+        cost = (max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started, v.seq)
+        out.append((((max(now, started + cfg.min_run_time), *cost) if soon else cost), v))
+    out.sort(key=lambda c: c[0])
+    return Pool(out)
+
+
+def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
+    """The job may reclaim: its team's GPU guarantee covers it (not waiting for quota)."""
+    return (s.config.preemption.reclaim and job.gpus > 0 and not own_team
+            and s.quotas.guaranteed(job.team) and s.quotas.covered(job))
+
+
+def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
+               victims: Pool | None = None) -> list[tuple[tuple, QueuedJob, str]]:
+    """(cost, victim, reason) of every job `job` may stop, cheapest first, at most
+    4 x max_victims; `own_team`: only its team's (it waits for its team's quota);
+    `victims`: this pool, not the pass's."""
+    s = p.s
+    cfg = s.config.preemption
+    below = cfg.victims_below(job.base, job.job_class)
+    reclaim = reclaims(s, job, own_team)
+    if below == -math.inf and not reclaim:
+        return []
+    if victims is None:
+        if p.victim_pool is None:
+            p.victim_pool = pool(s, p.now)
+        victims = p.victim_pool
+    quotas, stopping = s.quotas, s.stopping
+    over = {t: quotas.over(t) for t in quotas.held}     # every running job's team
+    # within a pass jobs only start and victims only stop: while no team crosses its
+    # guarantee, a kind's candidates are those found before less the victims stopping
+    # since, then the scan goes on where it stopped
+    kind = (job.team, below, reclaim, job.preempted_by, own_team)
+    flags = tuple(over.values())
+    out, names, pos = [], [], 0
+    cached = victims.kinds.get(kind)
+    if cached is not None and cached[0] == flags:
+        _, seen, out, names, pos = cached
+        for name in itertools.islice(stopping, seen, None):
+            if name in names:
+                i = names.index(name)
+                del out[i], names[i]
+    limit = cfg.max_victims * 4
+    mine, preempted_by = job.team, job.preempted_by
+    while len(out) < limit and pos < len(victims):
+        cost, v = victims[pos]
+        pos += 1
+        name, team = v.spec.name, v.spec.team
+        if name in stopping or name in preempted_by or own_team and team != mine:
+            continue
+        borrowed = v.borrowed and over[team]
+        if reclaim and borrowed and team != mine:
+            reason = "reclaim"
+        elif v.base < below and (team == mine or borrowed or not quotas.guaranteed(team)):
+            reason = "priority"
+        else:
+            continue
+        out.append((cost, v, reason))
+        names.append(name)
+    victims.kinds[kind] = (flags, len(stopping), out, names, pos)
+    return list(out)
