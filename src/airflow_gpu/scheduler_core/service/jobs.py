@@ -9,7 +9,7 @@ import uuid
 from datetime import timedelta
 
 from sqlalchemy import insert, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from ..engine.placement import compile_needs, never_fits
 from ..jobclasses import resolve
@@ -41,7 +41,52 @@ def submit(svc: Store, spec: JobSpec, who: Principal,
     """Queue a job; (row, created). The same idempotency key (per team) returns the
     job it created first; with another spec it is a Conflict. Raises Rejected (can
     never run) or InputError (bad class)."""
-    values = job_values(svc, spec, who, key)
+    done = _insert(svc, job_values(svc, spec, who, key))
+    if done[1]:
+        svc.wake.set()
+    return done
+
+
+def submit_many(svc: Store, asks: list[tuple[JobSpec, Principal, str | None]]
+                ) -> list[tuple[JobRow, bool] | Exception]:
+    """submit() for several callers at once (the API's concurrent submits): what each would
+    get, in order, a (row, created) pair or the exception submit() would raise. The new jobs
+    go in one transaction, which costs little more than one job's; when the database
+    refuses one of them (a key it has seen, a value it cannot store) nothing of it is
+    stored and each is submitted alone, as submit() does."""
+    out: list = [None] * len(asks)
+    together: list[tuple[int, dict]] = []
+    alone: list[tuple[int, dict]] = []
+    keys: set[tuple[str, str]] = set()
+    for i, (spec, who, key) in enumerate(asks):
+        try:
+            values = job_values(svc, spec, who, key)
+        except Exception as exc:       # noqa: BLE001 (the caller raises it as submit() would)
+            out[i] = exc
+            continue
+        seen = (values["team"], values["idempotency_key"])
+        if seen[1] is not None and seen in keys:
+            alone.append((i, values))       # a key twice: after the first is stored
+            continue
+        keys.add(seen)
+        together.append((i, values))
+    if len(together) > 1 and _insert_together(svc, [v for _, v in together]):
+        for i, values in together:
+            out[i] = (JobRow(**values), True)
+    else:
+        alone = together + alone
+    for i, values in alone:
+        try:
+            out[i] = _insert(svc, values)
+        except Exception as exc:       # noqa: BLE001
+            out[i] = exc
+    if any(isinstance(o, tuple) and o[1] for o in out):
+        svc.wake.set()
+    return out
+
+
+def _insert(svc: Store, values: dict) -> tuple[JobRow, bool]:
+    """Store one new job: (its row, True), or (the job its key named first, False)."""
     try:   # the unique (team, key) index answers "seen before?" without a lookup
         # The hot path of the API: one INSERT that commits itself (one round trip);
         # the job's "submitted" event is its submitted_at.
@@ -54,8 +99,22 @@ def submit(svc: Store, spec: JobSpec, who: Principal,
             raise
         same_job(found, JobRow(**values))
         return found, False
-    svc.wake.set()
     return JobRow(**values), True
+
+
+def _insert_together(svc: Store, rows: list[dict]) -> bool:
+    """Store these new jobs in one transaction: True once committed; False when an insert
+    failed, nothing stored (an error at the commit itself is raised: it may have
+    committed, so no job is inserted again)."""
+    with svc.engine.connect() as conn:
+        tx = conn.begin()
+        try:
+            conn.execute(INSERT_JOB, rows)
+        except DBAPIError:
+            tx.rollback()
+            return False
+        tx.commit()
+    return True
 
 
 def job_row(svc: Store, spec: JobSpec, who: Principal, key: str | None = None) -> JobRow:

@@ -6,9 +6,9 @@ import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response
-from fastapi.concurrency import run_in_threadpool
 
 from ...service.common import LIVE
+from .. import submits
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
 from ..models.base import NAME, States
@@ -20,8 +20,8 @@ router = APIRouter(route_class=DecodedOffLoop)
 @router.post("/api/v1/jobs", status_code=201, response_model=JobOut)
 async def submit(body: SubmitRequest, p: Who, response: Response, service: Svc,
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None):
-    row, created = await run_in_threadpool(
-        service.submit, body.spec, p, body.idempotency_key or idempotency_key)
+    row, created = await submits.submit(      # stored with concurrent submits
+        service, body.spec, p, body.idempotency_key or idempotency_key)
     if not created:
         response.status_code = 200
     return JobOut.of(row)
