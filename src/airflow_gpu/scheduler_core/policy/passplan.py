@@ -33,7 +33,11 @@ class PassPlan:
         self.last = last if reuse else []
         self.next_last = 0                             # how far the last pass's still stand
         self._held: list[Hold] = []                    # holds of reservations[:len(_held)]
-        self._asked = 0               # of them, those the pass asked for (hold_first)
+        # the pass holds the first `_asked` of them (hold_first); the rest stay taken
+        # until a placement needs fewer, as the next one mostly asks for them all again
+        # (while they stay, only holds change the state: nothing else reads it but
+        # usable_total, which counts them out)
+        self._asked = 0
         # each hold's hosts' changes (ClusterState.changes) once it was taken, and holds
         # dropped while nothing else changed on their hosts: taken again as they were
         self._grabbed: dict[Hold, tuple[int, ...]] = {}
@@ -42,8 +46,12 @@ class PassPlan:
         for r in self.reservations:
             self._index(r, 1)
 
+    @staticmethod
+    def _hosts(r: Reservation) -> dict[int, None]:
+        return dict.fromkeys(a.host.index for a in r.allocations)
+
     def _index(self, r: Reservation, sign: int) -> None:
-        for host in dict.fromkeys(a.host.index for a in r.allocations):
+        for host in self._hosts(r):
             if sign > 0:
                 self._on_host.setdefault(host, []).append(r)
             else:
@@ -120,9 +128,8 @@ class PassPlan:
         return self.usable_total()
 
     def usable_total(self) -> int:
-        """Usable GPUs with the holds the pass asked for, though more may be kept: those
-        kept give back what they took, and nothing else took from it since (within a
-        pass, resources only come back where they were taken)."""
+        """Usable GPUs with the holds the pass asked for: the holds kept beyond them
+        count as given back."""
         state = self.s.state
         n = state.usable_total
         for hold in self._held[self._asked:]:
@@ -135,8 +142,9 @@ class PassPlan:
     def add(self, r: Reservation) -> None:
         i = bisect.bisect_right(self.starts(), r.start)
         held = len(self._held)
-        if i < held and not any(h in x._held for x in self.reservations[i:held]
-                                for h in r._held):
+        after = {id(x) for x in self.reservations[i:held]}
+        if after and not any(id(x) in after for h in self._hosts(r)
+                             for x in self._on_host.get(h, ())):
             # the holds after it are on other hosts, so its hold takes now what it would
             # have taken before theirs: they stay
             self._held.insert(i, self._grab(r))

@@ -103,7 +103,7 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
     flags = tuple(over.values())
     out, names, pos = [], [], 0
     cached = victims.kinds.get(kind)
-    if cached is not None and cached[0] == flags:
+    if cached is not None and cached[0] == flags and cached[1] <= len(stopping):
         _, seen, out, names, pos = cached
         for name in itertools.islice(stopping, seen, None):
             if name in names:
