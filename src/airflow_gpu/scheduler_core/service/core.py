@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 
 from ..jobspec import JobSpec
 from ..plugins import Registry
-from ..store.models import AllocationRow, EventRow, GpuRow, HostRow, JobRow
+from ..store.models import AllocationRow, EventRow, HostRow, JobRow
 from . import hosts, jobs, teams
 from .common import (
     ENDED,
@@ -55,7 +55,7 @@ class Service(Store):
     def forget_host(self, name: str, who: Principal) -> None:
         hosts.forget_host(self, name, who)
 
-    def report_gpus(self, name: str, who: Principal, gpus: list[dict]) -> list[GpuRow]:
+    def report_gpus(self, name: str, who: Principal, gpus: list[dict]) -> list[hosts.GpuHealth]:
         return hosts.report_gpus(self, name, who, gpus)
 
     def set_drained(self, name: str, drained: bool, who: Principal,
