@@ -1,20 +1,24 @@
-"""Load on the service over loopback: submissions per second, and the time from "GPUs
-free" to "job admitted", on SQLite and on PostgreSQL.
+"""Load on the service over loopback: submissions per second, with one server process and
+with two on PostgreSQL (and their ratio), and the time from "GPUs free" to "job admitted",
+on SQLite and on PostgreSQL.
 
     .venv/bin/python bench/api_load.py [--db sqlite,postgresql] [--seconds 10]
-                                       [--clients 16] [--rounds 20] [--python-client]
+                                       [--clients 16] [--rounds 20] [--workers 1,2]
+                                       [--python-client]
                                        [--pg postgresql+psycopg://postgres@127.0.0.1:5432/test]
 
-Each database gets a fresh server process (`airflow-gpu server`, one uvicorn worker,
-scheduling pass every 2 s and at once after submits and finishes) on a 16-host dgx-a100
-cluster. Submissions: wrk (Debian's `wrk`; `apt-get install wrk`) keeps `--clients`
-keep-alive connections posting 1-GPU jobs, each with its own idempotency key, for
-`--seconds`; then the jobs in the store are counted against the acknowledged ones.
-Without wrk (or with `--python-client`), `--clients` Python threads post `--submits` jobs:
-on two cores that client takes much of the CPU it measures. Admission latency: a
-128-GPU job fills the cluster, a second one waits; the first is finished and the time
-until the second reads `admitted` is measured, `--rounds` times. Results go to
-bench/results/api_load.json.
+Each database and number of processes gets a fresh server (`airflow-gpu server`, `--workers`
+uvicorn worker processes, PostgreSQL only; scheduling pass every 2 s and at once after
+submits and finishes) on a 16-host dgx-a100 cluster and a fresh store. Admission latency
+first: a 128-GPU job fills the cluster, a second one waits; the first is finished and the
+time until the second reads `admitted` is measured, `--rounds` times; the last is finished
+so the cluster is empty again. Submissions: wrk (Debian's `wrk`; `apt-get install wrk`)
+keeps `--clients` keep-alive connections posting 1-GPU jobs, each with its own idempotency
+key, for `--seconds`; then the jobs in the store are counted against the acknowledged
+ones. Without wrk (or with `--python-client`), `--clients` Python threads post `--submits`
+jobs: on two cores that client takes much of the CPU it measures. With 1 and 2 processes
+measured on PostgreSQL the ratio of their submissions/s is printed and stored. Results go
+to bench/results/api_load.json.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from airflow_gpu.demo.stack import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "api_load.json"
-TARGET_SUBMITS = 300.0
+TARGET_SUBMITS = 500.0           # PostgreSQL, one server process, 2 cores
 TARGET_ADMIT_S = 1.0
 
 
@@ -122,7 +126,7 @@ end
 """
 
 
-def submit_load_wrk(url: str, token: str, seconds: int, clients: int) -> dict:
+def submit_load_wrk(url: str, token: str, seconds: int, clients: int, db: str) -> dict:
     """wrk (C, two threads) as the load: a Python client on the same two cores would
     measure itself more than the service."""
     script = Path(tempfile.mkdtemp()) / "submit.lua"
@@ -133,15 +137,24 @@ def submit_load_wrk(url: str, token: str, seconds: int, clients: int) -> dict:
     total = int(re.search(r"(\d+) requests in", out).group(1))
     wall = float(re.search(r"requests in ([\d.]+)s", out).group(1))
     bad = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                      timeout=60) as c:      # every acknowledged job is in the store
-        stored = len(c.get("/api/v1/jobs", params={"limit": 10_000}).json())
+    stored = load_jobs(db)               # every acknowledged job is in the store
     errors = int(bad.group(1)) if bad else 0
     # wrk stops with a request in flight per connection: those may be stored, uncounted
     lost = max(0, total - errors - stored)
     return {"load": "wrk", "submits": total, "stored": stored, "clients": clients,
             "seconds": wall, "submits_per_s": round((total - errors) / wall, 1),
             "errors": errors, "lost": lost, "first_error": None}
+
+
+def load_jobs(db: str) -> int:
+    """The load's jobs in the store (read there: the API lists at most 10,000)."""
+    engine = create_engine(db)
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT count(*) FROM jobs WHERE name LIKE 'load-%'")
+                                ).scalar_one()
+    finally:
+        engine.dispose()
 
 
 def admission_latency(url: str, token: str, rounds: int) -> dict:
@@ -161,6 +174,7 @@ def admission_latency(url: str, token: str, rounds: int) -> dict:
             wait_state(c, nxt, "admitted", poll=0.005)
             lat.append(time.perf_counter() - t0)
             holder = nxt
+        c.post(f"/api/v1/jobs/{holder}/finish", json={"outcome": "succeeded"})  # all free
     lat.sort()
     return {"rounds": rounds, "median_s": round(statistics.median(lat), 4),
             "p95_s": round(lat[min(len(lat) - 1, int(0.95 * len(lat)))], 4),
@@ -178,6 +192,52 @@ def wait_state(c: httpx.Client, job_id: str, state: str, poll: float = 0.05) -> 
         time.sleep(poll)
 
 
+def run_one(kind: str, workers: int, args, tmp: Path, cluster: Path) -> dict:
+    """One server with `workers` processes on a fresh store of `kind`: latency, then load."""
+    schema = None
+    if kind == "sqlite":
+        db = f"sqlite:///{tmp / f'load-{uuid.uuid4().hex[:6]}.db'}"
+    else:
+        schema = f"bench_{uuid.uuid4().hex[:10]}"
+        with create_engine(args.pg).begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        db = f"{args.pg}?options=-csearch_path%3D{schema}"
+    try:
+        cli("db", "upgrade", "--db", db)
+        token = cli("token", "create", "--team", "bench", "--db", db)
+        server = Server(db, cluster, workers, tmp / f"server-{kind}-{workers}.log")
+        try:
+            admit = admission_latency(server.url, token, args.rounds)
+            load = (submit_load_wrk(server.url, token, args.seconds, args.clients, db)
+                    if shutil.which("wrk") and not args.python_client else
+                    submit_load(server.url, token, args.submits, args.clients))
+        finally:
+            server.stop()
+    finally:
+        if schema:
+            with create_engine(args.pg).begin() as conn:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    print(f"{kind:10s} {load['submits_per_s']:8.1f} submissions/s ({workers} server "
+          f"process(es), {load['clients']} {load.get('load', 'python')} "
+          f"clients, {load['errors']} errors); GPUs free -> admitted: median "
+          f"{admit['median_s'] * 1000:.0f} ms, p95 {admit['p95_s'] * 1000:.0f} ms, "
+          f"max {admit['max_s'] * 1000:.0f} ms", flush=True)
+    return {"db": kind, "workers": workers, **load, "admission": admit}
+
+
+def scaling(results: list[dict]) -> dict:
+    """Per database measured with 1 and 2 processes: the ratio of their submissions/s."""
+    out = {}
+    for kind in dict.fromkeys(r["db"] for r in results):
+        rate = {r["workers"]: r["submits_per_s"] for r in results if r["db"] == kind}
+        if 1 in rate and 2 in rate and rate[1]:
+            out[kind] = {"submits_per_s_1": rate[1], "submits_per_s_2": rate[2],
+                         "ratio_2_to_1": round(rate[2] / rate[1], 2)}
+            print(f"{kind:10s} 2 server processes: {rate[2] / rate[1]:.2f}x the "
+                  f"submissions/s of one ({rate[2]:.1f} vs {rate[1]:.1f})", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", default="sqlite,postgresql")
@@ -187,59 +247,28 @@ def main() -> int:
     ap.add_argument("--python-client", action="store_true",
                     help="threads of httpx instead of wrk (the default when wrk is absent)")
     ap.add_argument("--rounds", type=int, default=20)
-    ap.add_argument("--workers", type=int, default=1,
-                    help="server processes on PostgreSQL (SQLite: always 1)")
+    ap.add_argument("--workers", default="1,2",
+                    help="server processes to measure on PostgreSQL, comma-separated "
+                    "(default 1,2: also their ratio); SQLite: always 1")
     ap.add_argument("--pg", default=os.environ.get(
         "AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="api-load-"))
     cluster = tmp / "cluster.yaml"
     cluster.write_text("cluster: load\nhosts:\n"
                        "  - {name: 'dgx-[01-16]', model: dgx-a100, rack: r1, switch: s1}\n")
     results = []
     for kind in args.db.split(","):
-        schema = None
-        if kind == "sqlite":
-            db = f"sqlite:///{tmp / 'load.db'}"
-        else:
-            schema = f"bench_{uuid.uuid4().hex[:10]}"
-            with create_engine(args.pg).begin() as conn:
-                conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-            db = f"{args.pg}?options=-csearch_path%3D{schema}"
-        cli("db", "upgrade", "--db", db)
-        token = cli("token", "create", "--team", "bench", "--db", db)
-        server = Server(db, cluster, args.workers if kind == "postgresql" else 1,
-                        tmp / f"server-{kind}.log")
-        try:
-            load = (submit_load_wrk(server.url, token, args.seconds, args.clients)
-                    if shutil.which("wrk") and not args.python_client else
-                    submit_load(server.url, token, args.submits, args.clients))
-            # clear the queue so the latency rounds see only their own jobs
-            with httpx.Client(base_url=server.url, timeout=60,
-                              headers={"Authorization": f"Bearer {token}"}) as c:
-                for j in c.get("/api/v1/jobs", params={"limit": 10_000}).json():
-                    if j["state"] in ("pending", "admitted"):
-                        c.delete(f"/api/v1/jobs/{j['id']}")
-            admit = admission_latency(server.url, token, args.rounds)
-        finally:
-            server.stop()
-            if schema:
-                with create_engine(args.pg).begin() as conn:
-                    conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        workers = args.workers if kind == "postgresql" else 1
-        results.append({"db": kind, "workers": workers, **load, "admission": admit})
-        print(f"{kind:10s} {load['submits_per_s']:8.1f} submissions/s ({workers} server "
-              f"process(es), {load['clients']} {load.get('load', 'python')} "
-              f"clients, {load['errors']} errors); GPUs free -> admitted: median "
-              f"{admit['median_s'] * 1000:.0f} ms, p95 {admit['p95_s'] * 1000:.0f} ms, "
-              f"max {admit['max_s'] * 1000:.0f} ms", flush=True)
+        for n in (workers if kind == "postgresql" else [1]):
+            results.append(run_one(kind, n, args, tmp, cluster))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "api load", "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(), "targets": {"submits_per_s_postgresql": TARGET_SUBMITS,
                                             "admission_s": TARGET_ADMIT_S},
-        "results": results}, indent=2))
+        "results": results, "scaling": scaling(results)}, indent=2))
     print(f"written to {args.out}")
     return 0
 
