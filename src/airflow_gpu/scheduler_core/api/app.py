@@ -83,7 +83,6 @@ def create_app(service: Service, run_loop: bool = True, protect: str = "none") -
                          description="GPU-aware admission for Airflow on DGX clusters.",
                          lifespan=lifespan)
     app.state.service, app.state.loop, app.state.metrics = service, loop, metrics
-    app.state.parsers = None
     app.state.protect = probes.protect_mode(protect, "protect")
     app.state.ready = True
     app.router.route_class = DecodedOffLoop      # JSON bodies decode in worker threads
