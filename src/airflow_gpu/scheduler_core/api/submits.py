@@ -22,18 +22,16 @@ BATCH = 64           # jobs in one transaction at most
 
 
 class Writer:
-    """The submits of one service waiting for the batch that stores them."""
+    """The submits of one service on one event loop, waiting for the batch that stores
+    them."""
 
     def __init__(self) -> None:
-        self.loop: asyncio.AbstractEventLoop | None = None
         self.queue: list[tuple[JobSpec, Principal, str | None, asyncio.Future]] = []
         self.task: asyncio.Task | None = None
 
     async def submit(self, service: Service, spec: JobSpec, who: Principal,
                      key: str | None) -> tuple[JobRow, bool]:
         loop = asyncio.get_running_loop()
-        if loop is not self.loop:      # a new event loop (a test client's): start afresh
-            self.loop, self.queue, self.task = loop, [], None
         done = loop.create_future()
         self.queue.append((spec, who, key, done))
         if self.task is None:
@@ -64,13 +62,18 @@ class Writer:
             self.task = None
 
 
-_writers: weakref.WeakKeyDictionary[Service, Writer] = weakref.WeakKeyDictionary()
+# per event loop (a server process has one; tests may run several), then per service
+_writers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 async def submit(service: Service, spec: JobSpec, who: Principal,
                  key: str | None) -> tuple[JobRow, bool]:
     """service.submit(spec, who, key), stored with the submits arriving meanwhile."""
-    writer = _writers.get(service)
+    loop = asyncio.get_running_loop()
+    mine = _writers.get(loop)
+    if mine is None:
+        mine = _writers[loop] = weakref.WeakKeyDictionary()
+    writer = mine.get(service)
     if writer is None:
-        writer = _writers[service] = Writer()
+        writer = mine[service] = Writer()
     return await writer.submit(service, spec, who, key)
