@@ -249,10 +249,10 @@ def principal_for(sessions: sessionmaker[Session], token: str) -> Principal | No
     """Who holds `token` (None: no such token); TokenExpired past its expiry. Known tokens
     are remembered for CACHE_SECONDS (every request carries one); unknown ones are looked
     up each time."""
+    known = remembered(token)
+    if known is not None:
+        return known
     digest = _hash(token)
-    hit = _known.get(digest)
-    if hit and time.monotonic() - hit[0] < CACHE_SECONDS:
-        return _unexpired(hit[1], hit[2])
     with sessions() as s:   # a read
         row = s.scalars(select(TokenRow).where(TokenRow.token_hash == digest)).first()
     if row is None:
