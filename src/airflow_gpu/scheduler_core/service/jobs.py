@@ -61,7 +61,7 @@ def submit_many(svc: Store, asks: list[tuple[JobSpec, Principal, str | None]]
     for i, (spec, who, key) in enumerate(asks):
         try:
             values = job_values(svc, spec, who, key)
-        except Exception as exc:       # noqa: BLE001 (the caller raises it as submit() would)
+        except Exception as exc:       # noqa: BLE001 - its caller raises it, as submit() would
             out[i] = exc
             continue
         seen = (values["team"], values["idempotency_key"])
@@ -78,7 +78,7 @@ def submit_many(svc: Store, asks: list[tuple[JobSpec, Principal, str | None]]
     for i, values in alone:
         try:
             out[i] = _insert(svc, values)
-        except Exception as exc:       # noqa: BLE001
+        except Exception as exc:       # noqa: BLE001 - as above
             out[i] = exc
     if any(isinstance(o, tuple) and o[1] for o in out):
         svc.wake.set()
@@ -88,8 +88,8 @@ def submit_many(svc: Store, asks: list[tuple[JobSpec, Principal, str | None]]
 def _insert(svc: Store, values: dict) -> tuple[JobRow, bool]:
     """Store one new job: (its row, True), or (the job its key named first, False)."""
     try:   # the unique (team, key) index answers "seen before?" without a lookup
-        # The hot path of the API: one INSERT that commits itself (one round trip);
-        # the job's "submitted" event is its submitted_at.
+        # One INSERT that commits itself (one round trip); the job's "submitted" event
+        # is its submitted_at.
         with svc._autocommit.connect() as conn:
             conn.execute(INSERT_JOB, values)
     except IntegrityError:
