@@ -21,8 +21,8 @@ core:
   and free to borrow, one of them holding most of the cluster, 5 % of the pending jobs
   in an urgent band that may preempt: the pass that reclaims and preempts.
 
-Garbage is collected before each timed pass. Results go to `bench/results/pass.json`
-(git-ignored) and a short table is printed.
+What the scenario's build left is frozen (gc.freeze) before each timed pass. Results go
+to `bench/results/pass.json` (git-ignored) and a short table is printed.
 """
 
 from __future__ import annotations
@@ -117,9 +117,9 @@ def build(hosts: int, pending: int, seed: int, now: float, teams: bool = False
 
 
 def timed(fn):
-    # the garbage of the scenario's build first (timeit runs with none): else a full
-    # collection, 0.1-0.2 s, lands in whichever pass comes next
-    gc.collect()
+    # what the scenario's build left is frozen first: else a full collection of it,
+    # 0.1-0.2 s, lands in whichever pass comes next (the pass's own garbage still counts)
+    gc.freeze()
     t0 = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - t0

@@ -131,6 +131,7 @@ class Trial:
         used: dict[int, Host] = {}
         switches: set[tuple[str, str]] = set()
         load: dict[int, int] = {}         # the job's replicas per host
+        bounds: dict[int, list[tuple[int, Host]]] = {}    # per need: _bounds
         out: list[ReplicaAllocation] = []
 
         def hs_of(h: Host) -> HostState:
@@ -141,7 +142,8 @@ class Trial:
         for need in self.needs:
             left, index, full = need.replicas, 0, set()
             while left:
-                host = self._choose(need, left, domain, used, full, switches, hs_of, load)
+                host = self._choose(need, left, domain, used, full, switches, hs_of, load,
+                                    bounds)
                 if host is None:
                     self._record(label, need, len(out), need.replicas - left, domain)
                     return None
@@ -160,7 +162,23 @@ class Trial:
                     full.add(host.index)
         return out
 
-    def _choose(self, need, left, domain, used, full, switches, hs_of, load) -> Host | None:
+    def _bounds(self, need: Need, domain: list[Host], bounds: dict) -> list[tuple[int, Host]]:
+        """(replicas that could fit by counts, host) for the hosts of the domain the need
+        may use, on the live state: a fill reads them for every replica, never changing
+        them (it places on copies)."""
+        found = bounds.get(id(need))
+        if found is None:
+            hosts = self.state.cluster.hosts
+            if need.gpus and domain is hosts:
+                # the whole cluster: only hosts with enough usable GPUs, from the index
+                domain = [hosts[i] for b in self.state.by_free[need.gpus:] for i in b]
+            found = bounds[id(need)] = [
+                (n, h) for h in domain if self.allowed(need, h)
+                and (n := need.upper_bound(h.type, self.state.hosts[h.index])) > 0]
+        return found
+
+    def _choose(self, need, left, domain, used, full, switches, hs_of, load,
+                bounds) -> Host | None:
         pack = self.job.placement.pack
         if pack:
             # Concentrate: the job's own hosts first, the one with most room.
@@ -169,17 +187,8 @@ class Trial:
             mine = [(n, h) for n, h in mine if n > 0]
             if mine:
                 return max(mine, key=lambda x: (x[0], -x[1].index))[1]
-        cands = []
-        hosts = self.state.cluster.hosts
-        if need.gpus and domain is hosts:
-            # the whole cluster: only hosts with enough usable GPUs, from the index
-            domain = [hosts[i] for b in self.state.by_free[need.gpus:] for i in b]
-        for h in domain:
-            if h.index in used or h.index in full or not self.allowed(need, h):
-                continue
-            n = need.upper_bound(h.type, self.state.hosts[h.index])
-            if n > 0:
-                cands.append((n, h))
+        cands = [(n, h) for n, h in self._bounds(need, domain, bounds)
+                 if h.index not in used and h.index not in full]
         if not cands:
             if not pack:  # every host has one: the least loaded of the job's hosts next
                 mine = [(load.get(h.index, 0), -n, h.index, h) for h in used.values()

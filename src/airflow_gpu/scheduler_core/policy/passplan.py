@@ -26,6 +26,7 @@ class PassPlan:
         self.carried = {r.job.name: r for r in stood if not r.protected and r.start > now}
         self.had_carried = bool(self.carried)
         self.reservations = sorted(self.carried.values(), key=lambda r: r.start)  # by start
+        self._starts = [r.start for r in self.reservations]
         self.made: list[Reservation] = []              # in the order they were made
         # reservations carried over change what the last pass's walks went around
         reuse = (epoch == sched.plan_epoch() and sched.reuse_reservations
@@ -42,6 +43,7 @@ class PassPlan:
         # dropped while nothing else changed on their hosts: taken again as they were
         self._grabbed: dict[Hold, tuple[int, ...]] = {}
         self._kept: dict[Reservation, tuple[Hold, list, tuple[int, ...]]] = {}
+        self._gpus: dict[Hold, list] = {}     # each hold's pieces that hold GPUs
         self._on_host: dict[int, list[Reservation]] = {}   # the reservations on each host
         for r in self.reservations:
             self._index(r, 1)
@@ -76,7 +78,8 @@ class PassPlan:
         return len(self._held) == len(self.reservations)
 
     def starts(self) -> list[float]:
-        return [r.start for r in self.reservations]
+        """The reservations' starts, in their order (a live view: do not mutate)."""
+        return self._starts
 
     def hold_first(self, k: int) -> None:
         """Hold exactly the first `k` reservations (by start) on the live state."""
@@ -103,12 +106,14 @@ class PassPlan:
             hold = Hold(r.allocations)
             hold.grab(state)
         self._grabbed[hold] = self._changes(hold)
+        self._gpus[hold] = [piece for piece in hold.pieces if piece.gpu_mask]
         return hold
 
     def _drop(self) -> None:
         hold = self._held.pop()
         r = self.reservations[len(self._held)]
         kept = self._changes(hold) == self._grabbed.pop(hold)   # nothing else came since
+        del self._gpus[hold]
         pieces = list(hold.pieces)
         hold.drop(self.s.state)
         if kept:
@@ -133,7 +138,7 @@ class PassPlan:
         state = self.s.state
         n = state.usable_total
         for hold in self._held[self._asked:]:
-            for piece in hold.pieces:
+            for piece in self._gpus[hold]:
                 hs = state.hosts[piece.host.index]
                 if not hs.drained:
                     n += (piece.gpu_mask & ~hs.bad_gpus).bit_count()
@@ -152,6 +157,7 @@ class PassPlan:
             self._held_to(min(i, held))
         self._asked = min(i, self._asked)
         self.reservations.insert(i, r)
+        self._starts.insert(i, r.start)
         self.made.append(r)
         self._index(r, 1)
 
@@ -168,7 +174,7 @@ class PassPlan:
             return False
         i = next(k for k, x in enumerate(self.reservations) if x is r)
         self._held_to(min(i, len(self._held)))
-        del self.reservations[i]
+        del self.reservations[i], self._starts[i]
         self._index(r, -1)
         self._kept.pop(r, None)
         return True

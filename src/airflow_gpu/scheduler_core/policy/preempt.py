@@ -67,7 +67,7 @@ class Trial:
         self.own_team = own_team   # the victims must also free the team's quota for it
         self.skipped = False       # a candidate was left out to keep a guarantee
         # inside `giving_back`: the jobs whose resources are given back now
-        self.out: dict[str, list] | None = None
+        self.out: dict[QueuedJob, list] | None = None
 
     @functools.cached_property
     def gone(self) -> dict[str, list[float]]:
@@ -96,10 +96,10 @@ class Trial:
             self._take_again(list(self.out))
             self.out = None
 
-    def _take_again(self, names) -> None:
+    def _take_again(self, jobs) -> None:
         state = self.p.s.state
-        for name in names:
-            for a in self.out.pop(name):
+        for job in jobs:
+            for a in self.out.pop(job):
                 state.hold(a)
 
     def _give_back(self, victims: list[QueuedJob]) -> list:
@@ -115,11 +115,11 @@ class Trial:
         if not p.plan.holds_all():       # holds are grabbed with every victim running
             self._take_again(list(self.out))
         p.plan.hold_first(len(p.reservations))
-        names = {v.name for v in victims} | {v.name for v in self.freed}
-        self._take_again([n for n in self.out if n not in names])
+        now = {*victims, *self.freed}
+        self._take_again([v for v in self.out if v not in now])
         for v in self.freed + victims:
-            if v.name not in self.out:
-                self.out[v.name] = allocs = state.allocations[v.name]
+            if v not in self.out:
+                self.out[v] = allocs = state.allocations[v.name]
                 for a in allocs:
                     state.unhold(a)
         return []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from .guarantee import stopping_by_team
@@ -34,7 +35,7 @@ class Pool(list):
     def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
         super().__init__(entries)
         # kind -> (teams over their guarantee, len(stopping), candidates, their names,
-        # pool position)
+        # where the scan stopped)
         self.kinds: dict[tuple, tuple] = {}
         self.hosts: dict[str, int | None] = {}
         self._gone: tuple[int, dict[str, list[float]]] = (0, {})
@@ -60,16 +61,18 @@ class Pool(list):
 def pool(s: SchedulerView, now: float, soon: bool = False) -> Pool:
     """(cost, job) of every running job that may be preempted at all, cheapest first.
     `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
-    cfg = s.config.preemption
+    min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
     out = []
     for name, v in s.running.items():
-        started = s.state.started[name]
-        if name in s.stopping or not v.preemptible or (
-                now - started < cfg.min_run_time and not soon):
+        started = started_at[name]
+        if name in stopping or not v.preemptible or (now - started < min_run and not soon):
             continue
-        cost = (max(v.gpus, 1) * lost_seconds(v, started, now), v.base, -started, v.seq)
-        out.append((((max(now, started + cfg.min_run_time), *cost) if soon else cost), v))
-    out.sort(key=lambda c: c[0])
+        # lost_seconds, inline: it runs for every running job
+        ran, interval = max(0.0, now - started), v.checkpoint_interval
+        cost = (max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started,
+                v.seq)
+        out.append((((max(now, started + min_run), *cost) if soon else cost), v))
+    out.sort(key=itemgetter(0))
     return Pool(out)
 
 
@@ -105,8 +108,9 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
     cached = victims.kinds.get(kind)
     if cached is not None and cached[0] == flags and cached[1] <= len(stopping):
         _, seen, out, names, pos = cached
+        known = set(names) if len(stopping) > seen else ()
         for name in itertools.islice(stopping, seen, None):
-            if name in names:
+            if name in known:
                 i = names.index(name)
                 del out[i], names[i]
     limit = cfg.max_victims * 4
