@@ -201,9 +201,14 @@ def live(db_url):
     tokens = {"vision": create_token(service.sessions, "vision"),
               "admin": create_token(service.sessions, "ops", admin=True)}
 
-    def break_db() -> str:
+    def break_db(read_only: bool = False) -> str:
         engine = service.engine
-        if engine.dialect.name == "sqlite":
+        if engine.dialect.name == "sqlite" and read_only:
+            @event.listens_for(engine, "connect")
+            def no_writes(dbapi_conn, _):     # even in place, as a read-only file
+                dbapi_conn.execute("PRAGMA query_only = ON")
+            broken = "it is read-only"
+        elif engine.dialect.name == "sqlite":
             with engine.connect() as conn:
                 pages = conn.execute(text("PRAGMA page_count")).scalar()
 
@@ -249,7 +254,10 @@ def test_a_database_that_cannot_write_answers_503_and_healthz_says_why(live, cap
         r = live.post(f"/api/v1/jobs/{first['id']}/heartbeat", headers=auth(live, "vision"))
         if broken == "it is read-only":      # a full file can still update in place
             assert r.status_code == 503 and r.headers["Retry-After"], r.text
-        # passes fail too: /healthz says why, then warns once they have stopped for a while
+        # passes fail too: /healthz says why, then warns once they have stopped for a
+        # while. A full SQLite file still takes writes that fit in its pages, and passes
+        # run as soon as jobs arrive, so their writes may all have fitted: read-only now
+        broken = live.break_db(read_only=True)
         report = until(lambda: (h := live.get("/healthz").json())["warning"] and h,
                        "/healthz warns", timeout=20)
         assert broken in report["last_pass_error"]["message"]

@@ -62,7 +62,7 @@ def queue_waits(svc, admitted: list[str]) -> list[float]:
         return []
     from .core import _ts
 
-    with svc.sessions() as s:
+    with svc.reads() as s:
         return [max(0.0, _ts(a) - _ts(sub)) for sub, a in s.execute(
             select(JobRow.submitted_at, JobRow.admitted_at).where(
                 JobRow.id.in_(admitted), JobRow.admitted_at.is_not(None)))]
@@ -88,7 +88,7 @@ class _StoreCollector:
                                       labels=["host"])
         jobs = GaugeMetricFamily("airflow_gpu_jobs", "jobs per team and state",
                                  labels=["team", "state"])
-        with svc.sessions() as s:
+        with svc.reads() as s:
             unhealthy = dict(s.execute(select(GpuRow.host, func.count()).where(
                 GpuRow.healthy.is_(False)).group_by(GpuRow.host)).all())
             held = dict(s.execute(select(GpuHoldRow.host, func.count())
@@ -137,7 +137,7 @@ def _queue_gauges(svc, hosts: dict):
                              labels=["team"])
     borrowed = GaugeMetricFamily("airflow_gpu_team_gpus_borrowed", "GPUs the team holds "
                                  "beyond its guarantee", labels=["team"])
-    with svc.sessions() as s:
+    with svc.reads() as s:
         for team, code, n in s.execute(select(JobRow.team, JobRow.reason_code, func.count())
                                        .where(JobRow.state == "pending")
                                        .group_by(JobRow.team, JobRow.reason_code)):
@@ -171,7 +171,7 @@ def _job_gauges(svc):
                 _JOB_GAUGES]
     idle = GaugeMetricFamily("airflow_gpu_idle_jobs", "live jobs the idle-GPU policy has "
                              "flagged (their GPUs stay under the threshold)", labels=["team"])
-    with svc.sessions() as s:
+    with svc.reads() as s:
         rows = s.execute(select(GpuRow, JobRow.id, JobRow.name, JobRow.team).join(
             GpuHoldRow, (GpuHoldRow.host == GpuRow.host) & (GpuHoldRow.gpu == GpuRow.index))
             .join(JobRow, JobRow.id == GpuHoldRow.job_id)
