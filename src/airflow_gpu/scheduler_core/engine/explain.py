@@ -150,14 +150,13 @@ def _free_on(state: ClusterState, need: Need, hosts) -> int:
 def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[str, int]]:
     """Jobs holding GPUs this need could use (eligible, on hosts it may use), most first."""
     counts: dict[str, int] = {}
-    eligible = {i: need.eligible(state.cluster.hosts[i].type) for i in usable}
+    hosts = state.cluster.hosts
+    eligible = {i: need.eligible(hosts[i].type) for i in usable}.get   # None: not usable
     for job, allocs in state.allocations.items():
         n = 0
         for a in allocs:
-            if a.gpu_mask:
-                m = eligible.get(a.host.index)
-                if m:
-                    n += (a.gpu_mask & m).bit_count()
+            if a.gpu_mask and (m := eligible(a.host.index)):
+                n += (a.gpu_mask & m).bit_count()
         if n:
             counts[job] = n
     held = sorted(counts.items())                    # by name, then (stable) most first
