@@ -102,13 +102,37 @@ class Trial:
             for a in self.out.pop(job):
                 state.hold(a)
 
-    def _give_back(self, victims: list[QueuedJob]) -> list:
-        """Give back the resources of `freed` and `victims` (and only theirs); returns
-        what to take again after the placement (nothing inside `giving_back`)."""
+    def _too_few_gpus(self, adding: list[QueuedJob], back: list[QueuedJob] = ()) -> bool:
+        """place_best's first test (could_fit, GPU counts) would fail with the resources
+        of `adding` given back and those of `back` taken again: only their hosts change."""
+        state, job = self.p.s.state, self.job
+        masks: dict[int, list[int]] = {}             # per host: GPUs coming back, taken
+        for jobs, k in ((adding, 0), (back, 1)):
+            for v in jobs:
+                for a in state.allocations[v.name]:
+                    if a.gpu_mask:
+                        masks.setdefault(a.host.index, [0, 0])[k] |= a.gpu_mask
+        total, changed = state.usable_total, []      # usable GPUs before and after, per host
+        for i, (more, less) in masks.items():
+            hs = state.hosts[i]
+            before = hs.usable_gpus.bit_count()
+            after = 0 if hs.drained else (
+                (hs.free_gpus & ~less | more) & ~hs.bad_gpus).bit_count()
+            changed.append((before, after))
+            total += after - before
+        return total < job.gpus or any(
+            state.replica_capacity(n.gpus) + sum(a // n.gpus - b // n.gpus for b, a in changed)
+            < n.replicas for n in job.needs if n.gpus)
+
+    def _give_back(self, victims: list[QueuedJob]) -> list | None:
+        """Give back the resources of `freed` and `victims` (only theirs): what to take
+        again after the placement ([] inside `giving_back`); None: no placement can be."""
         p, state = self.p, self.p.s.state
         if self.out is None:
-            allocs = [a for v in self.freed + victims for a in state.allocations[v.name]]
             p.plan.hold_first(len(p.reservations))
+            if self._too_few_gpus(self.freed + victims):
+                return None
+            allocs = [a for v in self.freed + victims for a in state.allocations[v.name]]
             for a in allocs:
                 state.unhold(a)
             return allocs
@@ -116,12 +140,15 @@ class Trial:
             self._take_again(list(self.out))
         p.plan.hold_first(len(p.reservations))
         now = {*victims, *self.freed}
-        self._take_again([v for v in self.out if v not in now])
-        for v in self.freed + victims:
-            if v not in self.out:
-                self.out[v] = allocs = state.allocations[v.name]
-                for a in allocs:
-                    state.unhold(a)
+        back = [v for v in self.out if v not in now]
+        adding = [v for v in self.freed + victims if v not in self.out]
+        if self._too_few_gpus(adding, back):
+            return None
+        self._take_again(back)
+        for v in adding:
+            self.out[v] = allocs = state.allocations[v.name]
+            for a in allocs:
+                state.unhold(a)
         return []
 
     def place(self, victims: list[QueuedJob]) -> Placed | None:
@@ -130,6 +157,8 @@ class Trial:
             return None
         state = s.state
         allocs = self._give_back(victims)
+        if allocs is None:
+            return None
         try:
             got = place_best(job, state, s.reg, s.best_tier(job))
         finally:
