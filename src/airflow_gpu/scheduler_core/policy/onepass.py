@@ -74,7 +74,8 @@ class Pass:
             return self.head is not None
         if self.protect_left > 0 and self.may_reserve():
             return False
-        # (holds kept beyond those asked for only take: the live count is the lower one)
+        # holds kept beyond those the pass asked for only take GPUs: none usable with them
+        # must be checked without them
         if (self.s.state.usable_total == 0 and not self.s.queue.cpu_only
                 and self.plan.usable_total() == 0):
             return True
@@ -146,7 +147,7 @@ class Pass:
             if reserved is not None and self.mode == "backfill":
                 reserved = self.keep_promise(reserved)
                 self.add(reserved)
-        if self.explain:       # (the reasons drop the holds where they place)
+        if self.explain:       # holds stay taken: the reasons drop them where they place
             self.plan.let_go()
             self.wait(job, upcoming(self, job, self.reasons.blocked(job, protected, reserved)))
 
