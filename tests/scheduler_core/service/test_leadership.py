@@ -145,7 +145,8 @@ def test_a_sigstopped_leader_is_replaced_within_its_lease_and_never_writes_again
             # finds the connection gone and changes nothing)
             woke = leader.log.read_text()
             assert ("another replica took the scheduler lease over" in woke
-                    or "could not be reached" in woke and "nothing was changed" in woke), woke
+                    or "the database cannot be reached" in woke
+                    and "nothing was changed" in woke), woke
             took_over = other.log.read_text()
             assert ("expired while it still holds advisory lock key" in took_over
                     or "this replica schedules now" in took_over)

@@ -176,7 +176,12 @@ def test_three_replicas_on_defaults_fit_the_server_and_elect_a_leader(
             peak, other = pg.watch(5)
         finally:
             load.close()
-        healths = [httpx.get(f"{s.url}/healthz", timeout=30).json() for s in servers]
+        # a leader starved of CPU under this load (two cores) may miss a renewal: another
+        # replica takes its lease over and the old one learns it at its next renewal.
+        # Asked again until they agree, within a few leases
+        healths = until(lambda: _agreed([httpx.get(f"{s.url}/healthz", timeout=30).json()
+                                         for s in servers]),
+                        "one replica leads and the others name it", timeout=30, every=0.5)
     finally:
         for s in servers:
             s.stop()
@@ -187,12 +192,19 @@ def test_three_replicas_on_defaults_fit_the_server_and_elect_a_leader(
     text_ = "".join(log.read_text() for log in logs)
     assert text_.count(f"connection budget: {b.pool} for requests") == 3, text_[-2000:]
     assert "too many clients" not in text_, text_[-2000:]
+    (leader,) = [h for h in healths if h["scheduling"]]
+    assert leader["last_pass_error"] is None, leader
+
+
+def _agreed(healths: list[dict]) -> list[dict] | None:
+    """The replicas' /healthz when exactly one leads and every other one names it."""
     leaders = [h for h in healths if h["scheduling"]]
-    assert len(leaders) == 1, healths
-    assert leaders[0]["last_pass_error"] is None, leaders[0]
-    for h in healths:
-        if not h["scheduling"]:
-            assert h["leader"] and h["leader"]["pid"] == leaders[0]["leader"]["pid"], h
+    if len(leaders) != 1:
+        return None
+    pid = leaders[0]["leader"]["pid"]
+    if all(h["scheduling"] or (h["leader"] and h["leader"]["pid"] == pid) for h in healths):
+        return healths
+    return None
 
 
 def _service(url: str, pool: int) -> Service:
