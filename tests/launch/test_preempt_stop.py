@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_gpu.launch.docker import DockerLauncher
 from airflow_gpu.launch.handle import signal_of
 from airflow_gpu.launch.local import start_callable, start_command
-from airflow_gpu.launch.replica import Replica, replicas_of
+from airflow_gpu.launch.replica import Replica, needs_cluster, replicas_of
 from airflow_gpu.launch.supervise import Interrupted, supervise
 from airflow_gpu.operators.bash import GpuBashOperator
 from airflow_gpu.scheduler_core.client import ApiError
@@ -201,6 +201,22 @@ def test_replicas_of_a_requeued_job_carry_its_attempt():
     (r,) = replicas_of(job, {})
     assert (r.attempt, r.requeue_reason) == (3, "gpu_fault")
     assert r.env()["AIRFLOW_GPU_RESTARTED"] == "1"
+
+
+def test_replicas_take_their_hosts_addresses_from_the_job_else_from_the_cluster():
+    entry = {"live": True, "role": "w", "index": 0, "host": "h", "gpus": [0], "cpus": [1],
+             "memory_by_numa": {"0": 2**30}, "nics": []}
+    cluster = {"h": {"address": "10.0.0.9", "docker_url": "tcp://10.0.0.9:2376"}}
+    older = {"id": "j", "attempt": 1, "replicas": [entry]}     # no addresses in the job
+    assert needs_cluster(older)
+    (r,) = replicas_of(older, cluster)
+    assert (r.address, r.docker_url) == ("10.0.0.9", "tcp://10.0.0.9:2376")
+    alone = {"id": "j", "attempt": 1, "replicas": [
+        {**entry, "address": "10.0.0.1", "docker_url": None},
+        {**entry, "live": False, "address": None}]}          # an ended admission's
+    assert not needs_cluster(alone)
+    (r,) = replicas_of(alone, cluster)
+    assert (r.address, r.docker_url) == ("10.0.0.1", None)
 
 
 def test_a_restarted_process_sees_the_variables():

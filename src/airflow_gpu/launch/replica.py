@@ -56,11 +56,22 @@ class Replica:
                 f"{self.memory_bytes / 2**30:.1f} GiB, NICs {self.nics or '-'}")
 
 
-def replicas_of(job: dict, hosts: dict[str, dict]) -> list[Replica]:
-    """The job's live replicas (API shape) joined with the cluster view's hosts."""
+def live_replicas(job: dict) -> list[dict]:
+    return [r for r in job["replicas"] if r["live"]]
+
+
+def needs_cluster(job: dict) -> bool:
+    """Whether some live replica lacks its host's addresses (a job read in a list, or
+    from a server before they came with it): then the cluster view supplies them."""
+    return not all(r.get("address") for r in live_replicas(job))
+
+
+def replicas_of(job: dict, hosts: dict[str, dict] | None = None) -> list[Replica]:
+    """The job's live replicas (API shape), with their hosts' addresses as the job gives
+    them, else as the cluster view's `hosts` do."""
     out = []
-    for rank, r in enumerate(x for x in job["replicas"] if x["live"]):
-        host = hosts.get(r["host"], {})
+    for rank, r in enumerate(live_replicas(job)):
+        host = r if r.get("address") else (hosts or {}).get(r["host"], {})
         numa = sorted(int(n) for n in r["memory_by_numa"])
         out.append(Replica(job["id"], r["role"], r["index"], rank, r["host"],
                            host.get("address") or r["host"], host.get("docker_url"),

@@ -21,7 +21,7 @@ from ..hooks.scheduler import GpuSchedulerHook, client_options
 from ..launch.handle import Handle, LaunchError
 from ..launch.lease import Lease, beat_interval, monotonic_at
 from ..launch.local import local_host
-from ..launch.replica import Replica, replicas_of
+from ..launch.replica import Replica, needs_cluster, replicas_of
 from ..launch.supervise import Outcome, stop_all, supervise
 from ..scheduler_core.client import ApiError, Client
 from ..scheduler_core.errors import InputError, describe_validation_error
@@ -274,7 +274,8 @@ class GpuBaseOperator(BaseOperator):
         except ApiError as exc:
             raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
         attempt = job["attempt"]             # the admission these replicas belong to
-        hosts = {h["name"]: h for h in self._cluster(client)["hosts"]}
+        hosts = ({h["name"]: h for h in self._cluster(client)["hosts"]}
+                 if needs_cluster(job) else None)
         replicas = replicas_of(job, hosts)
         for r in replicas:
             self.log.info("granted %s", r.describe())

@@ -271,3 +271,29 @@ def test_a_stale_launch_cannot_confirm_or_finish_a_new_admission(api):
     r = api.post(f"{url}/finish", headers=auth(api, "vision"),
                  json={"outcome": "succeeded", "exit_code": 0, "attempt": 2})
     assert r.json()["state"] == "succeeded"
+
+
+def test_a_job_read_alone_names_its_hosts_addresses(db_url):
+    """GET and heartbeat give each replica its host's address and Docker engine, as the
+    cluster view has them, so a launcher reads no cluster; a listed job does not."""
+    from tests.databases import serve
+
+    hosts = ({"name": "dgx-1", "model": "dgx-a100", "rack": "r1", "switch": "s1",
+              "address": "10.0.0.1", "docker_url": "tcp://10.0.0.1:2376"},
+             {"name": "dgx-2", "model": "dgx-a100", "rack": "r1", "switch": "s1"})
+    for api in serve(db_url, hosts=hosts):
+        ids = [submit(api, "vision", spec(f"j{i}", 8)).json()["id"] for i in range(2)]
+        api.tick()
+        view = {h["name"]: h for h in api.get("/api/v1/cluster",
+                                              headers=auth(api, "nlp")).json()["hosts"]}
+        seen = set()
+        for job_id in ids:
+            for how in ("get", "post"):
+                path = f"/api/v1/jobs/{job_id}" + ("/heartbeat" if how == "post" else "")
+                (r,) = getattr(api, how)(path, headers=auth(api, "vision")).json()["replicas"]
+                assert (r["address"], r["docker_url"]) == (view[r["host"]]["address"],
+                                                           view[r["host"]]["docker_url"])
+                seen.add((r["host"], r["address"], r["docker_url"]))
+        assert seen == {("dgx-1", "10.0.0.1", "tcp://10.0.0.1:2376"), ("dgx-2", "dgx-2", None)}
+        listed = api.get("/api/v1/jobs", headers=auth(api, "nlp")).json()
+        assert [r["address"] for j in listed for r in j["replicas"]] == [None, None]

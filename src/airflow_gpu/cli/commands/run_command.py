@@ -42,7 +42,7 @@ from ...launch.local import (
     refuse_other_hosts,
     start_command,
 )
-from ...launch.replica import Replica, replicas_of
+from ...launch.replica import Replica, needs_cluster, replicas_of
 from ...launch.supervise import Outcome, stop_all, supervise
 from ...launch.wiring import BY_CLASS, wiring
 from ...scheduler_core.client import ApiError, Client
@@ -272,7 +272,8 @@ class Run:
                 return None
             raise
         attempt = job["attempt"]
-        hosts = {h["name"]: h for h in self.client.cluster()["hosts"]}
+        hosts = ({h["name"]: h for h in self.client.cluster()["hosts"]}
+                 if needs_cluster(job) else None)
         replicas = replicas_of(job, hosts)
         for r in replicas:
             log.info("granted %s", r.describe())

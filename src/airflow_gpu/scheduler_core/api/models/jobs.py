@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -11,6 +12,9 @@ from ...jobspec import JobSpec
 from ...service.common import _ts, eta_seconds
 from ...store.models import AllocationRow, EventRow, JobRow
 from .base import RequestBody
+
+if TYPE_CHECKING:
+    from ...engine.cluster import Host
 
 
 class SubmitRequest(RequestBody):
@@ -55,13 +59,21 @@ class ReplicaOut(BaseModel):
                                   "it: 1 for the first (a requeued job is admitted again)")
     granted_at: datetime | None = None
     released_at: datetime | None = None
+    address: str | None = Field(None, description="where the other replicas reach its host "
+                                "(the cluster's address, else the host name); given with "
+                                "a job read on its own (GET, heartbeat), else null")
+    docker_url: str | None = Field(None, description="its host's Docker engine, where the "
+                                   "cluster names one (with address)")
 
     @classmethod
-    def of(cls, a: AllocationRow, admission: int | None = None) -> ReplicaOut:
+    def of(cls, a: AllocationRow, admission: int | None = None,
+           host: Host | None = None) -> ReplicaOut:
         return cls(role=a.role, index=a.replica, host=a.host, gpus=a.gpus, cpus=a.cpus,
                    memory_by_numa=a.memory_by_numa, nics=a.nics, live=a.live,
                    mig=a.mig or [], admission=admission, granted_at=a.granted_at,
-                   released_at=a.released_at)
+                   released_at=a.released_at,
+                   **({"address": host.address or host.name, "docker_url": host.docker_url}
+                      if host is not None else {}))
 
 
 def admissions(allocations: list[AllocationRow], attempt: int) -> list[int | None]:
@@ -132,7 +144,10 @@ class JobOut(BaseModel):
                                        "those of admissions that ended")
 
     @classmethod
-    def of(cls, j: JobRow, allocations: list[AllocationRow] | None = None) -> JobOut:
+    def of(cls, j: JobRow, allocations: list[AllocationRow] | None = None,
+           hosts: Mapping[str, Host] | None = None) -> JobOut:
+        """`hosts` (the cluster's, by name): each replica with its host's addresses, so a
+        launcher needs no read of the whole cluster."""
         return cls(id=j.id, name=j.name, team=j.team, idempotency_key=j.idempotency_key,
                    state=j.state, priority=j.priority,
                    spec=j.spec,
@@ -155,9 +170,10 @@ class JobOut(BaseModel):
                        "preempt_deadline_at": j.preempt_deadline_at}
                       if j.state == "preempting" else {}),
                    idle_requeues=j.idle_requeues or 0,
-                   replicas=[ReplicaOut.of(a, n) for a, n in zip(
-                       allocations or [], admissions(allocations or [], j.attempt or 0),
-                       strict=True)])
+                   replicas=[ReplicaOut.of(a, n, hosts.get(a.host) if hosts else None)
+                             for a, n in zip(allocations or [],
+                                             admissions(allocations or [], j.attempt or 0),
+                                             strict=True)])
 
 
 class EventOut(BaseModel):

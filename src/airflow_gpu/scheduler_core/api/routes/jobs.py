@@ -44,8 +44,14 @@ def list_jobs(_: Who, service: Svc, state: States | None = None,
 def get_job(job_id: JobRef, _: Who, service: Svc):
     from ...service.jobcontrol import name_blockers
 
-    out = JobOut.of(service.get(job_id), service.allocations(job_id))
+    out = _with_hosts(service, service.get(job_id))
     return name_blockers(service, [out])[0]
+
+
+def _with_hosts(service, j) -> JobOut:
+    """A job read on its own: its replicas carry their hosts' addresses (launchers)."""
+    service.refresh_cluster()
+    return JobOut.of(j, service.allocations(j.id), service.cluster.by_name)
 
 
 @router.delete("/api/v1/jobs/{job_id}", response_model=JobOut)
@@ -67,7 +73,7 @@ def explain(job_id: JobRef, _: Who, service: Svc):
 @router.post("/api/v1/jobs/{job_id}/heartbeat", response_model=JobOut)
 def heartbeat(job_id: JobRef, p: Who, service: Svc,
               attempt: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None):
-    return JobOut.of(service.heartbeat(job_id, p, attempt), service.allocations(job_id))
+    return _with_hosts(service, service.heartbeat(job_id, p, attempt))
 
 
 @router.post("/api/v1/jobs/{job_id}/finish", response_model=JobOut)
