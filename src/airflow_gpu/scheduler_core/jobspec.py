@@ -212,6 +212,11 @@ class JobSpec(_Spec):
                               "replicas in all")
     placement: Placement = Field(default_factory=Placement,   # as Role.gpu
                                  json_schema_extra={"default": Placement().model_dump()})
+    reservation: str | None = Field(
+        None, pattern=_NAME, max_length=MAX_TEXT, description="run only inside this "
+        "reservation (one an admin made for the job's team: `airflow-gpu reserve create "
+        "... --team`), on its hosts, between its start and its end, like Slurm's "
+        "--reservation")
 
     @field_validator("roles", mode="before")
     @classmethod

@@ -47,7 +47,7 @@ def job_shape(spec: JobSpec) -> tuple:
                    (r.gpu.mig.profile, r.gpu.mig.count) if r.gpu.mig else None)
                   for r in spec.roles)
     return (roles, p.pack, p.locality, p.affinity, p.nics, p.cpu_allocation,
-            tuple(p.hosts or ()))
+            tuple(p.hosts or ()), spec.reservation)
 
 
 def size_factor(gpus: int, runtime: float) -> float:

@@ -18,6 +18,7 @@ from .preempt import Preemption, claimed, preempt
 from .reservations import Reservation, earliest_end, place_best
 from .types import Pending, QueuedJob
 from .upcoming import upcoming
+from .windows import confined, full, waiting_for
 
 if TYPE_CHECKING:
     from .types import SchedulerView
@@ -32,6 +33,8 @@ class PassResult:
     tested: int = 0
     # job -> (when it must be stopped: a reservation's start, the job reserved then)
     cut: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # job started inside an admin's reservation -> when it ends (the job is stopped then)
+    until: dict[str, float] = field(default_factory=dict)
     preempted: list[Preemption] = field(default_factory=list)
 
 
@@ -90,6 +93,8 @@ class Pass:
         s = self.s
         if self.plan.drop_carried(job):   # it waited for locality: it decides again
             self.failed.clear()
+        if job.spec.reservation is not None:
+            return self.in_window(job)
         if job.shape in self.hopeless and not self.explain and not (
                 protected and self.may_reserve()):
             return   # fails even without holds, and it gets no reservation
@@ -150,6 +155,23 @@ class Pass:
         if self.explain:       # holds stay taken: the reasons drop them where they place
             self.plan.let_go()
             self.wait(job, upcoming(self, job, self.reasons.blocked(job, protected, reserved)))
+
+    def in_window(self, job: QueuedJob) -> None:
+        """A job that asks for an admin's reservation: it starts only there, and only if
+        it is expected to end before the reservation does (quotas do not count it)."""
+        s = self.s
+        w = s.windows.get(job.spec.reservation)
+        why = waiting_for(w, job, self.now)
+        if why is not None:
+            return self.wait(job, why)
+        inside = dataclasses.replace(job, spec=confined(job.spec, w))
+        self.plan.hold_first(0)
+        got = place_best(inside, s.state, s.reg, s.best_tier(job))
+        end = math.inf if got is None else self.now + s.runtime(job, got.tier)
+        if got is None or end > w.end or self.plan.blocks(
+                got.allocations, end, ignore=self.plan.windows.get(w.name)):
+            return self.wait(job, full(w, s.runtime(job, s.best_tier(job)), end, self.now))
+        self.start(job, got, until=w.end)
 
     def keep_promise(self, r: Reservation) -> Reservation:
         """A protected reservation holds from the earliest start promised to its job: if a
@@ -213,19 +235,22 @@ class Pass:
                 self.hopeless.add(job.shape)
         return got
 
-    def start(self, job: QueuedJob, placed: Placed) -> None:
+    def start(self, job: QueuedJob, placed: Placed, until: float = math.inf) -> None:
         """Start the job. Backfilled onto resources a reservation holds from a later
         time, it is planned to end before then; that is enforced: it is stopped at the
         reservation's start (the service and the simulator requeue it), so the reserved
-        job waits at most the grace for it, whatever the job declared."""
+        job waits at most the grace for it, whatever the job declared. A job inside an
+        admin's reservation is stopped at its end (`until`)."""
         cut, by = min(((r.start, r.job.name) for r in self.plan.overlapping(placed.allocations)
                        if r.job is not job and r.start > self.now), default=(math.inf, ""))
-        deadline = min(self.now + job.limit, cut)
-        job.borrowed = not self.s.quotas.covered(job)
+        deadline = min(self.now + job.limit, cut, until)
+        job.borrowed = until == math.inf and not self.s.quotas.covered(job)
         self.s._start(job, placed.allocations, self.now, deadline)
         self.result.started.append((job, placed))
-        if cut < self.now + job.limit:
+        if cut < min(self.now + job.limit, until):
             self.result.cut[job.name] = self.s.yields[job.name] = (cut, by)
+        if until < self.now + job.limit:
+            self.result.until[job.name] = until
 
     def claimant(self, name: str) -> None:
         """A job that preempted others earlier: it starts if it can, else waits for its

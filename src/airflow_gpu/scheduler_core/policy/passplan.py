@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..engine.placement import Placed
 from .reservations import Hold, Reservation
+from .windows import hold as window_hold
 
 if TYPE_CHECKING:
     from ..engine.state import ReplicaAllocation
@@ -25,7 +26,11 @@ class PassPlan:
         # so that smaller jobs ahead of it in this pass do not take it
         self.carried = {r.job.name: r for r in stood if not r.protected and r.start > now}
         self.had_carried = bool(self.carried)
-        self.reservations = sorted(self.carried.values(), key=lambda r: r.start)  # by start
+        # the admins' reservations that have not ended hold their hosts (windows.py)
+        self.windows = {w.name: window_hold(w, sched.state) for w in sched.windows.values()
+                        if w.end > now}
+        self.reservations = sorted([*self.windows.values(), *self.carried.values()],
+                                   key=lambda r: r.start)  # by start
         self._starts = [r.start for r in self.reservations]
         self.made: list[Reservation] = []              # in the order they were made
         # reservations carried over change what the last pass's walks went around
@@ -59,12 +64,14 @@ class PassPlan:
             else:
                 self._on_host[host].remove(r)
 
-    def blocks(self, allocs: list[ReplicaAllocation], end: float) -> bool:
-        """Some reservation that starts before `end` holds part of `allocs`."""
+    def blocks(self, allocs: list[ReplicaAllocation], end: float,
+               ignore: Reservation | None = None) -> bool:
+        """Some reservation (but `ignore`) that starts before `end` holds part of
+        `allocs`."""
         on_host = self._on_host
         for host in {a.host.index for a in allocs}:
             for r in on_host.get(host, ()):
-                if r.start < end and r.overlaps(allocs):
+                if r.start < end and r is not ignore and r.overlaps(allocs):
                     return True
         return False
 

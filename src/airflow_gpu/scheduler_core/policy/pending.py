@@ -14,6 +14,7 @@ from ..engine.placement import Placed, never_fits, place
 from ..units import format_duration
 from .reservations import earliest_end
 from .types import Pending
+from .windows import WindowHold, blocked_by
 
 if TYPE_CHECKING:
     from .reservations import Reservation
@@ -101,6 +102,8 @@ class Reasons:
         if r is None:
             return Pending("Priority", "fits now, but not around the reservations of "
                            "higher-priority jobs", {})
+        if isinstance(r, WindowHold):
+            return blocked_by(r.window, job, s.runtime(job, tier), p.now)
         return Pending("Priority", (
             f"fits now, but on resources reserved for {r.job.name!r} (priority "
             f"{r.job.base:g}) from {format_duration(r.start - p.now)} on, on "

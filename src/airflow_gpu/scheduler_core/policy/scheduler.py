@@ -23,6 +23,7 @@ from .quota import Quotas, need, over_quota
 from .reservations import Reservation
 from .timemodel import LocalityModel
 from .types import Pending, QueuedJob
+from .windows import Window, WindowHold, confined
 
 __all__ = ["PassResult", "Rejected", "Reservation", "Scheduler", "planned_runtime"]
 
@@ -75,6 +76,9 @@ class Scheduler:
         self.reuse_reservations = True
         self._planned: tuple[tuple, list[Reservation], list[Reservation], bool] = (
             (), [], [], False)
+        # the admins' reservations (windows.py), and those the last pass held
+        self.windows: dict[str, Window] = {}
+        self._live_windows: tuple = ()
 
     # -- what drivers call -----------------------------------------------------------------
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None,
@@ -172,7 +176,14 @@ class Scheduler:
             return None if job.gpus <= total else (
                 f"needs {job.gpus} GPUs, the cluster has {total}")
         if job.shape not in self._never:
-            self._never[job.shape] = never_fits(job.spec, self._empty, self.reg, job.needs)
+            spec = job.spec
+            w = self.windows.get(spec.reservation or "")
+            if w is not None:       # it runs on the window's hosts only
+                spec = confined(spec, w)
+            why = never_fits(spec, self._empty, self.reg, job.needs)
+            if why and w is not None:
+                why = f"reservation {w.name!r} ({', '.join(w.hosts)}) cannot hold it: {why}"
+            self._never[job.shape] = why
         return self._never[job.shape]
 
     def best_tier(self, job: QueuedJob) -> int:
@@ -209,8 +220,18 @@ class Scheduler:
                 tier_of(self.state.allocations[name]), job.estimate,
                 now - self.state.started[name])
         self.state.release(name)
-        self.quotas.add(job, -1)
+        if job.spec.reservation is None:     # a reservation's jobs count on no quota
+            self.quotas.add(job, -1)
         self.fairshare.add(job.team, -float(job.charge), now)
+
+    def set_windows(self, windows: list[Window]) -> None:
+        """The admins' reservations from now on (a driver sets them before submits that
+        ask for them, and whenever they change)."""
+        new = {w.name: w for w in windows}
+        if new != self.windows:
+            self.windows = new
+            self._never = {k: v for k, v in self._never.items() if k[-1] is None}
+            self.state.epoch += 1        # plans made around the old ones may be wrong
 
     # -- the pass ----------------------------------------------------------------------
     def fairshare_points(self, now: float) -> dict[str, float]:
@@ -238,6 +259,10 @@ class Scheduler:
 
     def schedule(self, now: float, explain: bool = False) -> PassResult:
         cfg = self.config
+        live = tuple(sorted(n for n, w in self.windows.items() if w.end > now))
+        if live != self._live_windows:      # one ended: its hosts are back
+            self._live_windows = live
+            self.state.epoch += 1
         fs = self.fairshare_points(now)
         p = Pass(self, now, explain)
         try:
@@ -265,8 +290,9 @@ class Scheduler:
             self.queue.remove(job.name)
             self.promised.pop(job.name, None)
             self.claims.pop(job.name, None)
-        p.result.reservations = p.reservations
-        self._planned = (self.plan_epoch(), p.plan.made, p.reservations, p.plan.had_carried)
+        jobs = [r for r in p.reservations if not isinstance(r, WindowHold)]
+        p.result.reservations = jobs
+        self._planned = (self.plan_epoch(), p.plan.made, jobs, p.plan.had_carried)
         return p.result
 
     def plan_epoch(self) -> tuple[int, int]:
@@ -291,5 +317,8 @@ class Scheduler:
             self.state.hard_end[job.name] = hard_end
         self.state.commit(job.name, allocations, now, end)
         self.running[job.name] = job
-        self.quotas.add(job)
+        if job.spec.reservation is None:
+            self.quotas.add(job)
+        else:           # its reservation's hosts serve no one else: nothing to free
+            job.preemptible = False
         self.fairshare.add(job.team, float(job.charge), now)

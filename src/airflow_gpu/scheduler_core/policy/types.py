@@ -88,6 +88,7 @@ class SchedulerView(Protocol):
     promised: dict[str, float]
     reuse_reservations: bool
     _planned: tuple                     # the last pass's reservations (Scheduler.__init__)
+    windows: dict[str, Any]             # the admins' reservations (windows.Window), by name
 
     def stop(self, victim: QueuedJob, by: QueuedJob, now: float) -> float: ...
 

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from ..jobspec import JobSpec
 from ..plugins import Registry
 from ..store.models import AllocationRow, EventRow, HostRow, JobRow
-from . import hosts, jobs, teams
+from . import hosts, jobs, reservations, teams
 from .common import (
     ENDED,
     LIVE,
@@ -75,6 +75,23 @@ class Service(Store):
 
     def teams(self) -> dict[str, dict]:
         return teams.teams(self)
+
+    # -- admins' reservations (reservations.py) ---------------------------------------------
+    def create_reservation(self, who: Principal, **fields) -> tuple[dict, list[dict]]:
+        return reservations.create(self, who, **fields)
+
+    def update_reservation(self, who: Principal, name: str, **fields
+                           ) -> tuple[dict, list[dict]]:
+        return reservations.update(self, who, name, **fields)
+
+    def delete_reservation(self, who: Principal, name: str) -> dict:
+        return reservations.remove(self, who, name)
+
+    def reservations(self, include_ended: bool = False) -> list[dict]:
+        return reservations.listing(self, include_ended)
+
+    def reservation(self, name: str) -> dict:
+        return reservations.one(self, name)
 
     # -- jobs (jobs.py) ---------------------------------------------------------------------
     def submit(self, spec: JobSpec, who: Principal,

@@ -139,6 +139,7 @@ def job_values(svc: Store, spec: JobSpec, who: Principal, key: str | None = None
     return dict(id=str(uuid.uuid4()), name=spec.name, team=team, idempotency_key=key,
                 spec={**spec.model_dump(mode="json", exclude_unset=True), "team": team},
                 state=PENDING, priority=spec.priority, details={}, attempt=0,
+                reservation=spec.reservation,
                 borrowed=False, preemptions=0, idle_requeues=0,
                 # what a retry with the same key must match (none without a key)
                 spec_digest=spec_digest(spec) if key else None,
@@ -158,6 +159,10 @@ def rejection(svc: Store, spec: JobSpec) -> str | None:
     if why:
         return why
     svc.refresh_cluster()
+    if spec.reservation is not None:       # it runs on that reservation's hosts only
+        from .reserving import reservation_refusal
+
+        return reservation_refusal(svc, spec)
     key, never, empty = job_shape(spec), svc._never, svc._empty
     if key not in never:
         never[key] = never_fits(spec, empty, svc.reg, compile_needs(spec))

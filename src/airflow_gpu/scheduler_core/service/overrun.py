@@ -14,12 +14,13 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ..store.models import JobRow
+from ..store.models import JobRow, ReservationRow
 from ..units import format_duration
 from .common import PENDING, _ts, _update, stop_options, stopping
 from .uow import Store
 
 OVERRAN = "overran its expected runtime"     # preempt_reason of such a stop (requeue)
+WINDOW = "reservation "       # ... and of a stop for an admin's reservation (its name next)
 STOPPABLE = ("admitted", "running")
 
 
@@ -29,24 +30,35 @@ def stop_overrunners(svc: Store, s: Session, now: datetime) -> list[str]:
     stopped = []
     for row in list(s.scalars(select(JobRow).where(
             JobRow.state.in_(STOPPABLE), JobRow.yield_at < now))):
-        if s.scalar(select(JobRow.state).where(JobRow.id == row.limit_cut_by)) != PENDING:
-            s.execute(_update(JobRow).where(JobRow.id == row.id).values(yield_at=None))
+        window = s.get(ReservationRow, row.yield_reservation) \
+            if row.yield_reservation else None
+        if window is None and s.scalar(select(JobRow.state).where(
+                JobRow.id == row.limit_cut_by)) != PENDING:
+            # the reserved job no longer waits, or the admin's reservation went
+            s.execute(_update(JobRow).where(JobRow.id == row.id).values(
+                yield_at=None, yield_reservation=None))
             continue
         spec, sig, _ = stop_options(svc.reg.job_classes, svc._policy(), row.spec, row.id)
         expected = spec.expected_runtime if spec else None
         grace = row.stop_grace or 0      # what the reserved job's promise counted
         ran = _ts(now) - _ts(row.admitted_at) if row.admitted_at else 0.0
-        why = (f"{OVERRAN}{f' of {format_duration(expected)}' if expected else ''} "
-               f"(ran {format_duration(ran)}) into the reservation of job "
-               f"{row.limit_cut_by}, which it backfilled ahead of")
+        if window is not None:
+            kind = f"maintenance {WINDOW}" if window.maint else WINDOW
+            why = (f"{kind}{window.name} starts on its hosts (at "
+                   f"{window.start_at.isoformat()}; it ran {format_duration(ran)})")
+        else:
+            why = (f"{OVERRAN}{f' of {format_duration(expected)}' if expected else ''} "
+                   f"(ran {format_duration(ran)}) into the reservation of job "
+                   f"{row.limit_cut_by}, which it backfilled ahead of")
         done = s.execute(_update(JobRow).where(
             JobRow.id == row.id, JobRow.state.in_(STOPPABLE),
             JobRow.attempt == row.attempt).values(**stopping(why, sig, grace, now)))
         if done.rowcount == 1:
-            svc._event(s, "overrun", f"stopping: it {why}; sending {sig}, SIGKILL after "
-                       f"{format_duration(grace)}; it is requeued under the same id once its "
-                       "replicas have stopped (an estimate never ends a job; its own "
-                       "time_limit would)", job=row.id)
+            svc._event(s, "overrun", f"stopping: {'' if window else 'it '}{why}; sending "
+                       f"{sig}, SIGKILL after {format_duration(grace)}; it is requeued "
+                       "under the same id once its replicas have stopped"
+                       + ("" if window else " (an estimate never ends a job; its own "
+                          "time_limit would)"), job=row.id)
             stopped.append(row.id)
     return stopped
 

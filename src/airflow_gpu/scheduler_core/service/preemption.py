@@ -22,7 +22,7 @@ from .common import PENDING, SLACK, _same_attempt, _stale, _update, requeued, ut
 from .errors import Conflict
 from .idle import requeued_idle
 from .jobcontrol import REQUEUED
-from .overrun import OVERRAN
+from .overrun import OVERRAN, WINDOW
 from .uow import Store
 
 
@@ -65,8 +65,9 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
     # no preemptor: `airflow-gpu requeue` (jobcontrol.py) or the idle-GPU policy (idle.py)
     text = row.preempt_reason or ""
     asked, overran = text.startswith(REQUEUED), text.startswith(OVERRAN)
+    window = text.startswith((WINDOW, "maintenance " + WINDOW))
     reason = ("preempted" if row.preempted_by else "requeued" if asked else
-              "overrun" if overran else "idle")
+              "overrun" if overran else "reservation" if window else "idle")
     more = behind_reserved(svc, s, job_id, row.limit_cut_by) if overran else {}
     done = s.execute(_update(JobRow).where(
         JobRow.id == job_id, JobRow.state == "preempting", *where).values(
@@ -78,7 +79,7 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
            if forced else "its launcher stopped the replicas")
     who = (f"preempted by job {row.preempted_by}" if row.preempted_by else
            text.split(" (")[0] if asked else
-           text if overran else "idle GPUs")
+           text if overran or window else "idle GPUs")
     more, held = requeued_idle(svc, s, job_id, utcnow()) if reason == "idle" else ("", None)
     svc._event(s, "requeued", f"{who}: {how}; back in the queue under the same id "
                f"(admission {row.attempt} ended){more}", job=job_id)

@@ -17,6 +17,7 @@ from ..engine.mig import mig_slots
 from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
 from ..policy.scheduler import Rejected, Scheduler
+from ..policy.windows import window_of
 from ..store.models import (
     AllocationRow,
     CpuHoldRow,
@@ -27,7 +28,7 @@ from ..store.models import (
     MigHoldRow,
 )
 from ..units import format_duration
-from . import passerrors, quarantine
+from . import passerrors, quarantine, reserving
 from .agents import silent_hosts
 from .common import LIVE, PENDING, _ts, _update, spec_gpus, utcnow
 from .faults import handle_gpu_faults
@@ -52,9 +53,10 @@ def run_pass(svc: Store) -> list[str]:
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
+        windows = reserving.apply(svc, s, now)     # admins' reservations: drains, ends
         state = ClusterState(cluster)
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
-            if h.name in cluster.by_name:
+            if h.name in cluster.by_name and not reserving.skip_drain(h, windows, t_now):
                 state.set_drained(h.name)
                 state.drain_reasons[h.name] = h.drain_reason
         silent = silent_hosts(s, svc.settings.host_timeout, now)
@@ -78,6 +80,7 @@ def run_pass(svc: Store) -> list[str]:
         quarantine.apply(svc, s, state, cluster)     # wrong hold rows: placed elsewhere
         sched = Scheduler(state, policy, svc.reg, now=t_now,
                           timemodel=svc.slowdown.update(s, policy, cluster))
+        sched.set_windows(windows)
         specs: dict[str, tuple] = {}    # the live and pending jobs' parsed specs
         _restore(svc, cluster, s, sched, t_now, specs)
         pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING, not_held())
@@ -106,7 +109,8 @@ def run_pass(svc: Store) -> list[str]:
         for job, placed in result.started:
             # its own limit stops it (deadline_at); a cut only makes it yield (overrun.py)
             cut_at, cut_by = result.cut.get(job.name, (None, None))
-            deadline = t_now + job.limit
+            window = window_of(cut_by) if cut_by else None
+            deadline = min(t_now + job.limit, result.until.get(job.name, math.inf))
             done = s.execute(_update(JobRow).where(
                 JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
                 state="admitted", admitted_at=now, lease_expires_at=lease,
@@ -115,13 +119,15 @@ def run_pass(svc: Store) -> list[str]:
                 deadline_at=None if deadline == math.inf else
                 datetime.fromtimestamp(deadline, UTC),
                 yield_at=None if cut_at is None else datetime.fromtimestamp(cut_at, UTC),
-                stop_grace=round(job.grace), limit_cut_by=cut_by, borrowed=job.borrowed))
+                stop_grace=round(job.grace), limit_cut_by=None if window else cut_by,
+                yield_reservation=window, borrowed=job.borrowed))
             if done.rowcount != 1:
                 continue              # cancelled or held meanwhile
             _write_allocations(s, job.name, placed.allocations, now)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
             svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
-                       + limit_note(job.limit, (cut_at or t_now) - t_now, cut_by)
+                       + limit_note(job.limit, (cut_at or t_now) - t_now, cut_by,
+                                    result.until.get(job.name))
                        + ("; on borrowed quota (it may be reclaimed)" if job.borrowed
                           else ""), job=job.name)
             admitted.append(job.name)
@@ -225,9 +231,15 @@ def _stop_at(row: JobRow) -> float | None:
     return min(at) if at else None
 
 
-def limit_note(limit: float, left: float, cut_by: str | None) -> str:
+def limit_note(limit: float, left: float, cut_by: str | None,
+               until: float | None = None) -> str:
     """What the admission event says of the job's time limit and its yield."""
     own = f"; time limit {format_duration(limit)}" if limit < math.inf else ""
+    if until is not None:
+        own += (f"; stopped at its reservation's end, "
+                f"{datetime.fromtimestamp(until, UTC).isoformat()}")
+    if cut_by and window_of(cut_by):
+        return own + reserving.yield_note(window_of(cut_by), left)
     if cut_by:
         return (f"{own}; it backfills ahead of the reservation for job {cut_by}: if it "
                 f"runs past its expected runtime into it (in {format_duration(max(0, left))})"

@@ -31,6 +31,7 @@ from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig
 from ..policy.scheduler import PassResult, Rejected, Scheduler
+from ..policy.windows import Window, window_of
 from .metrics import JobRecord, SimResult
 from .progress import Run, stop
 from .trace import TraceJob, job_spec
@@ -55,6 +56,8 @@ class SimOptions:
     # (bench/nvlink_domain.py: placement blind to NVLink domains); hosts are matched by
     # name and the slowdown tier is taken on these. None: the scheduler's own cluster.
     true_cluster: Cluster | None = None
+    # admins' reservations (maintenance, teams'), times in the trace's seconds
+    windows: list[Window] = field(default_factory=list)
 
 
 class _Events:
@@ -100,6 +103,7 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     options = options or SimOptions()
     started_at = time.perf_counter()
     sched = Scheduler(ClusterState(cluster), options.policy, reg or default_registry())
+    sched.set_windows(options.windows)
     host_gpus = cluster.max_host_gpus
     total = cluster.total_gpus
     mig = any(h.type.mig is not None for h in cluster.hosts)
@@ -109,6 +113,9 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     result = SimResult(options.policy.mode, cluster.name, total, host_gpus,
                        list(records.values()), high_priority=options.high_priority)
     events = _Events()
+    for w in options.windows:       # a pass as each starts (jobs yield) and ends (hosts back)
+        events.wake(w.start)
+        events.wake(w.end)
     ids: dict[str, str] = {}                      # job name -> trace id
     planned: dict[str, float] = {}                # job name -> its planned runtime
     work: dict[str, float] = {}                   # job name -> work left (s at factor 1)
@@ -203,9 +210,11 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             if min_run and now + min_run < min(end, hard_end):
                 events.wake(now + min_run)
         for name, (at, by, free_end) in list(yielding.items()):
-            if at > now and by not in sched.queue:   # the reserved job started or left:
-                del yielding[name]                   # nothing needs it to yield (as the
-                run = runs[name]                     # service)
+            # the reserved job started or left: nothing needs it to yield (as the
+            # service); an admin's reservation stays
+            if at > now and by not in sched.queue and window_of(by) is None:
+                del yielding[name]
+                run = runs[name]
                 run.signal, run.end = None, free_end
                 records[ids[name]].timeout = free_end < run.start + run.work * run.factor
                 events.push(free_end, name)

@@ -1,5 +1,5 @@
 """Job traces: `job_id,submit_time,duration,num_gpus[,team,priority,job_class,
-expected_runtime,time_limit]`.
+expected_runtime,time_limit,reservation]`.
 
 Times are seconds (`submit_time` since the trace's start). `expected_runtime` is what the
 scheduler is told (an estimate: it never stops a job), `time_limit` a hard limit (a job
@@ -20,9 +20,10 @@ from ..errors import InputError, utf8_text, validate
 from ..jobspec import JobSpec
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
-OPTIONAL = ("team", "priority", "job_class", "expected_runtime", "time_limit")
+OPTIONAL = ("team", "priority", "job_class", "expected_runtime", "time_limit",
+            "reservation")
 FORM = ("job_id,submit_time,duration,num_gpus[,team,priority,job_class,expected_runtime,"
-        "time_limit]")
+        "time_limit,reservation]")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class TraceJob:
     expected_runtime: float | None = None
     line: int = 0
     time_limit: float | None = None
+    reservation: str | None = None     # the admin's reservation it runs in (--reservations)
 
     @property
     def planned(self) -> float:
@@ -124,7 +126,8 @@ def _row(row: list[str], col: dict[str, int], where: str, lineno: int,
         int(_number(priority, "priority", where, integer=True)) if priority else 0,
         get("job_class"),
         _number(expected, "expected_runtime", where, positive=True) if expected else None,
-        lineno, _number(limit, "time_limit", where, positive=True) if limit else None)
+        lineno, _number(limit, "time_limit", where, positive=True) if limit else None,
+        get("reservation"))
 
 
 def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int) -> JobSpec:
@@ -140,6 +143,8 @@ def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int
         roles.append(role("rest" if whole else "worker", 1, rest))
     name = t.job_id if t.job_id[0].isalnum() else f"job-{t.job_id}"
     limit = {"time_limit": math.ceil(t.time_limit)} if t.time_limit else {}
+    if t.reservation:
+        limit["reservation"] = t.reservation
     return validate(JobSpec, {"name": name, "team": t.team, "priority": t.priority,
                               "job_class": t.job_class, "roles": roles, **limit},
                     f"trace line {t.line} (job {t.job_id!r})")

@@ -163,6 +163,10 @@ class JobRow(Base):
     # idempotency key: a submit reusing the key with another spec is refused, whatever
     # changed in the job since
     spec_digest: Mapped[str | None] = mapped_column(String(64))
+    # the admin's reservation it asks for (its spec's), and the one it yields to: still
+    # running at that reservation's start, it is stopped and requeued (overrun.py)
+    reservation: Mapped[str | None] = mapped_column(String(NAME), index=True)
+    yield_reservation: Mapped[str | None] = mapped_column(String(NAME))
 
 
 class AllocationRow(Base):
@@ -292,6 +296,26 @@ class TeamRow(Base):
     share: Mapped[float | None] = mapped_column(Float)
     quota_gpus: Mapped[int | None] = mapped_column(Integer)
     borrow_gpus: Mapped[int | None] = mapped_column(Integer)   # None: the policy file's
+
+
+class ReservationRow(Base):
+    """An admin's reservation of whole hosts for a window of time: for maintenance (no
+    job starts there that would not end before it; the hosts drain at its start and
+    resume at its end) or for teams (only their jobs that ask for it run there)."""
+
+    __tablename__ = "reservations"
+    name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    hosts: Mapped[list[Any]] = mapped_column()
+    start_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    end_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    teams: Mapped[list[Any]] = mapped_column(default=list)
+    maint: Mapped[bool] = mapped_column(Boolean, default=False)
+    gpus: Mapped[int | None] = mapped_column(Integer)          # asked as a GPU count
+    gpu_model: Mapped[str | None] = mapped_column(String(NAME))
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    created_by: Mapped[str] = mapped_column(String(NAME))
+    # the hosts its start drained (resumed at its end): not those drained before it
+    drained: Mapped[list[Any] | None] = mapped_column()
 
 
 class LeaderLeaseRow(Base):

@@ -132,7 +132,12 @@ class JobOut(BaseModel):
     preemptions: int = 0
     requeue_reason: str | None = Field(None, description="why its last admission was "
                                        "requeued: preempted | overrun | requeued | "
-                                       "gpu_fault | idle")
+                                       "gpu_fault | idle | reservation")
+    reservation: str | None = Field(None, description="the admin's reservation it runs "
+                                    "in (its spec's `reservation`)")
+    yield_reservation: str | None = Field(None, description="the admin's reservation it "
+                                          "yields to at yield_at: still running then, it is "
+                                          "stopped and requeued under the same id")
     idle_since: datetime | None = Field(None, description="every GPU it holds has stayed "
                                         "under the idle threshold since then")
     idle_flagged_at: datetime | None = Field(None, description="the idle-GPU policy flagged "
@@ -165,6 +170,7 @@ class JobOut(BaseModel):
                    borrowed=bool(j.borrowed), preempted_by=j.preempted_by,
                    preempt_reason=j.preempt_reason, preemptions=j.preemptions or 0,
                    requeue_reason=j.requeue_reason, idle_since=j.idle_since,
+                   reservation=j.reservation, yield_reservation=j.yield_reservation,
                    idle_flagged_at=j.idle_flagged_at,
                    **({"preempt_signal": j.preempt_signal, "preempt_grace": j.preempt_grace,
                        "preempt_deadline_at": j.preempt_deadline_at}
