@@ -413,3 +413,29 @@ def test_bad_arguments_name_the_field():
     assert c.get("/teams?window=90d").status_code == 422
     assert c.get("/jobs/..%2F..").status_code in (404, 422)
     assert c.get("/static/secret.py").status_code == 404
+
+
+def test_the_cluster_page_shows_reservations_now_and_next():
+    now = {"name": "fw", "maint": True, "teams": [], "state": "active", "hosts": ["c"],
+           "start": at(30), "end": at(-90)}
+    nxt = {"name": "demo", "maint": False, "teams": ["vision"], "state": "upcoming",
+           "hosts": ["a"], "start": at(-60), "end": at(-180)}
+    cluster = {**CLUSTER, "reservations": [now, nxt], "hosts": [
+        {**CLUSTER["hosts"][0], "reservations": [nxt]}, CLUSTER["hosts"][1],
+        {**CLUSTER["hosts"][2], "reservations": [now]}]}
+    page = cluster_page(cluster, LIVE)
+    assert [r["name"] for r in page["reservations"]] == ["fw", "demo"]
+    a = page["racks"][0]["switches"][0]["hosts"][0]
+    (r,) = a["reservations"]
+    assert r["label"].startswith("demo (vision) ") and r["label"].endswith(" UTC")
+    assert " to " in r["label"]
+    c = page["racks"][1]["switches"][0]["hosts"][0]
+    assert c["reservations"][0]["label"].startswith("fw (maintenance) until ")
+
+    class Reserved(FakeSource):
+        def cluster(self):
+            return cluster
+
+    body = client(Reserved()).get("/cluster").text
+    assert 'id="reservations"' in body and 'data-reservation="fw"' in body
+    assert "next: demo (vision)" in body and "reserved: fw (maintenance) until" in body

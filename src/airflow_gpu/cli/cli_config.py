@@ -14,6 +14,7 @@ from .commands import (
     demo_command,
     jobs_command,
     plan_command,
+    reserve_command,
     run_command,
     server_command,
     slurm_command,
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Slurm's and Grid Engine's habits: queue, prio, share, hold, release, requeue,
     # update, drain, cluster
     slurm_command.add_commands(sub, client)
+    reserve_command.add_commands(sub, client)   # reserve create | list | show | ...
     agent_cli.add_commands(sub)                 # agent, topo, ... (agent/cli.py)
     run_command.add_commands(sub)               # run (srun)
     demo_command.add_commands(sub)              # demo

@@ -53,6 +53,7 @@ class Lease:
     def __init__(self) -> None:
         self.preempt_logged: tuple | None = None
         self.idle_logged: str | None = None
+        self.yield_logged: tuple | None = None
 
     def beat(self, client, job_id: str, attempt: int, log: logging.Logger) -> None:
         try:
@@ -67,6 +68,7 @@ class Lease:
             log.warning("heartbeat failed: %s", exc)
         else:
             self.idle_warning(job, log)
+            self.reservation_warning(job, log)
             if job.get("state") == "preempting":
                 raise self.preempted(job, log)
 
@@ -78,6 +80,17 @@ class Lease:
             log.warning("GPU job %s: its GPUs have stayed idle since %s and the "
                         "scheduler flagged it (idle-GPU policy; see airflow-gpu "
                         "explain %s)", job["id"], job.get("idle_since"), job["id"])
+
+    def reservation_warning(self, job: dict, log: logging.Logger) -> None:
+        """An admin's reservation starts on the job's hosts before it is expected to end:
+        say so once per reservation and start."""
+        name, at = job.get("yield_reservation"), job.get("yield_at")
+        if name and at and self.yield_logged != (name, at):
+            self.yield_logged = (name, at)
+            log.warning("GPU job %s: reservation %s starts on its host(s) at %s; if the "
+                        "job still runs then, it is stopped (its class's signal and grace) "
+                        "and requeued under the same id (airflow-gpu reserve show %s)",
+                        job["id"], name, at, name)
 
     def preempted(self, job: dict, log: logging.Logger) -> Interrupted:
         """The scheduler preempts the job: what to send its replicas, and for how long

@@ -79,6 +79,8 @@ class GpuBaseOperator(BaseOperator):
         runner (`airflow dags test` included).
     :param admission_grace: seconds to wait in the worker before deferring (a free cluster
         admits within a scheduling pass).
+    :param reservation: run only inside this admin's reservation for the task's team
+        (`airflow-gpu reserve list`), like Slurm's --reservation.
     """
 
     template_fields: Sequence[str] = ("expected_runtime", "time_limit")
@@ -96,7 +98,8 @@ class GpuBaseOperator(BaseOperator):
                  gpu_scheduler_conn_id: str = GpuSchedulerHook.default_conn_name,
                  poll_interval: float = 5.0, admission_timeout: float | None = None,
                  admission_grace: float = 1.0, roles: list[dict] | None = None,
-                 mig: str | dict | None = None, **kwargs) -> None:
+                 mig: str | dict | None = None, reservation: str | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory),
                                  ("mig", mig)) if v}
@@ -105,7 +108,7 @@ class GpuBaseOperator(BaseOperator):
                                 **({"gpu": gpu} if gpu else {})}]
         self.job_class, self.priority, self.team = job_class, priority, team
         self.expected_runtime, self.placement = expected_runtime, placement or {}
-        self.time_limit = time_limit
+        self.time_limit, self.reservation = time_limit, reservation
         self.gpu_scheduler_conn_id = gpu_scheduler_conn_id
         self.poll_interval, self.admission_timeout = poll_interval, admission_timeout
         self.admission_grace = admission_grace
@@ -128,7 +131,7 @@ class GpuBaseOperator(BaseOperator):
         for key, value in (("team", team or self.team), ("job_class", self.job_class),
                            ("expected_runtime", runtime or self.expected_runtime),
                            ("time_limit", self.time_limit),
-                           ("placement", placement)):
+                           ("placement", placement), ("reservation", self.reservation)):
             if value:
                 spec[key] = value
         try:

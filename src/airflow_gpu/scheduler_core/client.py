@@ -245,6 +245,24 @@ class Client:
         return self.request("POST", f"/api/v1/hosts/{_ref(host)}/drain",
                             json={"reason": reason} if reason else None)
 
+    # -- admins' reservations -----------------------------------------------------------------
+    def reservations(self, include_ended: bool = False) -> list[dict]:
+        return self.request("GET", "/api/v1/reservations",
+                            params={"all": "true"} if include_ended else None)
+
+    def reservation(self, name: str) -> dict:
+        return self.request("GET", f"/api/v1/reservations/{_ref(name)}")
+
+    def reserve(self, body: dict) -> dict:
+        """Make a reservation (admins); answers it with the jobs it will stop."""
+        return self.request("POST", "/api/v1/reservations", json=body)
+
+    def update_reservation(self, name: str, body: dict) -> dict:
+        return self.request("PATCH", f"/api/v1/reservations/{_ref(name)}", json=body)
+
+    def delete_reservation(self, name: str) -> dict:
+        return self.request("DELETE", f"/api/v1/reservations/{_ref(name)}")
+
 
 def _ref(text: str) -> str:
     """A job reference or host name as one path segment."""

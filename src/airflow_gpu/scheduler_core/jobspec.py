@@ -56,6 +56,41 @@ def expand_hostlist(text: str) -> list[str]:
             for name in expand_hostnames(entry.strip())]
 
 
+def compress_hostlist(names: list[str]) -> str:
+    """The inverse of expand_hostlist, as Slurm's `scontrol show hostlist`: dgx-a-01,
+    dgx-a-02, dgx-a-03, dgx-h-05 -> dgx-a-[01-03],dgx-h-05 (names in the order given,
+    runs of the same prefix and digit count joined)."""
+    groups: dict[tuple[str, int], list[int]] = {}
+    order: list[tuple[str, int] | str] = []
+    for name in dict.fromkeys(names):
+        m = re.fullmatch(r"(.*?)(\d+)", name)
+        if m is None:
+            order.append(name)
+            continue
+        key = (m.group(1), len(m.group(2)))
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+        groups[key].append(int(m.group(2)))
+    out = []
+    for key in order:
+        if isinstance(key, str):
+            out.append(key)
+            continue
+        prefix, width = key
+        runs: list[list[int]] = []
+        for n in sorted(set(groups[key])):
+            if runs and n == runs[-1][1] + 1:
+                runs[-1][1] = n
+            else:
+                runs.append([n, n])
+        parts = [f"{a:0{width}d}" if a == b else f"{a:0{width}d}-{b:0{width}d}"
+                 for a, b in runs]
+        out.append(f"{prefix}{parts[0]}" if len(parts) == 1 and "-" not in parts[0]
+                   else f"{prefix}[{','.join(parts)}]")
+    return ",".join(out)
+
+
 def _host_ranges(v):
     """placement.hosts: names or ranges, one string or a list; expanded, duplicates
     dropped, at most MAX_HOSTS names (counted while expanding, so a huge range costs

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from rich.table import Table
 
 from ...scheduler_core.errors import InputError
+from ...scheduler_core.jobspec import compress_hostlist
 from ...scheduler_core.units import format_duration, format_size, parse_duration
 from ..common import api_client, console
 
@@ -27,6 +28,9 @@ COLUMNS = {
     "day": ("day", "team", "jobs", "gpu_hours", "mig_device_hours", "utilization_mean",
             "utilization_peak", "memory_peak_bytes", "energy_joules",
             "zero_utilization_seconds"),
+    "reservation": ("reservation", "state", "maint", "teams", "start", "end", "gpus", "jobs",
+                    "reserved_gpu_hours", "used_gpu_hours", "unused_gpu_hours",
+                    "used_fraction"),
 }
 
 
@@ -85,8 +89,26 @@ def _cells(r: dict, by: str, mig: bool = False) -> list[str]:
             _gpus(r), "-" if elapsed is None else format_duration(elapsed), *common]
 
 
+def reservations_table(data: dict) -> Table:
+    t = Table(title=f"GPU-hours per reservation, {data['since']} to {data['until']} (UTC)",
+              title_justify="left")
+    for col in ("reservation", "state", "teams", "hosts", "GPUs", "jobs", "held GPU-h",
+                "used GPU-h", "unused GPU-h", "used"):
+        t.add_column(col, overflow="fold")
+    for r in data["rows"]:
+        t.add_row(r["reservation"], r["state"],
+                  "MAINT" if r["maint"] else ",".join(r["teams"]),
+                  compress_hostlist(r["hosts"]), str(r["gpus"]), str(r["jobs"]),
+                  f"{r['reserved_gpu_hours']:.2f}", f"{r['used_gpu_hours']:.2f}",
+                  f"{r['unused_gpu_hours']:.2f}", _pct(None if r["used_fraction"] is None
+                                                       else 100 * r["used_fraction"]))
+    return t
+
+
 def table(data: dict) -> Table:
     by = data["by"]
+    if by == "reservation":
+        return reservations_table(data)
     t = Table(title=f"GPU accounting per {by}, {data['since']} to {data['until']} (UTC)",
               title_justify="left")
     head = {"team": ["team", "jobs"], "day": ["day", "team", "jobs"],
@@ -137,8 +159,9 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
     p = sub.add_parser("acct", parents=[client], help="GPU accounting (sacct, qacct): "
                        "GPU-hours, SM utilization, memory, energy, idle time per job, team "
                        "or day")
-    p.add_argument("--by", choices=("job", "team", "day"), default="job",
-                   help="one line per job (default), per team, or per day and team")
+    p.add_argument("--by", choices=("job", "team", "day", "reservation"), default="job",
+                   help="one line per job (default), per team, per day and team, or per "
+                   "admin's reservation (GPU-hours held, used and unused)")
     p.add_argument("--since", "-S", help="start of the window: a date or time (UTC), or a "
                    "time ago such as 12h or 30d (default: 7 days before --until)")
     p.add_argument("--until", "-E", help="end of the window (default: now)")

@@ -28,7 +28,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     for job in jobs:  # report class errors against the file before planning
         resolve(job, reg.job_classes, args.jobs)
     config = load_policy(args.policy_file) if args.policy_file else None
-    result = plan(ClusterState(cluster), jobs, reg, config)
+    windows = _windows(args, cluster)
+    result = plan(ClusterState(cluster), jobs, reg, config, windows)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -67,6 +68,14 @@ def _print_plan(result, cluster_name: str) -> None:
         for job, error in result.rejected:
             r.add_row(job.name, error)
         console.print(r)
+
+
+def _windows(args: argparse.Namespace, cluster) -> list:
+    if not args.reservations:
+        return []
+    from ...scheduler_core.simulation.windowfile import load_windows
+
+    return load_windows(args.reservations, cluster)
 
 
 POLICIES = ("fifo", "count", "backfill")
@@ -123,11 +132,12 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         raise InputError(f"--checkpoint-interval: {exc} (0: no checkpoints)") from None
     mode = parse_estimate_error(args.estimate_error)
     trace = with_estimates(load_trace(args.trace, args.limit), mode)
+    windows = _windows(args, cluster)
     results = []
     for name in names:
         options = SimOptions(base.model_copy(update={"mode": name}), slowdown,
                              args.cpus_per_gpu, memory, checkpoint or None,
-                             args.high_priority)
+                             args.high_priority, windows=windows)
         results.append(simulate(cluster, trace, options))
     if args.records:
         for r in results:
@@ -225,6 +235,8 @@ def add_commands(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_plan)
     p.add_argument("--policy-file", help="queue policy file (weights, teams, quotas)")
+    p.add_argument("--reservations", metavar="FILE", help="admins' reservations (YAML), "
+                   "times from now: docs/admin-guide.md, Reservations")
     s = sub.add_parser("simulate", help="replay a job trace through the scheduler",
                        description="Replay a trace (job_id,submit_time,duration,num_gpus"
                        "[,team,priority,job_class,expected_runtime]) with a virtual clock.")
@@ -239,6 +251,8 @@ def add_commands(sub) -> None:
     s.add_argument("--policy", default="backfill",
                    help="fifo | count | backfill (default), a comma-separated list, or all")
     s.add_argument("--policy-file", help="queue policy file (weights, teams, quotas)")
+    s.add_argument("--reservations", metavar="FILE", help="admins' reservations (YAML), "
+                   "times from the trace's start: what a maintenance window costs in waits")
     s.add_argument("--locality-slowdown", default="1.0,1.1,1.3",
                    help="runtime factor for one host (or NVLink domain), one "
                    "switch, across switches")

@@ -43,7 +43,16 @@ def split_command(rest: list[str]) -> tuple[list[str], list[str]]:
 
 
 def job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
-    """One job: from the file, else a one-role job from the flags."""
+    """One job: from the file, else a one-role job from the flags; --reservation with
+    either."""
+    spec = _job_spec(args, command)
+    if getattr(args, "reservation", None):
+        spec = {**spec, "reservation": args.reservation}
+        validate(JobSpec, spec, "--reservation")
+    return spec
+
+
+def _job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
     given = [f for f in SPEC_FLAGS if getattr(args, f) is not None]
     if args.jobfile:
         if given:
@@ -220,6 +229,8 @@ def options(p: argparse.ArgumentParser, positional: bool) -> argparse.ArgumentPa
     p.add_argument("--exclude", "-x", metavar="HOSTS", help="hosts the job must not run "
                    "on, as --nodelist")
     p.add_argument("--job-class", help="e.g. validation, pytorch")
+    p.add_argument("--reservation", help="run inside this reservation of your team's "
+                   "(airflow-gpu reserve list), as srun --reservation")
     p.add_argument("--time-limit", help="e.g. 1h: SIGTERM then, SIGKILL after the class's "
                    "grace; exit 124")
     p.add_argument("--expected-runtime", help="what the scheduler plans with, e.g. 30m")

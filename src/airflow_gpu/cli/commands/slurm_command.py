@@ -164,6 +164,7 @@ def cluster_table(c: dict) -> Table:
             state = "ok"
         state += "".join(f"\nquarantined {q['table']} {q.get('gpu', q.get('cpu'))}: "
                          f"{q['reason']}" for q in h.get("quarantined", ()))
+        state += "".join(f"\n{_reserved(r)}" for r in h.get("reservations", ()))
         numa = "\n".join(
             f"{n['node']}: {n['gpus_allocated']}/{len(n['gpus'])} GPU "
             f"{n['cpus_allocated']}/{n['cpus_total']} CPU "
@@ -185,6 +186,14 @@ def cluster_table(c: dict) -> Table:
                  "check), M MIG GPU with every device held, "
                  "m MIG GPU with free devices; jobs: short id (GPUs or MIG devices held)")
     return t
+
+
+def _reserved(r: dict) -> str:
+    """A host's reservation now or next: `reserved: fw (maint) until 12-24 08:00`."""
+    what = "maint" if r["maint"] else ",".join(r["teams"])
+    if r["state"] == "active":
+        return f"reserved: {r['name']} ({what}) until {_at(r['end'])}"
+    return f"next: {r['name']} ({what}) {_at(r['start'])}-{_at(r['end'])}"
 
 
 def _gpu_mark(g: dict) -> str:

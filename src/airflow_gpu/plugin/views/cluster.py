@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..format import team_color
+from ..format import parse_time, team_color
 
 # Utilization values the node agent adds to each GPU of the cluster view (absent for hosts
 # without an agent, or declared ones): shown when present, never required.
@@ -36,6 +36,7 @@ def cluster_page(cluster: dict, live_jobs: list[dict], view: str | None = None,
     return {
         "cluster": cluster.get("cluster"),
         "summary": summary(hosts),
+        "reservations": [reservation_cell(r) for r in cluster.get("reservations") or []],
         "teams": [{"name": t, "color": team_color(t)} for t in teams],
         "view": view or ("compact" if len(hosts) >= COMPACT_FROM else "full"),
         "filters": filters, "filtered": any(filters.values()), "shown_hosts": len(shown),
@@ -113,7 +114,23 @@ def host_cell(h: dict, names: dict[str, str]) -> dict[str, Any]:
         "mig_devices": sum(len(g["mig"]) for g in gpus),
         "mig_free": 0 if idle != "free" else sum(1 for g in gpus if g["healthy"]
                                                  for d in g["mig"] if not d["job"]),
+        # the admins' reservation of the host now, and its next one
+        "reservations": [reservation_cell(r) for r in h.get("reservations") or []],
     }
+
+
+def reservation_cell(r: dict) -> dict[str, Any]:
+    """A reservation as the page shows it: `fw (maintenance) until 12-24 08:00 UTC`."""
+    what = "maintenance" if r.get("maint") else ", ".join(r.get("teams") or ())
+    start, end = _minute(r.get("start")), _minute(r.get("end"))
+    when = (f"until {end}" if r.get("state") == "active" else f"{start} to {end}")
+    return {**r, "what": what, "label": f"{r['name']} ({what}) {when} UTC",
+            "hosts_text": ", ".join(r.get("hosts") or ())}
+
+
+def _minute(value: str | None) -> str:
+    t = parse_time(value)
+    return "—" if t is None else t.strftime("%m-%d %H:%M")
 
 
 def gpu_cell(g: dict, names: dict[str, str], group: int | None, n_groups: int,

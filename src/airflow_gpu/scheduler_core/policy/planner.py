@@ -15,6 +15,7 @@ from ..jobspec import JobSpec
 from ..plugins import Registry
 from .config import PolicyConfig
 from .scheduler import Pending, Rejected, Scheduler
+from .windows import Window
 
 
 @dataclass
@@ -35,10 +36,11 @@ class PlanResult:
 
 
 def plan(state: ClusterState, jobs: list[JobSpec], reg: Registry | None = None,
-         config: PolicyConfig | None = None) -> PlanResult:
+         config: PolicyConfig | None = None, windows: list[Window] = ()) -> PlanResult:
     """Submit `jobs` at time 0 (ties in priority: list order) and run one pass on `state`,
-    which keeps what started."""
+    which keeps what started; `windows`: admins' reservations, times from then."""
     sched = Scheduler(state, config, reg)
+    sched.set_windows(list(windows))
     result = PlanResult()
     for spec in jobs:
         try:

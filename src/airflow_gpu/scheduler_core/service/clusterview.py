@@ -139,3 +139,19 @@ def mig_view(t, gpu: int, host: str, holds: dict, jobs: dict) -> dict:
             out.append({**s.to_dict(), "job": job,
                         "team": jobs[job].team if job in jobs else None})
     return {"mig_mode": True, "mig": out}
+
+
+def reserved_now_and_next(windows: list, host: str, at) -> list[dict]:
+    """The admins' reservation holding `host` now, and the next one to (from `windows`,
+    the reservations that have not ended, by start)."""
+    from .reservations import _utc, state_of
+
+    out = []
+    for w in windows:
+        if host in w.hosts:
+            out.append({"name": w.name, "maint": bool(w.maint), "teams": list(w.teams or ()),
+                        "start": _utc(w.start_at), "end": _utc(w.end_at),
+                        "state": state_of(w, at)})
+            if out[-1]["state"] == "upcoming" or len(out) == 2:
+                break
+    return out

@@ -12,7 +12,7 @@ from sqlalchemy import bindparam, select, update
 
 from ..engine.nvlink_groups import nvlink_groups
 from ..errors import InputError
-from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow, MigHoldRow
+from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow, MigHoldRow, ReservationRow
 from .common import LIVE, UTILIZATION, Principal, _ts, utcnow
 from .errors import Forbidden, NotFound
 from .uow import Store
@@ -215,7 +215,9 @@ def cluster_view(svc: Store, only: str | None = None) -> dict:
         mig_holds = {(m.host, m.gpu, m.device): m.job_id
                      for m in s.scalars(select(MigHoldRow))}
         jobs = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(LIVE)))}
-    from .clusterview import mig_view
+        windows = list(s.scalars(select(ReservationRow).where(ReservationRow.end_at > at)
+                                 .order_by(ReservationRow.start_at)))
+    from .clusterview import mig_view, reserved_now_and_next
 
     out = []
     for h in cluster.hosts:
@@ -250,11 +252,15 @@ def cluster_view(svc: Store, only: str | None = None) -> dict:
                     "nvlink": {"fabric": h.type.fabric,
                                "groups": nvlink_groups(h.type.links)},
                     "gpus": gpus,
+                    # the admins' reservation of the host now, and its next one
+                    "reservations": reserved_now_and_next(windows, h.name, at),
                     # drained and unreachable hosts' GPUs are never free
                     "free_gpus": sum(1 for x in gpus if x["job"] is None and x["healthy"]
                                      and not x.get("mig_mode")) if up else 0})
     from .clusterview import add_allocation
+    from .reservations import view as reservation_view
 
     return add_allocation(svc, {"cluster": cluster.name, "hosts": out,
                                 "gpus_total": sum(len(h["gpus"]) for h in out),
-                                "gpus_allocated": len(holds)})
+                                "gpus_allocated": len(holds),
+                                "reservations": [reservation_view(w, at) for w in windows]})

@@ -44,8 +44,9 @@ def stop_overrunners(svc: Store, s: Session, now: datetime) -> list[str]:
         ran = _ts(now) - _ts(row.admitted_at) if row.admitted_at else 0.0
         if window is not None:
             kind = f"maintenance {WINDOW}" if window.maint else WINDOW
-            why = (f"{kind}{window.name} starts on its hosts (at "
-                   f"{window.start_at.isoformat()}; it ran {format_duration(ran)})")
+            at = window.start_at.isoformat(timespec="seconds")
+            why = (f"{kind}{window.name} starts on its hosts (at {at}; it ran "
+                   f"{format_duration(ran)})")
         else:
             why = (f"{OVERRAN}{f' of {format_duration(expected)}' if expected else ''} "
                    f"(ran {format_duration(ran)}) into the reservation of job "

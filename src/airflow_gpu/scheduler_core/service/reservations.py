@@ -27,6 +27,10 @@ _RELATIVE = re.compile(r"^now(?:\s*\+\s*(?P<ahead>.+))?$", re.IGNORECASE)
 def parse_when(text: str | datetime, now: datetime, field: str) -> datetime:
     """A time as admins write it: ISO 8601 (`2026-12-24T06:00`, UTC unless it says
     otherwise), `now`, or `now+DURATION` (`now+1h`, Slurm's StartTime=now+1hour)."""
+    return _when(text, now, field).replace(microsecond=0)     # to the second
+
+
+def _when(text: str | datetime, now: datetime, field: str) -> datetime:
     if isinstance(text, datetime):
         return text if text.tzinfo else text.replace(tzinfo=UTC)
     raw = str(text).strip()
@@ -87,13 +91,13 @@ def _overlapping(s, name: str | None, start: datetime, end: datetime
 def _check(svc: Store, s, name: str | None, hosts: list[str], start: datetime,
            end: datetime, teams: list[str], maint: bool, now: datetime) -> None:
     if end <= start:
-        raise InputError(f"end: {end.isoformat()} is not after start {start.isoformat()}; "
+        raise InputError(f"end: {_utc(end)} is not after start {_utc(start)}; "
                          "give a later end or a positive duration")
     if _ts(end) - _ts(start) > MAX_SPAN:
         raise InputError(f"duration: {format_duration(_ts(end) - _ts(start))} is longer "
                          f"than a reservation may be ({format_duration(MAX_SPAN)}); split it")
     if _ts(end) <= _ts(now):
-        raise InputError(f"end: {end.isoformat()} is in the past; a reservation must end "
+        raise InputError(f"end: {_utc(end)} is in the past; a reservation must end "
                          "in the future")
     if maint and teams:
         raise InputError("teams: a maintenance reservation is for no team (no job runs in "
@@ -113,8 +117,8 @@ def _check(svc: Store, s, name: str | None, hosts: list[str], start: datetime,
         if both:
             raise InputError(
                 f"hosts: {', '.join(both[:4])} {'are' if len(both) > 1 else 'is'} in "
-                f"reservation {other.name!r} from {other.start_at.isoformat()} to "
-                f"{other.end_at.isoformat()}, which this one would overlap; choose other "
+                f"reservation {other.name!r} from {_utc(other.start_at)} to "
+                f"{_utc(other.end_at)}, which this one would overlap; choose other "
                 "hosts or another time, or change that reservation (airflow-gpu reserve "
                 "update)")
 
@@ -131,7 +135,7 @@ def create(svc: Store, who: Principal, name: str, start, end=None,
     now = utcnow()
     start_at = parse_when(start, now, "start")
     if _ts(start_at) < _ts(now) - PAST_SLACK:
-        raise InputError(f"start: {start_at.isoformat()} is in the past; start now or later "
+        raise InputError(f"start: {_utc(start_at)} is in the past; start now or later "
                          "(start: now)")
     end_at = _end(start_at, end, duration, now)
     teams = list(dict.fromkeys(teams or ()))
@@ -197,7 +201,7 @@ def update(svc: Store, who: Principal, name: str, start=None, end=None,
         start_at = row.start_at if start is None else parse_when(start, now, "start")
         if start is not None and _ts(start_at) < _ts(now) - PAST_SLACK and \
                 _ts(start_at) != _ts(row.start_at):
-            raise InputError(f"start: {start_at.isoformat()} is in the past; start now or "
+            raise InputError(f"start: {_utc(start_at)} is in the past; start now or "
                              "later")
         if end is None and duration is None:
             end_at = row.end_at if start is None else start_at + (row.end_at - row.start_at)
@@ -264,7 +268,7 @@ def describe(row: ReservationRow) -> str:
     kind = "maintenance reservation" if row.maint else "reservation"
     for_ = "" if row.maint else f" for {', '.join(row.teams)}"
     return (f"{kind} {row.name}{for_} on {', '.join(row.hosts)} from "
-            f"{row.start_at.isoformat()} to {row.end_at.isoformat()}")
+            f"{_utc(row.start_at)} to {_utc(row.end_at)}")
 
 
 def view(row: ReservationRow, now: datetime) -> dict:
@@ -277,4 +281,4 @@ def view(row: ReservationRow, now: datetime) -> dict:
 
 
 def _utc(at: datetime) -> str:
-    return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat()
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).isoformat(timespec='seconds')

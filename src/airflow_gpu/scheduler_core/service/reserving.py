@@ -65,7 +65,7 @@ def _drained_by(s: Session, row: ReservationRow) -> set[str]:
 
 def _drain(svc: Store, s: Session, row: ReservationRow, hosts: set[str], now: datetime
            ) -> None:
-    why = f"maintenance reservation {row.name} until {row.end_at.isoformat()}"
+    why = f"maintenance reservation {row.name} until {row.end_at.isoformat(timespec='seconds')}"
     for h in sorted(hosts):
         host = s.get(HostRow, h)
         if host is None or host.drained:      # drained already: its admin's reason stays
@@ -139,7 +139,7 @@ def warn_jobs(svc: Store, s: Session, row: ReservationRow) -> list[dict]:
         kind = "maintenance reservation" if row.maint else "reservation"
         svc._event(s, "reservation", (
             f"{kind} {row.name} on {', '.join(sorted(hosts & _hosts_of(s, job.id)))} "
-            f"starts at {row.start_at.isoformat()}; this job is expected to end "
+            f"starts at {row.start_at.isoformat(timespec='seconds')}; this job is expected to end "
             f"{_iso(end) or 'never'}: if it still runs then, it is stopped (its class's "
             "signal and grace) and requeued under the same id"), job=job.id)
     return named
@@ -162,7 +162,7 @@ def _expected_end(svc: Store, job: JobRow, policy) -> float:
 
 
 def _iso(t: float) -> str | None:
-    return None if t == math.inf else datetime.fromtimestamp(t, UTC).isoformat()
+    return None if t == math.inf else datetime.fromtimestamp(t, UTC).isoformat(timespec='seconds')
 
 
 def yield_note(name: str, left: float) -> str:

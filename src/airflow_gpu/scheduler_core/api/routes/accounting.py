@@ -29,13 +29,23 @@ def job_usage(job_id: JobRef, _: Who, service: Svc) -> dict:
 
 
 @router.get("/api/v1/accounting")
-def accounting(_: Who, service: Svc, by: Literal["job", "team", "day"] = "job",
+def accounting(_: Who, service: Svc,
+               by: Literal["job", "team", "day", "reservation"] = "job",
                since: datetime | None = None, until: datetime | None = None,
                team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
                job: Annotated[str | None, Query(max_length=200)] = None) -> dict:
     """GPU accounting over a window (default: the last 7 days), per job, per team or
-    per day and team (Slurm's sacct, Grid Engine's qacct); `job` is an id, a unique
-    id prefix or a job name, as everywhere."""
+    per day and team (Slurm's sacct, Grid Engine's qacct), or per admin's reservation
+    (held, used and unused GPU-hours); `job` is an id, a unique id prefix or a job name,
+    as everywhere."""
+    if by == "reservation":
+        from ...service import reservation_usage
+
+        try:
+            return reservation_usage.report(service, _aware(since), _aware(until), team,
+                                            utcnow())
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
     if job:
         from ...service.jobcontrol import resolve_job
 
