@@ -51,6 +51,23 @@ def idempotency_key(ti) -> str:
     return key
 
 
+def task_user(context) -> str | None:
+    """Whom a task's job is for: the user who triggered its DAG run, else the task's
+    owner (unless Airflow's default owner), as a user name the job spec takes."""
+    from airflow.sdk.definitions._internal.abstractoperator import DEFAULT_OWNER
+
+    run = context.get("dag_run")
+    task = context.get("task")
+    owner = getattr(task, "owner", None)
+    for name in (getattr(run, "triggering_user_name", None),
+                 owner if owner and owner != DEFAULT_OWNER else None):
+        if name:
+            clean = re.sub(r"[^A-Za-z0-9_.-]", "-", str(name)).lstrip("_.-")[:200]
+            if clean:
+                return clean
+    return None
+
+
 def split_role(role: dict) -> tuple[dict, dict]:
     """A role as DAG authors write it: the scheduler's fields, and how it starts."""
     return ({k: v for k, v in role.items() if k not in LAUNCH_KEYS},
@@ -81,6 +98,9 @@ class GpuBaseOperator(BaseOperator):
         admits within a scheduling pass).
     :param reservation: run only inside this admin's reservation for the task's team
         (`airflow-gpu reserve list`), like Slurm's --reservation.
+    :param user: who in the team the job is for (fair share within the team, `acct --by
+        user`); default: the user who triggered the DAG run, else the task's owner unless
+        it is Airflow's default owner.
     """
 
     template_fields: Sequence[str] = ("expected_runtime", "time_limit")
@@ -99,7 +119,7 @@ class GpuBaseOperator(BaseOperator):
                  poll_interval: float = 5.0, admission_timeout: float | None = None,
                  admission_grace: float = 1.0, roles: list[dict] | None = None,
                  mig: str | dict | None = None, reservation: str | None = None,
-                 **kwargs) -> None:
+                 user: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory),
                                  ("mig", mig)) if v}
@@ -108,7 +128,7 @@ class GpuBaseOperator(BaseOperator):
                                 **({"gpu": gpu} if gpu else {})}]
         self.job_class, self.priority, self.team = job_class, priority, team
         self.expected_runtime, self.placement = expected_runtime, placement or {}
-        self.time_limit, self.reservation = time_limit, reservation
+        self.time_limit, self.reservation, self.user = time_limit, reservation, user
         self.gpu_scheduler_conn_id = gpu_scheduler_conn_id
         self.poll_interval, self.admission_timeout = poll_interval, admission_timeout
         self.admission_grace = admission_grace
@@ -124,9 +144,12 @@ class GpuBaseOperator(BaseOperator):
 
     # -- the job spec ---------------------------------------------------------------------
     def _spec(self, name: str, team: str | None = None,
-              runtime: str | int | None = None, host: str | None = None) -> dict:
+              runtime: str | int | None = None, host: str | None = None,
+              user: str | None = None) -> dict:
         spec: dict[str, Any] = {"name": name, "priority": self.priority,
                                 "roles": [split_role(r)[0] for r in self.roles]}
+        if user or self.user:
+            spec["user"] = self.user or user
         placement = {**self.placement, "hosts": [host]} if host else self.placement
         for key, value in (("team", team or self.team), ("job_class", self.job_class),
                            ("expected_runtime", runtime or self.expected_runtime),
@@ -200,7 +223,7 @@ class GpuBaseOperator(BaseOperator):
         client = self._scheduler()
         team = self.team or self._connection.extra_dejson.get("team")
         host = self._worker_host(client)
-        spec = self._spec(name, team, self._runtime(client, name), host)
+        spec = self._spec(name, team, self._runtime(client, name), host, task_user(context))
         try:
             job = client.submit(spec, idempotency_key(ti))
         except ApiError as exc:

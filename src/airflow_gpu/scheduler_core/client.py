@@ -183,11 +183,12 @@ class Client:
     def create_token(self, team: str | None, role: str = "team",
                      hosts: list[str] | None = None, expires_in: str | int | None = None,
                      expires_at: str | None = None,
-                     allow_new_hosts: list[str] | None = None) -> dict:
+                     allow_new_hosts: list[str] | None = None,
+                     user: str | None = None) -> dict:
         """A new token (admins); the answer's `token` is its secret, shown this once."""
         body = {k: v for k, v in (("team", team), ("role", role), ("hosts", hosts),
                                   ("expires_in", expires_in), ("expires_at", expires_at),
-                                  ("allow_new_hosts", allow_new_hosts))
+                                  ("allow_new_hosts", allow_new_hosts), ("user", user))
                 if v is not None}
         return self.request("POST", "/api/v1/tokens", json=body)
 
@@ -210,16 +211,17 @@ class Client:
 
     # -- Slurm / Grid Engine habits (docs/service.md) -------------------------------------
     def queue(self, all_jobs: bool = False, state: str | None = None,
-              team: str | None = None, limit: int | None = None) -> list[dict]:
+              team: str | None = None, limit: int | None = None,
+              user: str | None = None) -> list[dict]:
         """Jobs in the scheduler's order (squeue): live, then pending by priority."""
         params = {k: v for k, v in (("all", "true" if all_jobs else None), ("state", state),
-                                    ("team", team), ("limit", limit)) if v}
+                                    ("team", team), ("limit", limit), ("user", user)) if v}
         return self.request("GET", "/api/v1/queue", params=params)
 
-    def priorities(self, team: str | None = None) -> dict:
+    def priorities(self, team: str | None = None, user: str | None = None) -> dict:
         """Pending jobs' priority factors (sprio)."""
-        return self.request("GET", "/api/v1/priorities", params={"team": team} if team
-                            else None)
+        params = {k: v for k, v in (("team", team), ("user", user)) if v}
+        return self.request("GET", "/api/v1/priorities", params=params or None)
 
     def shares(self) -> list[dict]:
         """Teams' fair share (sshare)."""

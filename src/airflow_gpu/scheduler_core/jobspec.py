@@ -232,6 +232,10 @@ class Placement(_Spec):
 class JobSpec(_Spec):
     name: str = Field(pattern=_NAME, max_length=200)
     team: str = Field("default", pattern=_NAME, max_length=MAX_TEXT)
+    user: str | None = Field(None, pattern=_NAME, max_length=MAX_TEXT, description=
+                             "who in the team the job is for (fair share within the team, "
+                             "accounting); a user's token sets it, the operators set the "
+                             "task's owner or the user who triggered the DAG run")
     job_class: str | None = Field(None, max_length=MAX_TEXT)
     priority: int = Field(0, ge=-1_000_000, le=1_000_000, description="higher runs first")
     _priority = field_validator("priority", mode="before")(_no_bool)

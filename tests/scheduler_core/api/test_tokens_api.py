@@ -38,7 +38,7 @@ def test_admins_list_tokens_without_their_secrets(api):
                                                          ("ops", "admin")]
     for t, secret in zip(tokens, (api.tokens["vision"], api.tokens["nlp"],
                                   api.tokens["admin"]), strict=True):
-        assert set(t) == {"id", "team", "role", "hosts", "allow_new_hosts", "created_at",
+        assert set(t) == {"id", "team", "role", "user", "hosts", "allow_new_hosts", "created_at",
                           "expires_at", "expired", "hint"}
         assert t["hint"] == f"agpu_...{secret[-4:]}" and secret not in r.text
         assert t["expires_at"] is None and t["expired"] is False and t["created_at"]

@@ -11,7 +11,8 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import update
 
-from airflow_gpu.scheduler_core.policy.config import FairShare, PolicyConfig
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.policy.fairshare import FairShare
 from airflow_gpu.scheduler_core.service.storepass import past_usage
 from airflow_gpu.scheduler_core.service.usage import MARGIN
 from airflow_gpu.scheduler_core.store.models import JobRow

@@ -25,6 +25,9 @@ COLUMNS = {
     "team": ("team", "jobs", "gpu_hours", "mig_device_hours", "utilization_mean",
              "utilization_peak", "memory_peak_bytes", "energy_joules",
              "zero_utilization_seconds"),
+    "user": ("team", "user", "jobs", "gpu_hours", "mig_device_hours", "utilization_mean",
+             "utilization_peak", "memory_peak_bytes", "energy_joules",
+             "zero_utilization_seconds"),
     "day": ("day", "team", "jobs", "gpu_hours", "mig_device_hours", "utilization_mean",
             "utilization_peak", "memory_peak_bytes", "energy_joules",
             "zero_utilization_seconds"),
@@ -81,6 +84,8 @@ def _cells(r: dict, by: str, mig: bool = False) -> list[str]:
     common = _common(r, mig)
     if by == "team":
         return [r["team"], str(r["jobs"]), *common]
+    if by == "user":
+        return [r["team"], r["user"] or "-", str(r["jobs"]), *common]
     if by == "day":
         return [r["day"], r["team"], str(r["jobs"]), *common]
     elapsed = r.get("elapsed_seconds")
@@ -111,7 +116,8 @@ def table(data: dict) -> Table:
         return reservations_table(data)
     t = Table(title=f"GPU accounting per {by}, {data['since']} to {data['until']} (UTC)",
               title_justify="left")
-    head = {"team": ["team", "jobs"], "day": ["day", "team", "jobs"],
+    head = {"team": ["team", "jobs"], "user": ["team", "user", "jobs"],
+            "day": ["day", "team", "jobs"],
             "job": ["job", "name", "team", "state", "GPUs", "elapsed"]}[by]
     # MIG devices: their hours as a column; GPU-h charges each its share (slices / 7)
     mig = any(r.get("mig_device_hours") for r in data["rows"])
@@ -159,9 +165,10 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
     p = sub.add_parser("acct", parents=[client], help="GPU accounting (sacct, qacct): "
                        "GPU-hours, SM utilization, memory, energy, idle time per job, team "
                        "or day")
-    p.add_argument("--by", choices=("job", "team", "day", "reservation"), default="job",
-                   help="one line per job (default), per team, per day and team, or per "
-                   "admin's reservation (GPU-hours held, used and unused)")
+    p.add_argument("--by", choices=("job", "team", "user", "day", "reservation"),
+                   default="job", help="one line per job (default), per team, per user of "
+                   "each team, per day and team, or per admin's reservation (GPU-hours "
+                   "held, used and unused)")
     p.add_argument("--since", "-S", help="start of the window: a date or time (UTC), or a "
                    "time ago such as 12h or 30d (default: 7 days before --until)")
     p.add_argument("--until", "-E", help="end of the window (default: now)")

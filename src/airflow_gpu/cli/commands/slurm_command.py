@@ -81,11 +81,12 @@ def prio_table(d: dict) -> Table:
               f"class weight (strict), then score = fair share (weight {w['fairshare']:g}) + "
               f"size (weight {w['size']:g}) + age (weight {w['age']:g}/h)",
               title_justify="left")
-    for col in ("#", "id", "name", "team", "priority", "class", "band", "fair share",
+    for col in ("#", "id", "name", "team/user", "priority", "class", "band", "fair share",
                 "size", "age", "score", "protected"):
         t.add_column(col, justify="left" if col in ("id", "name", "team") else "right")
     for j in d["jobs"]:
-        t.add_row(str(j["rank"]), _short(j["id"]), j["name"], j["team"], str(j["priority"]),
+        team = j["team"] + (f"/{j['user']}" if j.get("user") else "")
+        t.add_row(str(j["rank"]), _short(j["id"]), j["name"], team, str(j["priority"]),
                   f"{j['class_weight']:+g}", f"{j['band']:g}", f"{j['fairshare']:.2f}",
                   f"{j['size']:.2f}", f"{j['age']:.2f}", f"{j['score']:.2f}",
                   "yes" if j["protected"] else ("preempting" if j.get("preempting") else ""))
@@ -98,7 +99,8 @@ def prio_table(d: dict) -> Table:
 # -- share (sshare) -------------------------------------------------------------------------
 def share_table(teams: list[dict]) -> Table:
     t = Table(title="Fair share: usage decays with fairshare_half_life; factor = "
-              "2^(-usage/share); points = fairshare_weight x factor", title_justify="left")
+              "2^(-usage/share); points = fairshare_weight x factor; a team's users share "
+              "its part (norm share)", title_justify="left")
     for col in ("team", "share", "norm share", "usage GPU-h", "norm usage", "factor",
                 "points", "GPUs held", "quota", "borrowed", "lent", "pending", "live"):
         t.add_column(col, justify="left" if col == "team" else "right")
@@ -110,6 +112,12 @@ def share_table(teams: list[dict]) -> Table:
                   str(x.get("held_gpus", 0)), quota, str(x.get("borrowed_gpus", 0)),
                   str(x.get("lent_gpus", 0)), str(x.get("pending_jobs", 0)),
                   str(x.get("live_jobs", 0)))
+        for u in x.get("users", ()):     # the tree's second level (sshare -a)
+            t.add_row(f"  {u['user'] or '(no user)'}", f"{u['share']:g}",
+                      f"{u['share_norm']:.3f}", f"{u['usage_gpu_hours']:.1f}",
+                      f"{u['usage_norm']:.3f}", f"{u['fairshare_factor']:.3f}",
+                      f"{u['fairshare_points']:.2f}", "", "", "", "",
+                      str(u["pending_jobs"]), str(u["live_jobs"]))
     return t
 
 
@@ -273,16 +281,19 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
 
     job = (("id",), {"help": JOB_HELP})
     add("queue", checked(check_queue, show(lambda c, a: c.queue(a.all, a.state, a.team,
-                                                                a.limit), queue_table)),
+                                                                a.limit, a.user),
+                                           queue_table)),
         "pending and live jobs in the scheduler's order, with reason, ETA, elapsed and "
         "time limit (squeue, qstat)",
         (("--all",), {"action": "store_true", "help": "ended jobs too (newest first)"}),
         (("--state",), {"help": f"only jobs in this state: {', '.join(STATES)}"}),
         (("--team",), {"help": "only this team's jobs"}),
+        (("--user", "-u"), {"help": "only this user's jobs (squeue -u)"}),
         (("--limit",), {"type": int, "help": "at most this many jobs (default 1000)"}))
-    add("prio", show(lambda c, a: c.priorities(a.team), prio_table),
+    add("prio", show(lambda c, a: c.priorities(a.team, a.user), prio_table),
         "pending jobs' priority factors as the scheduler computes them (sprio)",
-        (("--team",), {"help": "only this team's jobs"}))
+        (("--team",), {"help": "only this team's jobs"}),
+        (("--user", "-u"), {"help": "only this user's jobs"}))
     add("share", show(lambda c, a: c.shares(), share_table),
         "teams' shares, decayed usage, fair-share factor and quota use (sshare)")
     add("hold", show(lambda c, a: c.hold(a.id), job_line),

@@ -65,7 +65,7 @@ def cmd_token_create(args: argparse.Namespace) -> int:
     with api_client(args) as c:
         made = c.create_token(args.team, _role(args), args.host if args.agent else None,
                               seconds, at.isoformat() if at else None,
-                              args.allow_new_hosts)
+                              args.allow_new_hosts, args.user)
     print(json.dumps(made, indent=2) if args.json else made["token"])
     return 0
 
@@ -144,7 +144,8 @@ def _db_create(args: argparse.Namespace) -> int:
             token = create_token(sessions(engine), args.team, args.admin,
                                  args.host if args.agent else None,
                                  expires_at=getattr(args, "expires_at", None),  # --expires
-                                 new_hosts=getattr(args, "allow_new_hosts", None))
+                                 new_hosts=getattr(args, "allow_new_hosts", None),
+                                 user=getattr(args, "user", None))
     finally:
         engine.dispose()
     print(token)
@@ -232,7 +233,8 @@ def _tokens_table(tokens: list[dict]) -> Table:
         hosts = ", ".join(x.get("hosts") or []) or "-"
         if x.get("allow_new_hosts"):
             hosts += f" (may add {', '.join(x['allow_new_hosts'])})"
-        t.add_row(str(x["id"]), x["team"], x["role"], hosts,
+        role = x["role"] + (f" (user {x['user']})" if x.get("user") else "")
+        t.add_row(str(x["id"]), x["team"], role, hosts,
                   _when(x.get("created_at")), exp if x.get("expires_at") else "never",
                   x.get("hint") or "-")
     return t
@@ -274,6 +276,8 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
     tc.add_argument("--team", help="the team the token acts for (agent tokens: default "
                     "'agents', a label only)")
     tc.add_argument("--admin", action="store_true", help="may drain hosts and act for any team")
+    tc.add_argument("--user", help="a user's token of the team: its jobs are that user's "
+                    "(fair share within the team, acct --by user)")
     tc.add_argument("--agent", action="store_true",
                     help="a node agent's token: it may only register and report the --host "
                     "hosts (no jobs, teams or admin routes)")

@@ -64,6 +64,18 @@ def check_bytes(v: int | None) -> int | None:
 RESOURCES = ("gpus", "cpus", "memory")
 
 
+class UserPolicy(_Spec):
+    """A user's part of the team's share, and a cap of its own."""
+
+    share: float = Field(1.0, description="the user's part of the team's share, relative to "
+                         "the team's other users (1 each by default)")
+    quota_gpus: int | None = Field(None, description="the most GPUs the user's jobs may hold "
+                                   "(none: the team's user_quota_gpus)")
+
+    _share = field_validator("share")(check_share)
+    _quota = field_validator("quota_gpus")(check_quota)
+
+
 class TeamPolicy(_Spec):
     """A team's fair-share weight, and its quota: per resource a guarantee (`quota_*`,
     Kueue's nominal quota) and how much more it may hold on what others leave idle
@@ -85,9 +97,14 @@ class TeamPolicy(_Spec):
     borrow_cpus: int | None = Field(0, description="CPUs beyond quota_cpus (none: no limit)")
     borrow_memory: Size | None = Field(0, description="memory beyond quota_memory (none: no "
                                        "limit)")
+    users: dict[str, UserPolicy] = Field({}, description="the team's users: their part of "
+                                         "its share and their caps (a user not named has "
+                                         "share 1)")
+    user_quota_gpus: int | None = Field(None, description="the most GPUs one user's jobs "
+                                        "may hold, inside the team's quota (none: no cap)")
 
     _share = field_validator("share")(check_share)
-    _quota = field_validator("quota_gpus", "borrow_gpus")(check_quota)
+    _quota = field_validator("quota_gpus", "borrow_gpus", "user_quota_gpus")(check_quota)
     _counts = field_validator("quota_cpus", "borrow_cpus")(check_count)
     _bytes = field_validator("quota_memory", "borrow_memory")(check_bytes)
 
@@ -276,6 +293,19 @@ class PolicyConfig(_Spec):
         t = self.teams.get(team)
         return t.limit() if t else (math.inf,) * 3
 
+    def user_share(self, team: str, user: str | None) -> float:
+        t = self.teams.get(team)
+        u = t.users.get(user) if t and user else None
+        return u.share if u else 1.0
+
+    def user_cap(self, team: str, user: str | None) -> int | None:
+        """The most GPUs `user`'s jobs of `team` may hold (None: no cap)."""
+        t = self.teams.get(team)
+        if t is None or not user:
+            return None
+        u = t.users.get(user)
+        return u.quota_gpus if u and u.quota_gpus is not None else t.user_quota_gpus
+
 
 def load_policy(path: str) -> PolicyConfig:
     """A policy file: the fields of PolicyConfig at the top level (or under `policy:`)."""
@@ -283,70 +313,3 @@ def load_policy(path: str) -> PolicyConfig:
     if isinstance(data, dict) and set(data) == {"policy"}:
         data = data["policy"]
     return validate(PolicyConfig, data, path)
-
-
-class FairShare:
-    """Decayed GPU-seconds per team, integrated exactly between updates.
-
-    Between two updates a team running g GPUs adds g * H/ln2 * (1 - 2^(-dt/H)) (the integral
-    of the decayed usage), and what it had decays by 2^(-dt/H).
-    """
-
-    def __init__(self, config: PolicyConfig, now: float = 0.0):
-        self.config = config
-        self.half_life = float(config.fairshare_half_life)
-        self.usage: dict[str, float] = {}
-        self.running: dict[str, int] = {}       # GPUs each team holds now
-        self.now = now
-        self.errors: dict[str, str] = {}        # team -> why its factor could not be had
-
-    def advance(self, now: float) -> None:
-        dt = now - self.now
-        if dt <= 0:
-            return
-        decay = 2.0 ** (-dt / self.half_life)
-        gain = self.half_life / math.log(2) * (1.0 - decay)
-        for team in set(self.usage) | set(self.running):
-            self.usage[team] = self.usage.get(team, 0.0) * decay + self.running.get(team, 0) * gain
-        self.now = now
-
-    def add_past(self, team: str, gpus: int, start: float, end: float) -> None:
-        """Usage of a job that ran from `start` to `end` (both before the current time)."""
-        h, ln2 = self.half_life, math.log(2)
-        ago_end, ago_start = max(0.0, self.now - end), max(0.0, self.now - start)
-        self.usage[team] = self.usage.get(team, 0.0) + gpus * h / ln2 * (
-            2.0 ** (-ago_end / h) - 2.0 ** (-ago_start / h))
-
-    def add(self, team: str, gpus: int, now: float) -> None:
-        """`gpus` (negative: returned) held by `team` from `now` on."""
-        self.advance(now)
-        self.running[team] = self.running.get(team, 0) + gpus
-
-    def factors(self, teams) -> dict[str, float]:
-        """Priority points per team: fairshare_weight * 2^(-usage share / cluster share)."""
-        return {t: points for t, (_, _, points) in self.terms(teams).items()}
-
-    def terms(self, teams) -> dict[str, tuple[float, float, float]]:
-        """Per team (its part of all decayed usage, its part of the shares, its priority
-        points): what `factors` gives the pass, with the two fractions it comes from
-        (Slurm's sshare: EffectvUsage, NormShares, FairShare)."""
-        teams = set(teams)
-        total_use = sum(self.usage.values())
-        known = teams | set(self.config.teams) | set(self.usage)
-        total_share = sum(self.config.share(t) for t in known) or 1.0
-        out = {}
-        for t in teams:
-            u = s = 0.0
-            try:
-                u = self.usage.get(t, 0.0) / total_use if total_use > 0 else 0.0
-                s = self.config.share(t) / total_share
-                points = self.config.fairshare_weight * 2.0 ** (-u / s)
-                if not math.isfinite(points):
-                    raise ArithmeticError(f"the factor is {points}")
-            except ArithmeticError as exc:   # one team's bad numbers must not stop a pass
-                self.errors[t] = (f"fair share of team {t} cannot be computed (usage "
-                                  f"{self.usage.get(t, 0.0):g}, share {self.config.share(t)!r}: "
-                                  f"{exc}); its jobs are ordered with factor 0")
-                points = 0.0
-            out[t] = (u, s, points)
-        return out

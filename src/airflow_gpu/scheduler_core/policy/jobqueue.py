@@ -69,7 +69,7 @@ class JobQueue:
         self.age_weight, self.size_weight = age_weight, size_weight
         # a job of the whole cluster is protected protect_span seconds after the smallest
         self.protect_span, self.cluster_gpus = protect_span, max(1, cluster_gpus)
-        # band -> (team, shape, behind) -> [(static key, submit, seq, job)], and
+        # band -> (account, shape, behind) -> [(static key, submit, seq, job)], and
         # band -> [(due, seq, job)]: when each job became due for protection (protect_due)
         self._bands: dict[float, dict[tuple[str, tuple], list[tuple]]] = {}
         self._by_due: dict[float, list[tuple]] = {}
@@ -122,7 +122,7 @@ class JobQueue:
         bisect.insort(self._runtimes.setdefault(job.shape, []), job.runtime)
         self.cpu_only += not job.gpus
         lists = self._bands.setdefault(job.base, {})
-        bisect.insort(lists.setdefault((job.team, job.shape, job.behind), []),
+        bisect.insort(lists.setdefault((job.account, job.shape, job.behind), []),
                       self._entry(job))
         bisect.insort(self._by_due.setdefault(job.base, []), (self.protect_due(job), job.seq,
                                                                job))
@@ -136,10 +136,10 @@ class JobQueue:
         if not self.shapes[job.shape]:
             del self.shapes[job.shape], self._runtimes[job.shape]
         lists = self._bands[job.base]
-        entries = lists[job.team, job.shape, job.behind]
+        entries = lists[job.account, job.shape, job.behind]
         del entries[bisect.bisect_left(entries, self._entry(job)[:3])]
         if not entries:
-            del lists[job.team, job.shape, job.behind]
+            del lists[job.account, job.shape, job.behind]
         by_due = self._by_due[job.base]
         del by_due[bisect.bisect_left(by_due, (self.protect_due(job), job.seq))]
         if not lists:
@@ -156,8 +156,9 @@ class JobQueue:
         return self._runtimes[shape][0]
 
     @property
-    def teams(self) -> list[str]:
-        return list({t for lists in self._bands.values() for t, *_ in lists})
+    def accounts(self) -> list[str]:
+        """The fair-share accounts (teams, teams' users) of the queued jobs."""
+        return list({a for lists in self._bands.values() for a, *_ in lists})
 
     def protected(self, protect_before: float) -> int:
         """How many queued jobs are protected (see `ordered`): one per band at most."""
@@ -180,10 +181,10 @@ class JobQueue:
             if len(first) == len(by_due):
                 continue
             skip = {seq for _, seq, _ in first}
-            # a k-way merge of the (team, shape, behind) lists, each offset by its team's
-            # fair share; the lists of jobs requeued as idle after all others
-            lists = [(entries, fairshare.get(team, 0.0), shape, behind)
-                     for (team, shape, behind), entries in self._bands[band].items()]
+            # a k-way merge of the (account, shape, behind) lists, each offset by its
+            # account's fair share; the lists of jobs requeued as idle after all others
+            lists = [(entries, fairshare.get(acct, 0.0), shape, behind)
+                     for (acct, shape, behind), entries in self._bands[band].items()]
             heap = [(behind, round(e[0][0] - fs, 6), e[0][1], e[0][2], i, 0)
                     for i, (e, fs, _, behind) in enumerate(lists)]
             heapq.heapify(heap)

@@ -85,6 +85,7 @@ class Quotas:
     def __init__(self, config: PolicyConfig):
         self.config = config
         self.held: dict[str, Usage] = {}
+        self.users: dict[str, float] = {}     # GPUs each team/user account holds
         # no team policy at all: every limit is inf, no job ever waits for a quota
         self.unlimited = not config.teams
         self._guarantee: dict[str, tuple[float, float, float]] = {}
@@ -100,6 +101,8 @@ class Quotas:
         u = self.held.setdefault(job.team, [0, 0, 0])
         for i, n in enumerate(need(job)):
             u[i] += sign * n
+        if job.spec.user:
+            self.users[job.account] = self.users.get(job.account, 0) + sign * job.charge
 
     def _after(self, job: QueuedJob) -> list[float]:
         u = self.held.get(job.team, (0, 0, 0))
@@ -148,7 +151,18 @@ class Quotas:
                        " (its job class is not preemptible: it never borrows)")),
                     {f"quota_{what}": None if g == math.inf else g,
                      f"held_{what}": plain(held)})
-        return None
+        return self._user_wait(job)
+
+    def _user_wait(self, job: QueuedJob) -> Pending | None:
+        """The team's cap on one user's GPUs (user_quota_gpus), or None."""
+        cap = self.config.user_cap(job.team, job.spec.user)
+        held = self.users.get(job.account, 0)
+        if cap is None or held + job.charge <= cap:
+            return None
+        return Pending("Quota", (
+            f"user {job.spec.user!r} of team {job.team!r} holds {_show(0, held)} GPUs of "
+            f"the team's user_quota_gpus {cap}; this job needs {_show(0, job.charge)} more"),
+            {"user_quota_gpus": cap, "user_held_gpus": plain(held)})
 
 
 def lending(config: PolicyConfig, held: dict[str, int], total: int

@@ -15,8 +15,9 @@ from ..errors import InputError
 from ..jobclasses import preempt_options, resolve, stop_grace
 from ..jobspec import JobSpec
 from ..plugins import Registry, default_registry
-from .config import FairShare, PolicyConfig
+from .config import PolicyConfig
 from .correction import source
+from .fairshare import FairShare
 from .jobqueue import JobQueue
 from .onepass import Pass, PassResult
 from .quota import Quotas, need, over_quota
@@ -222,7 +223,7 @@ class Scheduler:
         self.state.release(name)
         if job.spec.reservation is None:     # a reservation's jobs count on no quota
             self.quotas.add(job, -1)
-        self.fairshare.add(job.team, -float(job.charge), now)
+        self.fairshare.add(job.account, -float(job.charge), now)
 
     def set_windows(self, windows: list[Window]) -> None:
         """The admins' reservations from now on (a driver sets them before submits that
@@ -237,7 +238,7 @@ class Scheduler:
     def fairshare_points(self, now: float) -> dict[str, float]:
         """The fair-share points of the queued jobs' teams at `now`, as the pass orders by."""
         self.fairshare.advance(now)
-        return self.fairshare.factors(self.queue.teams)
+        return self.fairshare.factors(self.queue.accounts)
 
     def protect_before(self, now: float) -> float:
         """Jobs submitted at or before this are protected (the wait guarantee; backfill)."""
@@ -254,7 +255,7 @@ class Scheduler:
         order = [(j, False) for j in first] + [
             (j, protected) for j, protected in self.queue.ordered(fs, self.protect_before(now))
             if j.name not in seen]
-        return [(j, protected, self.queue.terms(j, fs.get(j.team, 0.0), now))
+        return [(j, protected, self.queue.terms(j, fs.get(j.account, 0.0), now))
                 for j, protected in order]
 
     def schedule(self, now: float, explain: bool = False) -> PassResult:
@@ -321,4 +322,4 @@ class Scheduler:
             self.quotas.add(job)
         else:           # its reservation's hosts serve no one else: nothing to free
             job.preemptible = False
-        self.fairshare.add(job.team, float(job.charge), now)
+        self.fairshare.add(job.account, float(job.charge), now)

@@ -21,6 +21,15 @@ if TYPE_CHECKING:
     from .config import PolicyConfig
 
 
+def account(team: str, user: str | None) -> str:
+    """The fair-share account of a team's job (no team name holds a '/')."""
+    return f"{team}/{user}" if user else team
+
+
+def team_of(account: str) -> str:
+    return account.split("/", 1)[0]
+
+
 @dataclass(eq=False)
 class QueuedJob:
     spec: JobSpec            # with its job class applied
@@ -53,6 +62,11 @@ class QueuedJob:
     @property
     def team(self) -> str:
         return self.spec.team
+
+    @property
+    def account(self) -> str:
+        """Its fair-share account: `team`, or `team/user` for a user's job."""
+        return account(self.spec.team, self.spec.user)
 
     @property
     def job_class(self) -> str | None:

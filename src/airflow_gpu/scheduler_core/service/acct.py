@@ -85,6 +85,7 @@ def window(since: datetime | None, until: datetime | None, now: datetime,
 # what a 503 for a report stopped by the read limit asks for instead
 NARROW = {"job": "give a later since (or an earlier until), a team or a job",
           "team": "give a later since (or an earlier until) or a team",
+          "user": "give a later since (or an earlier until) or a team",
           "day": "give a later since (or an earlier until), a team, or report by team"}
 
 
@@ -96,7 +97,7 @@ def report(svc, by: str, since: datetime | None, until: datetime | None,
     since, until = window(since, until, now, by)
     with readlimit.bounded(svc, f"since: {NARROW[by]}") as limit:
         s = limit.session
-        q = (select(AllocationRow.job_id, JobRow.team, AllocationRow.granted_at,
+        q = (select(AllocationRow.job_id, JobRow.team, JobRow.user, AllocationRow.granted_at,
                     AllocationRow.released_at, AllocationRow.gpus, AllocationRow.mig)
              .join(JobRow, JobRow.id == AllocationRow.job_id).where(
             AllocationRow.granted_at < until,
@@ -107,14 +108,21 @@ def report(svc, by: str, since: datetime | None, until: datetime | None,
         if job:
             q, where = q.where(JobRow.id == job), [*where, UsageRow.job_id == job]
         keys = {"job": (UsageRow.job_id,), "team": (UsageRow.team,),
+                "user": (UsageRow.team, JobRow.user),
                 "day": (UsageRow.day, UsageRow.team)}[by]
         allocs = s.execute(q).all()
         limit.check()
-        usage = s.execute(select(*keys, *_SUMMED).where(*where).group_by(*keys)).all()
+        usage_q = select(*keys, *_SUMMED)
+        if by == "user":          # a usage row's user is its job's
+            usage_q = usage_q.join(JobRow, JobRow.id == UsageRow.job_id)
+        usage = s.execute(usage_q.where(*where).group_by(*keys)).all()
         limit.check()
         who = []              # (team or (day, team)), job): the jobs each row counts
         if by != "job":
-            who = s.execute(select(*keys, UsageRow.job_id).where(*where).distinct()).all()
+            who_q = select(*keys, UsageRow.job_id)
+            if by == "user":
+                who_q = who_q.join(JobRow, JobRow.id == UsageRow.job_id)
+            who = s.execute(who_q.where(*where).distinct()).all()
         jobs = {}
         if by == "job":
             ids = union(q.with_only_columns(AllocationRow.job_id),
@@ -126,6 +134,8 @@ def report(svc, by: str, since: datetime | None, until: datetime | None,
             rows = _by_job(allocs, usage, jobs, since, until, now)
         elif by == "team":
             rows = _by_team(allocs, usage, who, since, until, now)
+        elif by == "user":
+            rows = _by_user(allocs, usage, who, since, until, now)
         else:
             rows = _by_day(allocs, usage, who, since, until, now)
         limit.check()
@@ -196,6 +206,22 @@ def _by_team(allocs, usage, who, since, until, now) -> list[dict]:
         count.setdefault(team, set()).add(job_id)
     return [{"team": t, "jobs": len(count.get(t, ())), **_finish(d)}
             for t, d in sorted(acc.items())]
+
+
+def _by_user(allocs, usage, who, since, until, now) -> list[dict]:
+    """Per team and user (null: the team's jobs that name none); they add up to the
+    team's line."""
+    acc: dict[tuple, dict] = {}
+    count: dict[tuple, set] = {}
+    for a in allocs:
+        _grant(acc.setdefault((a.team, a.user), _blank()), a, now, since, until)
+        count.setdefault((a.team, a.user), set()).add(a.job_id)
+    for r in usage:
+        _add(acc.setdefault((r.team, r.user), _blank()), r)
+    for team, user, job_id in who:
+        count.setdefault((team, user), set()).add(job_id)
+    return [{"team": t, "user": u, "jobs": len(count.get((t, u), ())), **_finish(d)}
+            for (t, u), d in sorted(acc.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))]
 
 
 DAY = 86400.0

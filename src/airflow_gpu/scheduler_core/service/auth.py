@@ -88,19 +88,27 @@ def _hash(token: str) -> str:
 def create_token(sessions: sessionmaker[Session], team: str | None, admin: bool = False,
                  hosts: list[str] | tuple[str, ...] | None = None,
                  expires_at: datetime | None = None,
-                 new_hosts: list[str] | tuple[str, ...] | None = None) -> str:
-    """A new token: a team's, an admin's (`admin`), or a node agent's (`hosts`: the host
-    names or patterns it may register and report; `new_hosts`: the names or patterns of
-    those it may add to the cluster); refused from `expires_at` on."""
-    return issue_token(sessions, team, admin, hosts, expires_at, new_hosts)[0]
+                 new_hosts: list[str] | tuple[str, ...] | None = None,
+                 user: str | None = None) -> str:
+    """A new token: a team's (with `user`: a user's of the team), an admin's (`admin`),
+    or a node agent's (`hosts`: the host names or patterns it may register and report;
+    `new_hosts`: the names or patterns of those it may add to the cluster); refused from
+    `expires_at` on."""
+    return issue_token(sessions, team, admin, hosts, expires_at, new_hosts, user)[0]
 
 
 def issue_token(sessions: sessionmaker[Session], team: str | None, admin: bool = False,
                 hosts: list[str] | tuple[str, ...] | None = None,
                 expires_at: datetime | None = None,
-                new_hosts: list[str] | tuple[str, ...] | None = None) -> tuple[str, TokenRow]:
+                new_hosts: list[str] | tuple[str, ...] | None = None,
+                user: str | None = None) -> tuple[str, TokenRow]:
     """create_token, with the stored row (never holding the secret) besides the token."""
     new_hosts = _new_hosts(new_hosts, hosts)
+    if user is not None:
+        if hosts is not None:
+            raise InputError("--user: an agent token is for hosts, not for a user; leave "
+                             "--user out")
+        check_team(user, "--user")
     if hosts is not None:
         if admin:
             raise InputError("--agent: an agent token cannot be an admin token too")
@@ -128,7 +136,7 @@ def issue_token(sessions: sessionmaker[Session], team: str | None, admin: bool =
     token = PREFIX + secrets.token_urlsafe(32)
     row = TokenRow(token_hash=_hash(token), team=team, admin=admin, role=role,
                    hosts=hosts, allow_new_hosts=new_hosts, created_at=now,
-                   expires_at=expires_at, hint=token[-HINT:])
+                   expires_at=expires_at, hint=token[-HINT:], user=user)
     with sessions.begin() as s:
         s.add(row)
         s.flush()
@@ -151,12 +159,14 @@ def _new_hosts(patterns, hosts) -> list[str] | None:
     return patterns
 
 
-def check_team(team: str) -> str:
-    """A team name as a job spec takes it (letters, digits, '_', '.', '-'; 200 at most)."""
+def check_team(team: str, flag: str = "--team") -> str:
+    """A team (or user) name as a job spec takes it (letters, digits, '_', '.', '-'; 200
+    at most)."""
+    what = "user" if flag == "--user" else "team"
     if len(team) > 200 or not TEAM_PATTERN.match(team):
-        raise InputError(f"--team: {team[:60]!r} is not a team name; use letters, digits, "
+        raise InputError(f"{flag}: {team[:60]!r} is not a {what} name; use letters, digits, "
                          "'_', '.' and '-', starting with a letter or digit (200 at most), "
-                         "as a job spec's team")
+                         f"as a job spec's {what}")
     return team
 
 
@@ -173,7 +183,7 @@ def token_view(row: TokenRow, now: datetime | None = None) -> dict:
     """What a token list shows of a token: never the secret, nor its hash."""
     now = now or utcnow()
     role = row.role or ("admin" if row.admin else "team")
-    return {"id": row.id, "team": row.team, "role": role,
+    return {"id": row.id, "team": row.team, "role": role, "user": row.user,
             "hosts": list(row.hosts or []) if role == "agent" else None,
             "allow_new_hosts": list(row.allow_new_hosts or []) if role == "agent" else None,
             "created_at": _aware(row.created_at), "expires_at": _aware(row.expires_at),
@@ -230,9 +240,9 @@ CACHE_SECONDS = 1.0     # the bound on how long a revoked token keeps working (d
 
 def _principal(row: TokenRow) -> Principal:
     if row.role == "agent":
-        return AgentPrincipal(row.team, False, tuple(row.hosts or ()),
-                              tuple(row.allow_new_hosts or ()), row.id)
-    return Principal(row.team, row.admin)
+        return AgentPrincipal(row.team, False, hosts=tuple(row.hosts or ()),
+                              new_hosts=tuple(row.allow_new_hosts or ()), token_id=row.id)
+    return Principal(row.team, row.admin, getattr(row, "user", None))
 
 
 def remembered(token: str) -> Principal | None:

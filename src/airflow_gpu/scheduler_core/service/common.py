@@ -33,9 +33,15 @@ SLACK = STOP_SLACK    # seconds past a victim's grace before it is requeued by f
 class Principal:
     team: str
     admin: bool = False
+    user: str | None = None          # a user's token: its jobs are that user's
 
     def may_act_for(self, team: str) -> bool:
         return self.admin or self.team == team
+
+    @property
+    def who(self) -> str:
+        """How events name the caller: `team vision`, `user alice of team vision`."""
+        return f"user {self.user} of team {self.team}" if self.user else f"team {self.team}"
 
 
 def utcnow() -> datetime:

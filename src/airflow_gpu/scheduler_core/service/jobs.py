@@ -132,14 +132,17 @@ def job_values(svc: Store, spec: JobSpec, who: Principal, key: str | None = None
     team = spec.team
     if not who.may_act_for(team):
         raise Forbidden(f"team: your token is for team {who.team!r}, not {team!r}")
+    if who.user is not None:          # a user's token: its jobs are that user's, whatever
+        spec = spec.model_copy(update={"user": who.user})     # the spec says
     resolved = resolve(spec, svc.reg.job_classes, defaults=svc._policy().defaults)
     why = rejection(svc, resolved)
     if why:
         raise Rejected(spec.name, why)
     return dict(id=str(uuid.uuid4()), name=spec.name, team=team, idempotency_key=key,
-                spec={**spec.model_dump(mode="json", exclude_unset=True), "team": team},
+                spec={**spec.model_dump(mode="json", exclude_unset=True), "team": team,
+                      **({"user": spec.user} if spec.user else {})},
                 state=PENDING, priority=spec.priority, details={}, attempt=0,
-                reservation=spec.reservation,
+                reservation=spec.reservation, user=spec.user,
                 borrowed=False, preemptions=0, idle_requeues=0,
                 # what a retry with the same key must match (none without a key)
                 spec_digest=spec_digest(spec) if key else None,
@@ -207,8 +210,9 @@ def events(svc: Store, job_id: str) -> list[EventRow]:
     with svc.reads() as s:
         stored = list(s.scalars(select(EventRow).where(EventRow.job_id == job_id)
                                 .order_by(EventRow.id)))
+    by = f"user {job.user} of team {job.team}" if job.user else f"team {job.team}"
     return [EventRow(at=job.submitted_at, job_id=job_id, kind="submitted",
-                     message=f"submitted by team {job.team}"), *stored]
+                     message=f"submitted by {by}"), *stored]
 
 
 def cancel(svc: Store, job_id: str, who: Principal) -> JobRow:

@@ -16,6 +16,7 @@ from sqlalchemy import select
 from ..engine.state import ClusterState
 from ..policy.jobqueue import QueuedJob
 from ..policy.scheduler import Scheduler
+from ..policy.types import account, team_of
 from ..store.models import JobRow
 from .core import ENDED, LIVE, PENDING, Service, _ts, utcnow
 from .idle import queue_entry
@@ -67,7 +68,7 @@ def _num(x: float) -> float | None:
     return round(x, 6) if math.isfinite(x) else None
 
 
-def priorities(svc: Service, team: str | None = None) -> dict:
+def priorities(svc: Service, team: str | None = None, user: str | None = None) -> dict:
     """Each pending job's priority factors, in the order the scheduler considers them
     (Slurm's sprio): its band (priority + job-class weight; strict) and its score within
     the band (fair share + size + age points), whether it is protected by the wait
@@ -78,10 +79,10 @@ def priorities(svc: Service, team: str | None = None) -> dict:
     out = []
     for rank, (job, protected, terms) in enumerate(snap.order(), 1):
         row = rows[job.name]
-        if team and row.team != team:
+        if team and row.team != team or user and row.user != user:
             continue
         out.append({
-            "rank": rank, "id": row.id, "name": row.name, "team": row.team,
+            "rank": rank, "id": row.id, "name": row.name, "team": row.team, "user": row.user,
             "job_class": job.job_class, "priority": job.spec.priority,
             "class_weight": round(job.base - job.spec.priority, 6), "band": job.base,
             "protected": protected, "preempting": job.name in snap.sched.claims,
@@ -93,10 +94,11 @@ def priorities(svc: Service, team: str | None = None) -> dict:
             "gpus": job.gpus, "expected_runtime_s": _num(job.runtime),
             "time_limit_s": _num(job.limit),
             "submitted_at": row.submitted_at, "code": row.reason_code})
-    later = [{"rank": None, "id": r.id, "name": r.name, "team": r.team,
+    later = [{"rank": None, "id": r.id, "name": r.name, "team": r.team, "user": r.user,
               "priority": r.priority, "code": snap.skipped[r.id],
               "submitted_at": r.submitted_at}
-             for r in snap.pending if r.id in snap.skipped and (not team or r.team == team)]
+             for r in snap.pending if r.id in snap.skipped and (not team or r.team == team)
+             and (not user or r.user == user)]
     return {"mode": cfg.mode,
             "weights": {"fairshare": cfg.fairshare_weight, "size": cfg.size_weight
                         if cfg.mode == "backfill" else 0.0, "age": cfg.age_weight},
@@ -108,40 +110,57 @@ def priorities(svc: Service, team: str | None = None) -> dict:
 def shares(svc: Service) -> list[dict]:
     """Each team's fair share (Slurm's sshare): its configured and normalized share, its
     decayed GPU usage and its part of all usage, the fair-share factor and the priority
-    points it gives its jobs, and its quota and what it holds (GET /api/v1/teams)."""
+    points it gives its jobs, and its quota and what it holds (GET /api/v1/teams); under
+    it, `users`: the same for each user of the team (the tree's second level, whose
+    normalized shares split the team's)."""
     snap = snapshot(svc)
     fs = snap.sched.fairshare
     teams = svc.teams()
     policy = snap.sched.config
-    queued = set(snap.sched.queue.teams)
-    # the teams the pass orders by give the normalization the pass uses
-    base = queued | set(fs.usage) | set(policy.teams)
-    terms = fs.terms(base)
-    for t in teams:
-        if t not in terms:      # not queued, no usage: as it would be with a job queued
-            terms[t] = fs.terms(base | {t})[t]
+    accounts = set(snap.sched.queue.accounts) | set(fs.usage)
+    names = set(teams) | {team_of(a) for a in accounts} | set(policy.teams)
+    team_terms = fs.team_terms(names)
+    user_terms = fs.terms({a for a in accounts if "/" in a}
+                          | {a for a in accounts if _has_users(a, accounts)})
     pending: dict[str, int] = {}
     for r in snap.pending:
-        pending[r.team] = pending.get(r.team, 0) + 1
+        pending[account(r.team, r.user)] = pending.get(account(r.team, r.user), 0) + 1
     running: dict[str, int] = {}
     for r in snap.live:
-        running[r.team] = running.get(r.team, 0) + 1
+        running[account(r.team, r.user)] = running.get(account(r.team, r.user), 0) + 1
     weight = policy.fairshare_weight
+    used = fs.team_usage()
+
+    def line(usage_share: float, share_norm: float, points: float, gpu_s: float) -> dict:
+        return {"share_norm": round(share_norm, 6),
+                "usage_gpu_hours": round(gpu_s / 3600.0, 6),
+                "usage_norm": round(usage_share, 6),
+                "fairshare_factor": round(points / weight, 6) if weight else
+                round(2.0 ** (-usage_share / share_norm), 6) if share_norm else 0.0,
+                "fairshare_points": round(points, 6)}
+
     out = []
-    for name in sorted(set(teams) | set(terms)):
-        usage_share, share_norm, points = terms[name]
+    for name in sorted(names):
         t = teams.get(name) or {"name": name, "share": policy.share(name),
                                 "quota_gpus": policy.quota(name), "borrow_gpus": None,
                                 "held_gpus": 0, "borrowed_gpus": 0, "lent_gpus": 0,
                                 "error": None}
-        out.append({**t, "share_norm": round(share_norm, 6),
-                    "usage_gpu_hours": round(fs.usage.get(name, 0.0) / 3600.0, 6),
-                    "usage_norm": round(usage_share, 6),
-                    "fairshare_factor": round(points / weight, 6) if weight else
-                    round(2.0 ** (-usage_share / share_norm), 6) if share_norm else 0.0,
-                    "fairshare_points": round(points, 6),
-                    "pending_jobs": pending.get(name, 0), "live_jobs": running.get(name, 0)})
+        users = [{"user": a.split("/", 1)[1] if "/" in a else None,
+                  "share": policy.user_share(name, a.split("/", 1)[1] if "/" in a else None),
+                  **line(*user_terms[a], fs.usage.get(a, 0.0)),
+                  "pending_jobs": pending.get(a, 0), "live_jobs": running.get(a, 0)}
+                 for a in sorted(user_terms, key=lambda a: (a != name, a))
+                 if team_of(a) == name]
+        out.append({**t, **line(*team_terms[name], used.get(name, 0.0)),
+                    "pending_jobs": sum(n for a, n in pending.items() if team_of(a) == name),
+                    "live_jobs": sum(n for a, n in running.items() if team_of(a) == name),
+                    "users": users})
     return out
+
+
+def _has_users(team: str, accounts: set[str]) -> bool:
+    """A team's own account (its jobs that name no user) beside accounts of its users."""
+    return "/" not in team and any(a.startswith(team + "/") for a in accounts)
 
 
 def _iso(epoch: float | None) -> datetime | None:
@@ -149,7 +168,8 @@ def _iso(epoch: float | None) -> datetime | None:
 
 
 def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
-          team: str | None = None, limit: int = 1000) -> list[tuple[JobRow, dict]]:
+          team: str | None = None, limit: int = 1000,
+          user: str | None = None) -> list[tuple[JobRow, dict]]:
     """(job, what squeue shows beyond the job) in squeue's order: live jobs by start,
     then pending jobs in the scheduler's order, the held ones, those it does not queue,
     and with `all_jobs` (or an ended `state`) the ended jobs, newest first."""
@@ -173,9 +193,11 @@ def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
                 q = q.where(JobRow.state == state)
             if team:
                 q = q.where(JobRow.team == team)
+            if user:
+                q = q.where(JobRow.user == user)
             out += [(r, {"rank": None}) for r in s.scalars(q)]
     out = [(r, x) for r, x in out if (not state or r.state == state)
-           and (not team or r.team == team)][:limit]
+           and (not team or r.team == team) and (not user or r.user == user)][:limit]
     names = {i: f"{j.name} ({i[:8]})" for i, j in names_of(svc, [
         b for r, _ in out if r.state == PENDING for b in blocker_ids(r.details or {})]).items()}
     for r, extra in out:

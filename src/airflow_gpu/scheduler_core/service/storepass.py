@@ -17,6 +17,7 @@ from ..engine.mig import mig_slots
 from ..engine.state import ClusterState, ReplicaAllocation
 from ..jobspec import JobSpec
 from ..policy.scheduler import Rejected, Scheduler
+from ..policy.types import account
 from ..policy.windows import window_of
 from ..store.models import (
     AllocationRow,
@@ -192,7 +193,8 @@ def past_usage(svc: Store, s: Session, fairshare, t_now: float,
     svc.ended_usage.add_to(s, fairshare, t_now, float(svc.settings.policy.fairshare_half_life))
     for row in live:
         if row.admitted_at is not None:
-            fairshare.add_past(row.team, spec_gpus(row.spec), _ts(row.admitted_at), t_now)
+            fairshare.add_past(account(row.team, row.user), spec_gpus(row.spec),
+                               _ts(row.admitted_at), t_now)
 
 
 def _to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:

@@ -31,7 +31,8 @@ def expiry(expires_in: int | None, expires_at: datetime | None) -> datetime | No
 
 def create(service: Service, p: Principal, team: str | None, role: str,
            hosts: list[str] | None, allow_new_hosts: list[str] | None,
-           expires_in: int | None, expires_at: datetime | None) -> dict:
+           expires_in: int | None, expires_at: datetime | None,
+           user: str | None = None) -> dict:
     """A new token of `role` (team, admin or agent), as an admin asks; its entry and
     `token`, the secret."""
     admin_only(p)
@@ -43,5 +44,5 @@ def create(service: Service, p: Principal, team: str | None, role: str,
         raise InputError(f"expires_at: {at.isoformat()} is over 100 years away; give a "
                          "nearer time, or none (the token never expires)")
     token, row = issue_token(service.sessions, team, role == "admin",
-                             hosts if role == "agent" else None, at, allow_new_hosts)
+                             hosts if role == "agent" else None, at, allow_new_hosts, user)
     return {**token_view(row), "token": token}

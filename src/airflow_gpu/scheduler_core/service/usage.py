@@ -1,7 +1,8 @@
-"""Fair share's usage of ended jobs as running totals: each team's decayed GPU-seconds as
-of the last read, decayed to the pass's time and topped up with the jobs that ended
-since, instead of every pass re-reading every job that ended in the last five
-half-lives (thousands of rows on a busy cluster)."""
+"""Fair share's usage of ended jobs as running totals: each account's (a team, or a user
+of a team: policy/types.account) decayed GPU-seconds as of the last read, decayed to the
+pass's time and topped up with the jobs that ended since, instead of every pass
+re-reading every job that ended in the last five half-lives (thousands of rows on a busy
+cluster)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ..policy.types import account
 from ..store.models import JobRow
 from .common import ENDED, _ts, spec_gpus
 
@@ -25,7 +27,7 @@ class EndedUsage:
         self._lock = threading.Lock()
         self.half_life: float | None = None
         self.at: float | None = None               # the totals' time
-        self.usage: dict[str, float] = {}          # team -> decayed GPU-seconds at `at`
+        self.usage: dict[str, float] = {}          # account -> decayed GPU-seconds at `at`
         self.recent: dict[str, float] = {}         # job id -> its end, within MARGIN of `at`
 
     def add_to(self, s: Session, fairshare, t_now: float, half_life: float) -> None:
@@ -34,8 +36,8 @@ class EndedUsage:
             if half_life != self.half_life or self.at is None or t_now < self.at:
                 self._reset(half_life, t_now - 5 * half_life)   # what is older is ~0
             self._read(s, t_now)
-            for team, used in self.usage.items():
-                fairshare.usage[team] = fairshare.usage.get(team, 0.0) + used
+            for acct, used in self.usage.items():
+                fairshare.usage[acct] = fairshare.usage.get(acct, 0.0) + used
 
     def _reset(self, half_life: float, since: float) -> None:
         self.half_life, self.at, self.usage, self.recent = half_life, since, {}, {}
@@ -43,11 +45,11 @@ class EndedUsage:
     def _read(self, s: Session, t_now: float) -> None:
         h = self.half_life
         decay = 2.0 ** (-(t_now - self.at) / h)
-        usage = {team: used * decay for team, used in self.usage.items()}
+        usage = {acct: used * decay for acct, used in self.usage.items()}
         # Columns, not rows: a row this session already holds would come back with its
         # old values (a job cancelled since it was read still shows no finished_at).
-        for job_id, team, spec, admitted_at, finished_at in s.execute(select(
-                JobRow.id, JobRow.team, JobRow.spec, JobRow.admitted_at,
+        for job_id, team, user, spec, admitted_at, finished_at in s.execute(select(
+                JobRow.id, JobRow.team, JobRow.user, JobRow.spec, JobRow.admitted_at,
                 JobRow.finished_at).where(
                 JobRow.state.in_(ENDED), JobRow.admitted_at.is_not(None),
                 JobRow.finished_at > datetime.fromtimestamp(self.at - MARGIN, UTC))):
@@ -56,7 +58,8 @@ class EndedUsage:
             start, end = _ts(admitted_at), _ts(finished_at)
             self.recent[job_id] = end
             ago_end, ago_start = max(0.0, t_now - end), max(0.0, t_now - start)
-            usage[team] = usage.get(team, 0.0) + spec_gpus(spec) * h / math.log(2) * (
+            acct = account(team, user)
+            usage[acct] = usage.get(acct, 0.0) + spec_gpus(spec) * h / math.log(2) * (
                 2.0 ** (-ago_end / h) - 2.0 ** (-ago_start / h))
         self.usage, self.at = usage, t_now
         self.recent = {j: end for j, end in self.recent.items() if end > t_now - MARGIN}

@@ -167,6 +167,8 @@ class JobRow(Base):
     # running at that reservation's start, it is stopped and requeued (overrun.py)
     reservation: Mapped[str | None] = mapped_column(String(NAME), index=True)
     yield_reservation: Mapped[str | None] = mapped_column(String(NAME))
+    # who in the team it is for (its spec's user): fair share inside the team, accounting
+    user: Mapped[str | None] = mapped_column(String(NAME), index=True)
 
 
 class AllocationRow(Base):
@@ -286,6 +288,7 @@ class TokenRow(Base):
     # refused from then on (None: never); the secret's last characters, which lists show
     expires_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     hint: Mapped[str | None] = mapped_column(String(16))
+    user: Mapped[str | None] = mapped_column(String(NAME))   # a user's token of the team
 
 
 class TeamRow(Base):

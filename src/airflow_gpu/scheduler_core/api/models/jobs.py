@@ -96,6 +96,7 @@ class JobOut(BaseModel):
     id: str
     name: str
     team: str
+    user: str | None = Field(None, description="who in the team it is for")
     idempotency_key: str | None = None      # Airflow: dag/task/run/map_index/try
     state: str
     priority: int
@@ -153,7 +154,8 @@ class JobOut(BaseModel):
            hosts: Mapping[str, Host] | None = None) -> JobOut:
         """`hosts` (the cluster's, by name): each replica with its host's addresses, so a
         launcher needs no read of the whole cluster."""
-        return cls(id=j.id, name=j.name, team=j.team, idempotency_key=j.idempotency_key,
+        return cls(id=j.id, name=j.name, team=j.team, user=j.user,
+                   idempotency_key=j.idempotency_key,
                    state=j.state, priority=j.priority,
                    spec=j.spec,
                    pending=ReasonOut(code=j.reason_code, reason=j.reason, details=j.details,

@@ -26,6 +26,8 @@ class TokenCreate(RequestBody):
         = Field(None, min_length=1, max_length=1000, description="agent tokens: the host "
                 "names or glob patterns of its `hosts` that it may add to the cluster; "
                 "without it, it registers only hosts the cluster file lists")
+    user: str | None = Field(None, pattern=NAME, max_length=200, description="a user's "
+                             "token of the team (role team): its jobs are that user's")
     expires_in: Duration | None = Field(None, gt=0, description="refused after this long "
                                         "(30d, 12h, seconds); default never")
     expires_at: datetime | None = Field(None, description="refused from then on (ISO 8601; "
@@ -53,6 +55,9 @@ class TokenCreate(RequestBody):
                              "hosts; give role agent and hosts, or leave it out")
         if self.role != "agent" and not self.team:
             raise ValueError(f"team: a {self.role} token needs a team")
+        if self.user is not None and self.role != "team":
+            raise ValueError(f"user: only team tokens are for a user of the team, not "
+                             f"{self.role} tokens; give role team, or leave user out")
         return self
 
 
@@ -60,6 +65,7 @@ class TokenOut(BaseModel):
     id: int
     team: str
     role: str
+    user: str | None = Field(None, description="a user's token: the user of its team")
     hosts: list[str] | None = None
     allow_new_hosts: list[str] | None = Field(None, description="agent tokens: the hosts "
                                               "outside the cluster file it may add")

@@ -30,7 +30,7 @@ def job_usage(job_id: JobRef, _: Who, service: Svc) -> dict:
 
 @router.get("/api/v1/accounting")
 def accounting(_: Who, service: Svc,
-               by: Literal["job", "team", "day", "reservation"] = "job",
+               by: Literal["job", "team", "user", "day", "reservation"] = "job",
                since: datetime | None = None, until: datetime | None = None,
                team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
                job: Annotated[str | None, Query(max_length=200)] = None) -> dict:

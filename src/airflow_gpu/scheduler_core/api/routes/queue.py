@@ -24,13 +24,14 @@ router = APIRouter(route_class=DecodedOffLoop)
 def queue(_: Who, service: Svc, all: bool = False,  # noqa: A002
           state: States | None = None,
           team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
-          limit: Annotated[int, Query(ge=1, le=10_000)] = 1000):
+          limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+          user: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None):
     """Slurm's squeue: live jobs (admitted, running, preempting) by start, then
     pending jobs in the order the scheduler considers them, then held ones; `all`
-    adds ended jobs (newest first)."""
+    adds ended jobs (newest first); `user`: only that user's (squeue -u)."""
     from ...service.priority import queue as ordered
 
-    jobs = ordered(service, all, state, team, limit)
+    jobs = ordered(service, all, state, team, limit, user)
     live = service.live_allocations([j.id for j, _ in jobs if j.state in LIVE])
     outs = []
     for j, extra in jobs:
@@ -43,13 +44,14 @@ def queue(_: Who, service: Svc, all: bool = False,  # noqa: A002
 
 @router.get("/api/v1/priorities")
 def priorities(_: Who, service: Svc,
-               team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None
+               team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
+               user: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None
                ) -> dict[str, Any]:
     """Slurm's sprio: each pending job's band and score terms (fair share, size,
     age) as the scheduler computes them, in its order."""
     from ...service.priority import priorities as factors
 
-    return factors(service, team)
+    return factors(service, team, user)
 
 
 @router.get("/api/v1/shares")

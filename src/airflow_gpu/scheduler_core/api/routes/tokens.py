@@ -32,7 +32,7 @@ def tokens(p: Who, service: Svc,
 def create_token(body: TokenCreate, p: Who, service: Svc):
     """Create a token (admins); the answer holds its secret, this once."""
     return create(service, p, body.team, body.role, body.hosts, body.allow_new_hosts,
-                  body.expires_in, body.expires_at)
+                  body.expires_in, body.expires_at, body.user)
 
 
 @router.delete("/api/v1/tokens/{token_id}", response_model=TokenOut)
