@@ -260,10 +260,20 @@ def _alembic_config(engine: Engine):
 MIGRATION_LOCK = 0x6169726770756D67   # "airgpumg"
 
 
+# a migration's own revision and the one it revises, as its file states them
+_REVISIONS = re.compile(r"^(down_)?revision = '([^']*)'", re.M)
+
+
 def head_revision() -> str:
-    """The newest migration's revision: each file in versions/ is named after its own
-    (`0014_grant_time_indexes.py` is revision 0014; a test holds them to it)."""
-    return max(p.name.split("_", 1)[0] for p in (MIGRATIONS / "versions").glob("[0-9]*_*.py"))
+    """The newest migration's revision, read from the files without importing Alembic:
+    the one no other migration revises. A file is named after its revision's number
+    (`0014_grant_time_indexes.py` is 0014; a branch's `0016_notifications.py` is 0016b,
+    chained after another branch's 0016 when both are merged; a test holds them to it)."""
+    revised, found = set(), set()
+    for path in (MIGRATIONS / "versions").glob("[0-9]*_*.py"):
+        for down, rev in _REVISIONS.findall(path.read_text()):
+            (revised if down else found).add(rev)
+    return max(found - revised)
 
 
 def at_revision(engine: Engine, revision: str) -> bool:
