@@ -29,6 +29,19 @@ def api(db_url):
 
 
 @pytest.fixture
+def idle_api(db_url):
+    policy = {"notifications": RULES, "idle": {"after": 1, "action": "notify"}}
+    yield from serve(db_url, PolicyConfig.model_validate(policy))
+
+
+@pytest.fixture
+def short_api(db_url):
+    """Deliveries given up 2 s after their event."""
+    rules = {**RULES, "give_up_after": 2}
+    yield from serve(db_url, PolicyConfig.model_validate({"notifications": rules}))
+
+
+@pytest.fixture
 def receivers():
     made: list[Receiver] = []
 
@@ -173,36 +186,35 @@ def test_a_rotated_secret_signs_from_then_on_and_is_never_shown_again(api, recei
     assert "rotated" in said and old not in said + sent and new not in said + sent
 
 
-def test_idle_action_notify_sends_one_notification_when_a_job_is_flagged(db_url, receivers):
-    hook = receivers()
-    policy = {"notifications": RULES, "idle": {"after": 1, "action": "notify"}}
-    for api in serve(db_url, PolicyConfig.model_validate(policy)):
-        secret = webhook(api, "vision", hook.url, ["end"])     # idle is not asked for
-        j = submit(api, "vision", spec("notebook")).json()
-        api.tick()
-        j = beat(api, job(api, j["id"]))
-        (rep,) = j["replicas"]
+def test_idle_action_notify_sends_one_notification_when_a_job_is_flagged(idle_api,
+                                                                          receivers):
+    api, hook = idle_api, receivers()
+    secret = webhook(api, "vision", hook.url, ["end"])      # idle is not asked for
+    j = submit(api, "vision", spec("notebook")).json()
+    api.tick()
+    j = beat(api, job(api, j["id"]))
+    (rep,) = j["replicas"]
+    idle = {g: {"utilization_gpu": 0.0} for g in rep["gpus"]}
 
-        def flagged():
-            report(api, rep["host"], {g: {"utilization_gpu": 0.0} for g in rep["gpus"]})
-            return job(api, j["id"])["idle_flagged_at"]
+    def flagged():
+        report(api, rep["host"], idle)
+        return job(api, j["id"])["idle_flagged_at"]
 
-        until(flagged, "the idle policy flags the job", every=0.3)
-        for _ in range(3):           # still idle: flagged once, told once
-            report(api, rep["host"], {g: {"utilization_gpu": 0.0} for g in rep["gpus"]})
-        api.deliver()
-        (idle,) = hook.wait(1)
-        assert (idle["event"], idle["kind"], idle["job"]["state"]) == ("idle", "idle",
-                                                                        "running")
-        assert idle["message"].startswith("idle: its 1 GPU have stayed under 5 %")
-        assert hook.signed_with(secret) == [True]
-        (n,) = api.get(f"/api/v1/jobs/{j['id']}/notifications",
-                       headers=auth(api, "vision")).json()
-        assert (n["source"], n["state"]) == ("policy", "delivered")
-        assert job(api, j["id"])["state"] == "running"     # and nothing else is done
-        time.sleep(0.2)
-        api.deliver()
-        assert len(hook.got) == 1
+    until(flagged, "the idle policy flags the job", every=0.3)
+    for _ in range(3):           # still idle: flagged once, told once
+        report(api, rep["host"], idle)
+    api.deliver()
+    (told,) = hook.wait(1)
+    assert (told["event"], told["kind"], told["job"]["state"]) == ("idle", "idle", "running")
+    assert told["message"].startswith("idle: its 1 GPU have stayed under 5 %")
+    assert hook.signed_with(secret) == [True]
+    (n,) = api.get(f"/api/v1/jobs/{j['id']}/notifications",
+                   headers=auth(api, "vision")).json()
+    assert (n["source"], n["state"]) == ("policy", "delivered")
+    assert job(api, j["id"])["state"] == "running"      # and nothing else is done
+    time.sleep(0.2)
+    api.deliver()
+    assert len(hook.got) == 1
 
 
 def test_a_failing_receiver_is_retried_and_a_refusing_one_given_up(api, receivers):
@@ -245,26 +257,25 @@ def test_a_failing_receiver_is_retried_and_a_refusing_one_given_up(api, receiver
                                  {"outcome": "failed"}) == 2
 
 
-def test_a_receiver_down_past_give_up_after_is_given_up_and_the_next_still_sent(db_url):
-    rules = {**RULES, "give_up_after": 2}
-    down = Receiver()                  # never started: connections are refused
-    for api in serve(db_url, PolicyConfig.model_validate({"notifications": rules})):
-        webhook(api, "vision", down.url, ["start"])
-        j = submit(api, "vision", spec("a")).json()
-        api.tick()
+def test_a_receiver_down_past_give_up_after_is_given_up_and_the_next_still_sent(short_api):
+    api, down = short_api, Receiver()     # never started: connections are refused
+    webhook(api, "vision", down.url, ["start"])
+    j = submit(api, "vision", spec("a")).json()
+    api.tick()
 
-        def given_up():
-            api.deliver()
-            (n,) = api.get(f"/api/v1/jobs/{j['id']}/notifications",
-                           headers=auth(api, "vision")).json()
-            return n if n["state"] == "given_up" else None
-        n = until(given_up, "the give-up", timeout=10, every=0.2)
-        assert n["attempts"] >= 2 and "ConnectError" in n["last_error"]
-        assert n["last_error"].startswith("still failing after")
-        down.start()                   # up again: the next event goes out
-        try:
-            beat(api, job(api, j["id"]))
-            api.deliver()
-            assert [b["event"] for b in down.wait(1)] == ["running"]
-        finally:
-            down.stop()
+    def given_up():
+        api.deliver()
+        (n,) = api.get(f"/api/v1/jobs/{j['id']}/notifications",
+                       headers=auth(api, "vision")).json()
+        return n if n["state"] == "given_up" else None
+
+    n = until(given_up, "the give-up", timeout=10, every=0.2)
+    assert n["attempts"] >= 2 and "ConnectError" in n["last_error"]
+    assert n["last_error"].startswith("still failing after")
+    down.start()                          # up again: the next event goes out
+    try:
+        beat(api, job(api, j["id"]))
+        api.deliver()
+        assert [b["event"] for b in down.wait(1)] == ["running"]
+    finally:
+        down.stop()

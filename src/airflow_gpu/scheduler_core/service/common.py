@@ -154,10 +154,13 @@ def same_job(found: JobRow, row: JobRow) -> None:
 
 
 # what each job event kind notifies of (a job's or team's `events`), the most specific
-# first: a failed job's webhook that asked for failure and end gets one "failure"
+# first: a failed job's webhook that asked for failure and end gets one "failure".
+# Preemption: the job is told to stop and will be requeued (by a preemptor, `airflow-gpu
+# requeue`, a reservation it backfilled ahead of, or the idle policy: idle.py says so)
 TOPICS = {"admitted": ("start",), "running": ("start",), "succeeded": ("end",),
           "cancelled": ("end",), "failed": ("failure", "end"), "timeout": ("failure", "end"),
-          "lost": ("failure", "end"), "preempted": ("preemption",), "requeued": ("requeue",),
+          "lost": ("failure", "end"), "preempted": ("preemption",),
+          "requeue": ("preemption",), "overrun": ("preemption",), "requeued": ("requeue",),
           "reservation": ("reservation",)}
 OUTBOX = "airflow_gpu.notify"     # session.info: the events the commit notifies (notify.py)
 

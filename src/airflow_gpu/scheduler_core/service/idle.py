@@ -176,5 +176,6 @@ def _stop(svc, s: Session, job: Held, rule: IdleRule, since: datetime,
     if done.rowcount != 1:
         return False
     svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
-               "under the same id once its replicas have stopped", job=job.id)
+               "under the same id once its replicas have stopped", job=job.id,
+               notify=("preemption",))
     return True
