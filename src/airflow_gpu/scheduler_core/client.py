@@ -181,7 +181,7 @@ class Client:
         return self.request("PUT", f"/api/v1/teams/{name}", json=body)
 
     def notifications(self, job_id: str) -> list[dict]:
-        return self.request("GET", f"/api/v1/jobs/{job_id}/notifications")
+        return self.request("GET", f"/api/v1/jobs/{_ref(job_id)}/notifications")
 
     def undelivered(self, state: str | None = None) -> list[dict]:
         """Notifications not delivered (pending or given up; admins)."""
@@ -256,6 +256,18 @@ class Client:
         """Drain a host, saying why (admins)."""
         return self.request("POST", f"/api/v1/hosts/{_ref(host)}/drain",
                             json={"reason": reason} if reason else None)
+
+
+def delivery_state(n: dict) -> str:
+    """A webhook notification's delivery state in words (the API's NotificationOut)."""
+    if n["state"] == "delivered":
+        return f"delivered {n['delivered_at']}"
+    if n["state"] == "given_up":
+        return f"given up after {n['attempts']} attempt(s): {n['last_error']}"
+    if n["attempts"]:
+        return (f"retrying: {n['attempts']} attempt(s) failed, next {n['next_attempt_at']}; "
+                f"last: {n['last_error']}")
+    return "pending"
 
 
 def _ref(text: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from ...scheduler_core.client import delivery_state
 from ...scheduler_core.errors import InputError
 from ...scheduler_core.jobspec import NOTIFY_EVENTS
 from ...scheduler_core.units import format_duration
@@ -124,18 +125,6 @@ def _explain_table(e: dict) -> Table:
     return t
 
 
-def delivery(n: dict) -> str:
-    """A notification's delivery state in words."""
-    if n["state"] == "delivered":
-        return f"delivered {n['delivered_at']}"
-    if n["state"] == "given_up":
-        return f"given up after {n['attempts']} attempt(s): {n['last_error']}"
-    if n["attempts"]:
-        return (f"retrying: {n['attempts']} attempt(s) failed, next {n['next_attempt_at']}; "
-                f"last: {n['last_error']}")
-    return "pending"
-
-
 def notifications_table(rows: list[dict], title: str, jobs: bool = False) -> Table:
     t = Table(title=title, title_justify="left")
     for col in ("at", *(("job",) if jobs else ()), "event", "for", "url", "asked by",
@@ -143,7 +132,7 @@ def notifications_table(rows: list[dict], title: str, jobs: bool = False) -> Tab
         t.add_column(col, overflow="fold")
     for n in rows:
         t.add_row(str(n["created_at"]), *((n["job_id"] or "-",) if jobs else ()),
-                  n["event"] or "-", n["kind"], n["url"], n["source"], delivery(n))
+                  n["event"] or "-", n["kind"], n["url"], n["source"], delivery_state(n))
     return t
 
 
