@@ -210,10 +210,13 @@ def body(ev: EventRow, kind: str, job, delivery: str) -> str:
 
 
 # -- reads ---------------------------------------------------------------------------------
-def of_job(svc, job_id: str) -> list[NotificationRow]:
+def of_job(svc, job_id: str, limit: int = 200) -> list[NotificationRow]:
+    """A job's notifications, oldest first: its last `limit` (explain shows them)."""
     with svc.reads() as s:
-        return list(s.scalars(select(NotificationRow).where(
-            NotificationRow.job_id == job_id).order_by(NotificationRow.id)))
+        rows = list(s.scalars(select(NotificationRow).where(
+            NotificationRow.job_id == job_id).order_by(NotificationRow.id.desc())
+            .limit(limit)))
+    return rows[::-1]
 
 
 def undelivered(svc, state: str | None = None, limit: int = 1000) -> list[NotificationRow]:
