@@ -52,7 +52,7 @@ HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"
 def serve(db_url: str, policy=None, hosts=HOSTS):
     """The real app on its real store (with `policy`, on the cluster of `hosts`), with
     tokens for teams vision and nlp and an admin; `client.tick()` runs one scheduling
-    pass."""
+    pass, `client.deliver()` sends the webhook notifications due."""
     service = Service(Settings(db_url, make_cluster(*hosts), policy or PolicyConfig(),
                                lease_ttl=30))
     app = create_app(service, run_loop=False)
@@ -61,6 +61,7 @@ def serve(db_url: str, policy=None, hosts=HOSTS):
     with TestClient(app) as client:
         client.tokens = tokens
         client.tick = app.state.loop.tick
+        client.deliver = app.state.loop.deliver
         client.service = service
         yield client
     service.engine.dispose()

@@ -113,3 +113,54 @@ def test_the_task_log_warns_once_when_the_idle_policy_flags_the_job(tmp_path, ca
     out = capsys.readouterr()
     idle = [line for line in (out.out + out.err).splitlines() if "stayed idle" in line]
     assert len(idle) == 1 and job["id"] in idle[0]
+
+
+def test_notify_goes_into_the_spec_and_a_bad_one_fails_when_parsed():
+    op = GpuBashOperator(task_id="t", bash_command="true", notify="https://hooks.example/x")
+    assert op._spec("d.t")["notify"] == {"url": "https://hooks.example/x"}
+    op = GpuBashOperator(task_id="t", bash_command="true",
+                         notify={"url": "https://hooks.example/x", "events": ["preemption"]})
+    assert op._spec("d.t")["notify"]["events"] == ["preemption"]
+    with pytest.raises(ValueError, match=r"notify\.events\[0\]: Input should be 'start', "):
+        GpuBashOperator(task_id="t", bash_command="true",
+                        notify={"url": "https://hooks.example/x", "events": ["done"]})
+
+
+def test_the_task_log_names_the_idle_notification_once(tmp_path, capsys):
+    from tests.webhooks import Receiver
+
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({"cluster": "c", "hosts": [
+        {"name": "dgx-1", "model": "dgx-a100"}]}))
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(yaml.safe_dump({"idle": {"after": "1s"}, "notifications": {
+        "allowed_urls": ["http://127.0.0.1:"]}}))
+    server = Server(f"sqlite:///{tmp_path}/db.sqlite", cluster, interval=0.1,
+                    args=("--policy-file", str(policy)))
+    hook = Receiver().start()
+    try:
+        with Client(server.url, create_token(server.db, "ml")) as c, \
+                Client(server.url, create_token(server.db, "ops", "--admin")) as admin:
+            admin.set_team("ml", None, None, webhook={"secret": "new"}, shares=False)
+            op = GpuBashOperator(task_id="t", bash_command="true", gpus=1,
+                                 notify={"url": hook.url, "events": ["idle"]})
+            job = c.submit(op._spec("d.t"))
+            while c.job(job["id"])["state"] != "admitted":
+                time.sleep(0.05)
+            gpus = c.heartbeat(job["id"])["replicas"][0]["gpus"]
+            end = time.monotonic() + 30
+            while not c.job(job["id"])["idle_flagged_at"] and time.monotonic() < end:
+                admin.request("POST", "/api/v1/hosts/dgx-1/report", json={"gpus": [
+                    {"index": g, "healthy": True, "utilization_gpu": 0.0} for g in gpus]})
+                time.sleep(0.2)
+            hook.wait(1)
+            capsys.readouterr()
+            for _ in range(3):
+                op._beat(c, job["id"], job["attempt"] + 1)
+    finally:
+        hook.stop()
+        server.stop()
+    out = capsys.readouterr()
+    told = [line for line in (out.out + out.err).splitlines() if "notification" in line]
+    assert len(told) == 1, told
+    assert f"idle notification (idle) to {hook.url}, asked by its job: delivered" in told[0]

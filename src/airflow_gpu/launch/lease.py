@@ -9,7 +9,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from ..scheduler_core.client import ApiError
+from ..scheduler_core.client import ApiError, delivery_state
 from ..scheduler_core.errors import InputError
 from ..scheduler_core.jobclasses import STOP_GRACE, STOP_SLACK
 from .handle import signal_of
@@ -48,12 +48,14 @@ class Lease:
     and raises `Interrupted` when the scheduler took the job back ("pending": requeued;
     "ended": cancelled, lost, finished) or preempts it ("preempting", with the signal and
     grace for the replicas). What the launcher should know is logged once: the preemption
-    (per admission) and the idle-GPU policy's flag (per flag)."""
+    (per admission) and the idle-GPU policy's flag (per flag), each with the webhook
+    notifications the scheduler sent of it (`notified`)."""
 
     def __init__(self) -> None:
         self.preempt_logged: tuple | None = None
         self.idle_logged: str | None = None
         self.yield_logged: tuple | None = None
+        self.notes_logged: set[str] = set()     # webhook deliveries told, by id
 
     def beat(self, client, job_id: str, attempt: int, log: logging.Logger) -> None:
         try:
@@ -67,12 +69,12 @@ class Lease:
         except InputError as exc:          # the service restarts: the lease still runs
             log.warning("heartbeat failed: %s", exc)
         else:
-            self.idle_warning(job, log)
+            self.idle_warning(job, log, client)
             self.reservation_warning(job, log)
             if job.get("state") == "preempting":
-                raise self.preempted(job, log)
+                raise self.preempted(job, log, client)
 
-    def idle_warning(self, job: dict, log: logging.Logger) -> None:
+    def idle_warning(self, job: dict, log: logging.Logger, client=None) -> None:
         """The idle-GPU policy flagged the job: say so once per flag."""
         flagged = job.get("idle_flagged_at")
         if flagged and self.idle_logged != flagged:
@@ -80,6 +82,7 @@ class Lease:
             log.warning("GPU job %s: its GPUs have stayed idle since %s and the "
                         "scheduler flagged it (idle-GPU policy; see airflow-gpu "
                         "explain %s)", job["id"], job.get("idle_since"), job["id"])
+            self.notified(client, job["id"], ("idle",), log)
 
     def reservation_warning(self, job: dict, log: logging.Logger) -> None:
         """An admin's reservation starts on the job's hosts before it is expected to end:
@@ -92,7 +95,25 @@ class Lease:
                         "and requeued under the same id (airflow-gpu reserve show %s)",
                         job["id"], name, at, name)
 
-    def preempted(self, job: dict, log: logging.Logger) -> Interrupted:
+    def notified(self, client, job_id: str, kinds: tuple[str, ...],
+                 log: logging.Logger) -> None:
+        """Log the job's webhook notifications of `kinds` not logged yet, with their
+        state (read once, where the launcher hears of what they tell); a service without
+        notifications, or one that does not answer, logs nothing."""
+        if client is None:
+            return
+        try:
+            notes = client.notifications(job_id)
+        except (ApiError, InputError):
+            return
+        for n in notes:
+            if n["kind"] in kinds and n["delivery_id"] not in self.notes_logged:
+                self.notes_logged.add(n["delivery_id"])
+                log.info("GPU job %s: %s notification (%s) to %s, asked by its %s: %s",
+                         job_id, n["kind"], n["event"], n["url"], n["source"],
+                         delivery_state(n))
+
+    def preempted(self, job: dict, log: logging.Logger, client=None) -> Interrupted:
         """The scheduler preempts the job: what to send its replicas, and for how long
         they may save a checkpoint (never past the service's forced requeue)."""
         sig = job.get("preempt_signal")
@@ -114,4 +135,5 @@ class Lease:
             log.warning("%s: sending %s to all replicas, SIGKILL after %s; the job is "
                         "requeued under the same id and its replicas restart with "
                         "AIRFLOW_GPU_RESTARTED=1", why, sig, after)
+            self.notified(client, job["id"], ("preemption",), log)
         return Interrupted("preempting", why, signal=sig, grace=grace)

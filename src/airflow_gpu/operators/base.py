@@ -101,6 +101,10 @@ class GpuBaseOperator(BaseOperator):
     :param user: who in the team the job is for (fair share within the team, `acct --by
         user`); default: the user who triggered the DAG run, else the task's owner unless
         it is Airflow's default owner.
+    :param notify: a webhook the scheduler POSTs the job's events to, signed with the
+        team's secret: a URL (events end and failure), or {"url": ..., "events": [start,
+        end, failure, preemption, requeue, idle, reservation]} (the job spec's `notify`;
+        docs/notifications.md). The task log shows those of preemption, requeue and idle.
     """
 
     template_fields: Sequence[str] = ("expected_runtime", "time_limit")
@@ -119,7 +123,8 @@ class GpuBaseOperator(BaseOperator):
                  poll_interval: float = 5.0, admission_timeout: float | None = None,
                  admission_grace: float = 1.0, roles: list[dict] | None = None,
                  mig: str | dict | None = None, reservation: str | None = None,
-                 user: str | None = None, **kwargs) -> None:
+                 user: str | None = None, notify: str | dict | None = None,
+                 **kwargs) -> None:
         super().__init__(**kwargs)
         gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory),
                                  ("mig", mig)) if v}
@@ -132,6 +137,7 @@ class GpuBaseOperator(BaseOperator):
         self.gpu_scheduler_conn_id = gpu_scheduler_conn_id
         self.poll_interval, self.admission_timeout = poll_interval, admission_timeout
         self.admission_grace = admission_grace
+        self.notify = {"url": notify} if isinstance(notify, str) else notify
         self._spec("check")            # a DAG with a bad request fails when it is parsed
         self._job_id: str | None = None
         self._deferred = False         # raised TaskDeferred: a trigger now waits in-process
@@ -154,7 +160,8 @@ class GpuBaseOperator(BaseOperator):
         for key, value in (("team", team or self.team), ("job_class", self.job_class),
                            ("expected_runtime", runtime or self.expected_runtime),
                            ("time_limit", self.time_limit),
-                           ("placement", placement), ("reservation", self.reservation)):
+                           ("placement", placement), ("reservation", self.reservation),
+                           ("notify", self.notify)):
             if value:
                 spec[key] = value
         try:
@@ -335,10 +342,12 @@ class GpuBaseOperator(BaseOperator):
                              "codes %s); waiting for a new placement under the same id",
                              job_id, outcome.codes or "-")
             self._finish(client, job_id, attempt, "preempted", None)
+            self._lease.notified(client, job_id, ("requeue",), self.log)
             self._defer(client.job(job_id))
         if why is not None and why.state == "pending":
             self.log.warning("the scheduler requeued the job (%s): waiting for a new "
                              "placement", why)
+            self._lease.notified(client, job_id, ("requeue",), self.log)
             self._defer(client.job(job_id))
         if why is not None:
             raise AirflowException(f"GPU job {job_id}: {why}")

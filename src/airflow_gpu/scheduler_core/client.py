@@ -171,10 +171,22 @@ class Client:
         return self.request("GET", "/api/v1/teams")
 
     def set_team(self, name: str, share: float | None, quota_gpus: int | None,
-                 borrow_gpus: int | None = None) -> dict:
-        return self.request("PUT", f"/api/v1/teams/{name}",
-                            json={"share": share, "quota_gpus": quota_gpus,
-                                  "borrow_gpus": borrow_gpus})
+                 borrow_gpus: int | None = None, webhook: dict | None = None,
+                 shares: bool = True) -> dict:
+        """Set the shares (all three; `shares` False: left as they are) and the webhook
+        fields given in `webhook` (url, events, secret: "new")."""
+        body = {"share": share, "quota_gpus": quota_gpus,
+                "borrow_gpus": borrow_gpus} if shares else {}
+        body.update((f"webhook_{k}", v) for k, v in (webhook or {}).items())
+        return self.request("PUT", f"/api/v1/teams/{name}", json=body)
+
+    def notifications(self, job_id: str) -> list[dict]:
+        return self.request("GET", f"/api/v1/jobs/{_ref(job_id)}/notifications")
+
+    def undelivered(self, state: str | None = None) -> list[dict]:
+        """Notifications not delivered (pending or given up; admins)."""
+        return self.request("GET", "/api/v1/notifications",
+                            params={"state": state} if state else None)
 
     def tokens(self, team: str | None = None) -> list[dict]:
         """Every token (admins): id, team, role, hosts, created_at, expires_at, hint."""
@@ -264,6 +276,18 @@ class Client:
 
     def delete_reservation(self, name: str) -> dict:
         return self.request("DELETE", f"/api/v1/reservations/{_ref(name)}")
+
+
+def delivery_state(n: dict) -> str:
+    """A webhook notification's delivery state in words (the API's NotificationOut)."""
+    if n["state"] == "delivered":
+        return f"delivered {n['delivered_at']}"
+    if n["state"] == "given_up":
+        return f"given up after {n['attempts']} attempt(s): {n['last_error']}"
+    if n["attempts"]:
+        return (f"retrying: {n['attempts']} attempt(s) failed, next {n['next_attempt_at']}; "
+                f"last: {n['last_error']}")
+    return "pending"
 
 
 def _ref(text: str) -> str:

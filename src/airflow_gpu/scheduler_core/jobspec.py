@@ -229,6 +229,52 @@ class Placement(_Spec):
         "`airflow-gpu run` set it to their machine's host")
 
 
+# what a job or a team may be notified of (docs/notifications.md)
+NOTIFY_EVENTS = ("start", "end", "failure", "preemption", "requeue", "idle", "reservation")
+NotifyEvent = Literal["start", "end", "failure", "preemption", "requeue", "idle",
+                      "reservation"]
+DEFAULT_NOTIFY = ["end", "failure"]
+MAX_URL = 2000
+
+
+def web_url(v: str) -> str:
+    """An http(s) URL with a host and no user:password part (URLs are shown to teams)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(v)
+        host = parts.hostname
+    except ValueError:             # a bad port or IPv6 literal
+        host = None
+    if host is None or parts.scheme not in ("http", "https"):
+        raise ValueError(f"{v[:200]!r} is not an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{parts.scheme}://...@{host}: a URL with a user or password "
+                         "part is refused (URLs are shown to every team); let the receiver "
+                         "check the signature instead")
+    return v
+
+
+def notify_events(v: list[str]) -> list[str]:
+    """Events to notify of, each once, in the order given; at least one."""
+    if not v:
+        raise ValueError("give at least one of " + ", ".join(NOTIFY_EVENTS)
+                         + " (or leave events out: end, failure)")
+    return list(dict.fromkeys(v))
+
+
+class Notify(_Spec):
+    """Where the job's events are POSTed (signed with its team's webhook secret)."""
+
+    url: str = Field(max_length=MAX_URL, description="the webhook: an http(s) URL that "
+                     "starts with one of the policy's notifications.allowed_urls")
+    events: list[NotifyEvent] = Field(default_factory=lambda: list(DEFAULT_NOTIFY),
+                                      description="what to notify of: "
+                                      + ", ".join(NOTIFY_EVENTS) + " (default end, failure)")
+    _url = field_validator("url")(web_url)
+    _events = field_validator("events")(notify_events)
+
+
 class JobSpec(_Spec):
     name: str = Field(pattern=_NAME, max_length=200)
     team: str = Field("default", pattern=_NAME, max_length=MAX_TEXT)
@@ -256,6 +302,8 @@ class JobSpec(_Spec):
         "reservation (one an admin made for the job's team: `airflow-gpu reserve create "
         "... --team`), on its hosts, between its start and its end, like Slurm's "
         "--reservation")
+    notify: Notify | None = Field(None, description="a webhook told of the job's events "
+                                  "(start, end, failure, ...; docs/notifications.md)")
 
     @field_validator("roles", mode="before")
     @classmethod

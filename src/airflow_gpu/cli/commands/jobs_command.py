@@ -1,5 +1,7 @@
-"""The job commands on the API: `submit`, `status`, `explain`, `cancel`, `slowdown`, and
-`resume` (a drained host), `teams` and `team-set` that share their registration."""
+"""The job commands on the API: `submit`, `status`, `explain` (with the job's webhook
+notifications), `cancel`, `slowdown`, and `resume` (a drained host), `teams`, `team-set`
+(shares, quotas, the webhook and its secret) and `notifications` (the undelivered ones)
+that share their registration."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from ...scheduler_core.client import delivery_state
 from ...scheduler_core.errors import InputError
+from ...scheduler_core.jobspec import NOTIFY_EVENTS
 from ...scheduler_core.units import format_duration
-from ..common import api_client, show
+from ..common import api_client, output, show
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -72,17 +76,26 @@ def _host_line(h: dict) -> str:
 def _teams_table(teams: list[dict]) -> Table:
     t = Table(title="Teams", title_justify="left")
     errors = any(x.get("error") for x in teams)    # a stored setting the service refuses
+    hooks = any(x.get("webhook_url") or x.get("webhook_secret_hint") for x in teams)
     for col in ("team", "share", "quota GPUs", "may borrow", "GPUs held", "borrowed",
-                "lent") + (("error",) if errors else ()):
-        t.add_column(col)
+                "lent") + (("webhook", "secret") if hooks else ()) + (
+                    ("error",) if errors else ()):
+        t.add_column(col, overflow="fold")
     for x in teams:
         quota = "-" if x["quota_gpus"] is None else str(x["quota_gpus"])
         borrow = ("-" if x["quota_gpus"] is None else "no limit"
                   if x.get("borrow_gpus") is None else str(x["borrow_gpus"]))
         t.add_row(x["name"], f"{x['share']:g}", quota, borrow, str(x["held_gpus"]),
                   str(x.get("borrowed_gpus", 0)), str(x.get("lent_gpus", 0)),
+                  *((_webhook(x), x.get("webhook_secret_hint") or "-") if hooks else ()),
                   *((x.get("error") or "-",) if errors else ()))
     return t
+
+
+def _webhook(x: dict) -> str:
+    if not x.get("webhook_url"):
+        return "-"
+    return f"{x['webhook_url']} ({', '.join(x.get('webhook_events') or ())})"
 
 
 def _job_table(j: dict):
@@ -107,7 +120,48 @@ def _explain_table(e: dict) -> Table:
     if e.get("preemptions"):
         lines.append(f"preempted {e['preemptions']} time(s); last: {e['preempt_reason']}")
     t.caption = "\n".join(lines) or None
+    if e.get("notifications"):
+        return Group(t, notifications_table(e["notifications"], "Notifications"))
     return t
+
+
+def notifications_table(rows: list[dict], title: str, jobs: bool = False) -> Table:
+    t = Table(title=title, title_justify="left")
+    for col in ("at", *(("job",) if jobs else ()), "event", "for", "url", "asked by",
+                "delivery"):
+        t.add_column(col, overflow="fold")
+    for n in rows:
+        t.add_row(str(n["created_at"]), *((n["job_id"] or "-",) if jobs else ()),
+                  n["event"] or "-", n["kind"], n["url"], n["source"], delivery_state(n))
+    return t
+
+
+def _team_set(c, a: argparse.Namespace) -> list[dict]:
+    """team-set: the shares unless only webhook options are given; the webhook options
+    given (a URL of `none` removes it)."""
+    webhook = {}
+    if a.webhook is not None:
+        webhook["url"] = None if a.webhook == "none" else a.webhook
+    if a.webhook_events is not None:
+        webhook["events"] = [e.strip() for e in a.webhook_events.split(",") if e.strip()]
+    if a.webhook_secret is not None:
+        webhook["secret"] = a.webhook_secret
+    shares = not webhook or any(v is not None for v in (a.share, a.quota_gpus,
+                                                         a.borrow_gpus))
+    return [c.set_team(a.name, a.share, a.quota_gpus, a.borrow_gpus, webhook, shares)]
+
+
+def cmd_team_set(args: argparse.Namespace) -> int:
+    """As `token create` prints a token: a new webhook secret alone (shown this once),
+    else the teams table."""
+    with api_client(args) as c:
+        teams = _team_set(c, args)
+    secret = teams[0].get("webhook_secret")
+    if secret and not args.json:
+        print(secret)
+        return 0
+    output(args, teams, _teams_table)
+    return 0
 
 
 def elapsed_line(e: dict) -> str:
@@ -166,9 +220,13 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
              "the locality slowdown per job class, as learned from ended jobs", ()),
             ("teams", show(lambda c, a: c.teams(), _teams_table),
              "teams: share, GPU quota, GPUs held", ()),
-            ("team-set", show(lambda c, a: [c.set_team(a.name, a.share, a.quota_gpus,
-                                                        a.borrow_gpus)], _teams_table),
-             "set a team's share, GPU quota and borrowing limit (admin)", ("name",))):
+            ("team-set", cmd_team_set, "set a team's share, GPU quota and borrowing limit, "
+             "and its webhook (admin)", ("name",)),
+            ("notifications", show(lambda c, a: c.undelivered(a.state),
+                                   lambda rows: notifications_table(
+                                       rows, "Undelivered notifications", jobs=True)),
+             "webhook notifications not delivered: pending, retrying, given up (admin)",
+             ())):
         p = sub.add_parser(name, help=helptext, parents=[client])
         for arg in extra:
             p.add_argument(arg)
@@ -183,4 +241,16 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
             p.add_argument("--borrow-gpus", type=int,
                            help="GPUs it may hold beyond its quota while other teams leave "
                            "them idle, 0 (a hard quota) to 1000000 (omit: the policy file's)")
+            p.add_argument("--webhook", metavar="URL", help="notify every job's events of "
+                           "the team to this URL (one the policy's "
+                           "notifications.allowed_urls allows); none: remove it. Webhook "
+                           "options alone leave the shares as they are")
+            p.add_argument("--webhook-events", metavar="EVENTS", help="comma-separated: "
+                           + ", ".join(NOTIFY_EVENTS) + " (default end,failure)")
+            p.add_argument("--webhook-secret", choices=("new",), help="new: create or "
+                           "rotate the secret notifications are signed with; printed this "
+                           "once")
+        if name == "notifications":
+            p.add_argument("--state", choices=("pending", "given_up"),
+                           help="only these (default both)")
         p.set_defaults(func=func)

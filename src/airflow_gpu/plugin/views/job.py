@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
+from ...scheduler_core.airflowkey import task_instance
 from ..format import age, duration, format_cpulist, format_size, parse_time, seconds_of, team_color
 from .queue import (
     LIVE_STATES,
@@ -21,22 +22,6 @@ from .queue import (
 )
 from .teams import number
 from .usage_chart import usage_chart
-
-
-def task_instance(key: str | None) -> dict[str, Any] | None:
-    """Dag, task, run, map index and try from the operators' idempotency key
-    `dag/task/run/map_index/try` (dag and task ids hold no '/', a run id may). None for
-    jobs not submitted by Airflow, or keys shortened with a hash (over 200 characters)."""
-    if not key or "#" in key:
-        return None
-    parts = key.split("/")
-    if len(parts) < 5:
-        return None
-    dag_id, task_id, *run, map_index, try_number = parts
-    if not (map_index.lstrip("-").isdigit() and try_number.isdigit()):
-        return None
-    return {"dag_id": dag_id, "task_id": task_id, "run_id": "/".join(run),
-            "map_index": int(map_index), "try_number": int(try_number)}
 
 
 def task_instance_url(ti: dict, airflow_root: str = "") -> str:

@@ -24,6 +24,7 @@ from .routes import (
     cluster,
     hosts,
     jobs,
+    notifications,
     queue,
     reservations,
     teams,
@@ -34,7 +35,7 @@ from .routes import probes as probe_routes
 
 # in the order the router tries them
 ROUTERS = (probe_routes, wait, jobs, batch, accounting, cluster, hosts, teams, queue, tokens,
-           reservations)
+           reservations, notifications)
 
 
 def app_from_env() -> FastAPI:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, field_validato
 
 from ..errors import load_yaml, validate
 from ..jobclasses import STOP_GRACE, Defaults
-from ..jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU
+from ..jobspec import MEMORY_PER_CPU, MEMORY_PER_GPU, web_url
 from ..units import MAX_SIZE, Duration, Size, format_duration
 
 Mode = Literal["backfill", "fifo", "count"]
@@ -172,13 +172,56 @@ class IdlePolicy(_Spec):
                                    "stay under the threshold this long (none: never)")
     threshold: float = Field(5.0, ge=0, le=100, description="GPU utilization (percent) "
                              "under which a GPU counts as idle")
-    action: Literal["notify", "requeue"] = Field("notify", description="notify: flag only; "
-                                                 "requeue: then stop and requeue the job")
+    action: Literal["notify", "requeue"] = Field("notify", description="notify: flag the "
+                                                 "job and notify its webhooks, nothing "
+                                                 "more; requeue: then stop and requeue it")
     grace: Duration = Field(600, ge=0, description="seconds a flagged job may stay idle "
                             "before the action")
     hold_after: int | None = Field(2, ge=1, description="with action requeue: the job is "
                                    "held (JobHeldUser, released by its team or an admin) "
                                    "at its this-many-th idle requeue (none: never held)")
+
+
+class Notifications(_Spec):
+    """Webhooks (docs/notifications.md): the URL prefixes jobs and teams may name, and
+    how a delivery is retried while its receiver is down (twice the wait each time, from
+    `retry_first` up to `retry_max`, given up `give_up_after` after its event)."""
+
+    allowed_urls: list[str] = Field(
+        default_factory=list, max_length=1000, description="URL prefixes a webhook may "
+        "start with, e.g. https://hooks.example.com/ (none: no webhooks at all)")
+    retry_first: Duration = Field(10, ge=1, le=86400, description="seconds from a failed "
+                                  "attempt to the first retry; each retry waits twice as "
+                                  "long as the one before")
+    retry_max: Duration = Field(600, ge=1, le=86400, description="the longest wait "
+                                "between two attempts")
+    give_up_after: Duration = Field(86400, ge=1, le=30 * 86400, description="a delivery "
+                                    "still failing this long after its event is given up "
+                                    "(an event says so)")
+    timeout: float = Field(10.0, ge=0.1, le=300, description="seconds one attempt may take "
+                           "(connect, send, answer)")
+
+    @field_validator("allowed_urls")
+    @classmethod
+    def _urls(cls, v: list[str]) -> list[str]:
+        for i, url in enumerate(v):
+            try:
+                web_url(url)
+            except ValueError as exc:
+                raise ValueError(f"[{i}]: {exc}; write a prefix such as "
+                                 "https://hooks.example.com/") from None
+        return v
+
+    def allows(self, url: str) -> bool:
+        """Whether `url` starts with an allowed prefix at a boundary: a prefix that ends
+        with '/' or ':' as written, else followed by '/', '?', '#', ':' or nothing (so
+        https://hooks.example.com never admits https://hooks.example.com.evil.net)."""
+        for prefix in self.allowed_urls:
+            if url.startswith(prefix) and (prefix.endswith(("/", ":"))
+                                           or url[len(prefix):][:1] in ("", "/", "?", "#",
+                                                                        ":")):
+                return True
+        return False
 
 
 class PolicyConfig(_Spec):
@@ -234,6 +277,7 @@ class PolicyConfig(_Spec):
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)
     preemption: Preemption = Field(default_factory=Preemption)
     idle: IdlePolicy = Field(default_factory=IdlePolicy)
+    notifications: Notifications = Field(default_factory=Notifications)
 
     _default_share = field_validator("default_share")(check_share)
 

@@ -159,9 +159,30 @@ def same_job(found: JobRow, row: JobRow) -> None:
                        f"{found.id} with another spec; use a new key")
 
 
+# what each job event kind notifies of (a job's or team's `events`), the most specific
+# first: a failed job's webhook that asked for failure and end gets one "failure".
+# Preemption: the job is told to stop and will be requeued (by a preemptor, `airflow-gpu
+# requeue`, a reservation it backfilled ahead of, or the idle policy: idle.py says so)
+TOPICS = {"admitted": ("start",), "running": ("start",), "succeeded": ("end",),
+          "cancelled": ("end",), "failed": ("failure", "end"), "timeout": ("failure", "end"),
+          "lost": ("failure", "end"), "preempted": ("preemption",),
+          "requeue": ("preemption",), "overrun": ("preemption",), "requeued": ("requeue",),
+          "reservation": ("reservation",)}
+OUTBOX = "airflow_gpu.notify"     # session.info: the events the commit notifies (notify.py)
+
+
 def event(s: Session, kind: str, message: str, job: str | None = None,
-          host: str | None = None) -> None:
-    s.add(EventRow(at=utcnow(), job_id=job, host=host, kind=kind, message=message))
+          host: str | None = None, notify: tuple[str, ...] | None = None,
+          always: bool = False) -> None:
+    """One event, in the transaction of the change it tells. A job's event also goes to
+    the webhooks that asked for what it is (`notify`, default TOPICS by kind; `always`:
+    to the job's webhooks whatever they asked for, as `idle.action: notify` does): the
+    outbox rows are written in the same transaction, as it commits (notify.py)."""
+    row = EventRow(at=utcnow(), job_id=job, host=host, kind=kind, message=message)
+    s.add(row)
+    topics = TOPICS.get(kind, ()) if notify is None else notify
+    if job is not None and topics:
+        s.info.setdefault(OUTBOX, []).append((row, topics, always))
 
 
 def release(s: Session, job_id: str) -> None:

@@ -70,8 +70,10 @@ class Service(Store):
 
     # -- teams (teams.py) -------------------------------------------------------------------
     def set_team(self, name: str, who: Principal, share: float | None,
-                 quota_gpus: int | None, borrow_gpus: int | None = None) -> dict:
-        return teams.set_team(self, name, who, share, quota_gpus, borrow_gpus)
+                 quota_gpus: int | None, borrow_gpus: int | None = None,
+                 webhook: dict | None = None, shares: bool = True) -> dict:
+        return teams.set_team(self, name, who, share, quota_gpus, borrow_gpus, webhook,
+                              shares)
 
     def teams(self) -> dict[str, dict]:
         return teams.teams(self)

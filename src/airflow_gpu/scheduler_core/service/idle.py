@@ -120,7 +120,8 @@ def evaluate(svc, s: Session, seen: Attributed, now: datetime) -> bool:
     statement; events, and stops, only for the jobs whose flag or state changes. Returns
     whether it stopped a job."""
     changed: list[dict] = []
-    acts: list[tuple] = []            # (job, message) events and (job, rule, since) stops
+    # (job, message) events, (job, message, rule) flags and (job, rule, since) stops
+    acts: list[tuple] = []
     for job_id in seen.reported:
         job = seen.jobs[job_id]
         if job.state not in WATCHED:
@@ -139,7 +140,7 @@ def evaluate(svc, s: Session, seen: Attributed, now: datetime) -> bool:
             if job.idle_flagged_at is None:
                 if _ts(now) - _ts(since) >= rule.after:
                     job.idle_flagged_at = now
-                    acts.append((job, "idle: " + message(rule, since, gpus)))
+                    acts.append((job, "idle: " + message(rule, since, gpus), rule))
             elif rule.action == "requeue" and _ts(now) - _ts(job.idle_flagged_at) >= rule.grace:
                 acts.append((job, rule, since))
         if (job.idle_since, job.idle_flagged_at) != was:
@@ -151,6 +152,11 @@ def evaluate(svc, s: Session, seen: Attributed, now: datetime) -> bool:
     for job, *act in acts:
         if len(act) == 1:
             svc._event(s, "idle", act[0], job=job.id)
+        elif isinstance(act[0], str):
+            # the flag: told to the job's webhooks that asked for `idle`; with action
+            # notify (the policy's way to tell) to all of them
+            svc._event(s, "idle", act[0], job=job.id, notify=("idle",),
+                       always=act[1].action == "notify")
         else:
             stopped = _stop(svc, s, job, *act, now) or stopped
     return stopped
@@ -170,5 +176,6 @@ def _stop(svc, s: Session, job: Held, rule: IdleRule, since: datetime,
     if done.rowcount != 1:
         return False
     svc._event(s, "idle", f"stopping: {why}; sending {sig}, the job is requeued "
-               "under the same id once its replicas have stopped", job=job.id)
+               "under the same id once its replicas have stopped", job=job.id,
+               notify=("preemption",))
     return True

@@ -30,6 +30,7 @@ from .common import (
     utcnow,
 )
 from .errors import Conflict, Forbidden
+from .notify import check_job, job_column
 from .uow import Store
 
 # Built once: the statement's compiled form is then cached by SQLAlchemy.
@@ -138,12 +139,13 @@ def job_values(svc: Store, spec: JobSpec, who: Principal, key: str | None = None
     why = rejection(svc, resolved)
     if why:
         raise Rejected(spec.name, why)
+    check_job(svc, spec, team)             # its webhook: allowed, and signed
     return dict(id=str(uuid.uuid4()), name=spec.name, team=team, idempotency_key=key,
                 spec={**spec.model_dump(mode="json", exclude_unset=True), "team": team,
                       **({"user": spec.user} if spec.user else {})},
                 state=PENDING, priority=spec.priority, details={}, attempt=0,
                 reservation=spec.reservation, user=spec.user,
-                borrowed=False, preemptions=0, idle_requeues=0,
+                borrowed=False, preemptions=0, idle_requeues=0, notify=job_column(spec),
                 # what a retry with the same key must match (none without a key)
                 spec_digest=spec_digest(spec) if key else None,
                 submitted_at=utcnow())

@@ -1,8 +1,8 @@
 """The scheduling loop: run a pass on a short interval, and at once after submits and
-finishes (a burst of them gathers into one pass); check the jobs' leases on threads of
-their own, which no pass delays (leases.py). With PostgreSQL, the replicas of one
-deployment elect one scheduler (leadership.py): only the leader runs passes and lease
-checks."""
+finishes (a burst of them gathers into one pass); check the jobs' leases and deliver
+webhook notifications on threads of their own, which no pass delays (leases.py,
+webhooks.py). With PostgreSQL, the replicas of one deployment elect one scheduler
+(leadership.py): only the leader runs passes, lease checks and deliveries."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from . import leases
 from .core import Service
 from .health import Failures
 from .leadership import Leadership, NotLeader, application_name, lease_seconds
+from .webhooks import Deliveries
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class SchedulerLoop(Leadership):
         service.leader_fence = self.fence         # run_pass calls it (storepass.py)
         # lease checks run on threads of their own, apart from passes (leases.py)
         self.lease_checks = leases.LeaseChecks(self)
+        # webhook deliveries too, by the leader (webhooks.py)
+        self.deliveries = Deliveries(service, self.leads, self.fence, metrics)
         self._helpers: list[threading.Thread] = []
 
     @property
@@ -59,17 +62,20 @@ class SchedulerLoop(Leadership):
     def start(self) -> None:
         self.started_at = time.time()
         self._thread = threading.Thread(target=self._run, name="scheduler-loop", daemon=True)
-        self._helpers = self.lease_checks.threads(self._stop, self.check_leases,
-                                                  self._lease_check_failed)
+        self._helpers = [*self.lease_checks.threads(self._stop, self.check_leases,
+                                                    self._lease_check_failed),
+                         *self.deliveries.threads(self._stop)]
         for t in (self._thread, *self._helpers):
             t.start()
 
     def stop(self) -> None:
         self._stop.set()
         self.service.wake.set()
+        self.service.notified.set()
         for t in (self._thread, *self._helpers):
             if t:
                 t.join(timeout=10)
+        self.deliveries.close()
         self._give_up()
 
     def _run(self) -> None:
@@ -108,6 +114,14 @@ class SchedulerLoop(Leadership):
         """A lease check, then a pass (run by hand: tests, tools); returns the admitted."""
         self.check_leases()
         return self._pass()
+
+    def leads(self) -> bool:
+        """Whether this replica schedules now (on PostgreSQL: holds the lease's token)."""
+        return self.leader and (not self._elected or self.token is not None)
+
+    def deliver(self) -> None:
+        """Deliver the webhook notifications due now (run by hand: tests, tools)."""
+        self.deliveries.once()
 
     def check_leases(self) -> list[str]:
         """One lease check (leases.py), by the leader only; returns the jobs it ended."""

@@ -52,6 +52,12 @@ class Metrics:
                                     registry=self.registry,
                                     buckets=(1, 10, 60, 300, 900, 1800, 3600, 4 * 3600,
                                              12 * 3600, 86400, 3 * 86400, 7 * 86400))
+        self.webhook_deliveries = Counter(
+            "airflow_gpu_webhook_deliveries", "webhook notification attempts this process "
+            "made, by outcome (delivered; failed: retried later; given_up)", ["outcome"],
+            registry=self.registry)
+        for outcome in ("delivered", "failed", "given_up"):
+            self.webhook_deliveries.labels(outcome)
         self.registry.register(_StoreCollector(service))
 
 

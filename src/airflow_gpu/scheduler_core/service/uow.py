@@ -22,6 +22,7 @@ from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import JobRow, TeamRow
+from . import notify
 from .changes import Changes, Wake
 from .common import Principal, event, release
 from .errors import Forbidden, NotFound
@@ -49,6 +50,8 @@ class Store:
         self.engine = make_engine(settings.db_url, pool_size=settings.db_pool_size)
         upgrade(self.engine)
         self.sessions = sessions(self.engine)          # transactions that write
+        self.notified = threading.Event()    # notifications committed (webhooks.py)
+        notify.watch(self.sessions, self.notified)     # job events' outbox rows
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         self.reads = (sessions(make_engine(settings.db_url, writes=False))
                       if self.engine.dialect.name == "sqlite" else self.sessions)

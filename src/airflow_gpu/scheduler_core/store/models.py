@@ -14,6 +14,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -24,6 +25,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 NAME = 200
+URL = 2000          # a webhook's URL
 
 
 class UtcDateTime(TypeDecorator):
@@ -169,6 +171,9 @@ class JobRow(Base):
     yield_reservation: Mapped[str | None] = mapped_column(String(NAME))
     # who in the team it is for (its spec's user): fair share inside the team, accounting
     user: Mapped[str | None] = mapped_column(String(NAME), index=True)
+    # the spec's `notify` (url, events), kept apart so an event's notifications are
+    # found without reading specs; None: the job asked for none
+    notify: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 class AllocationRow(Base):
@@ -321,6 +326,19 @@ class ReservationRow(Base):
     drained: Mapped[list[Any] | None] = mapped_column()
 
 
+class WebhookRow(Base):
+    """A team's webhook, set by an admin: every job of the team is notified there of
+    `events`; and the secret the team's notifications (its jobs' own too) are signed
+    with, kept to sign and never shown again (service/notify.py)."""
+
+    __tablename__ = "team_webhooks"
+    team: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    url: Mapped[str | None] = mapped_column(String(URL))
+    events: Mapped[list[Any] | None] = mapped_column()       # None: end, failure
+    secret: Mapped[str | None] = mapped_column(String(100))
+    secret_at: Mapped[datetime | None] = mapped_column(UtcDateTime)   # made or rotated
+
+
 class LeaderLeaseRow(Base):
     """Who schedules a deployment (PostgreSQL): the leader renews `expires_at` (the
     database's clock) each round, and every pass's transaction first locks this row with
@@ -334,3 +352,28 @@ class LeaderLeaseRow(Base):
     token: Mapped[int] = mapped_column(BigInteger)            # the fencing token
     acquired_at: Mapped[datetime] = mapped_column(UtcDateTime)
     expires_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class NotificationRow(Base):
+    """One webhook delivery of one event (the outbox): written in the transaction that
+    writes the event, POSTed by the leader's delivery thread in order per URL, marked
+    delivered or given up (service/webhooks.py). `body` is the JSON sent, as signed."""
+
+    __tablename__ = "notifications"
+    # what the delivery thread polls: each URL's oldest pending delivery
+    __table_args__ = (Index("ix_notifications_due", "state", "url", "id"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(String(36), unique=True)
+    event_id: Mapped[int | None] = mapped_column(Integer)
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True)
+    team: Mapped[str] = mapped_column(String(NAME))          # whose secret signs it
+    url: Mapped[str] = mapped_column(String(URL))
+    kind: Mapped[str] = mapped_column(String(20))            # start, end, failure, ...
+    source: Mapped[str] = mapped_column(String(10))          # who asked: job | team | policy
+    body: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(12))           # pending | delivered | given_up
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    delivered_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    last_error: Mapped[str | None] = mapped_column(Text)

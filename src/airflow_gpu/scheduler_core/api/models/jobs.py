@@ -12,6 +12,7 @@ from ...jobspec import JobSpec
 from ...service.common import _ts, eta_seconds
 from ...store.models import AllocationRow, EventRow, JobRow
 from .base import RequestBody
+from .notifications import NotificationOut
 
 if TYPE_CHECKING:
     from ...engine.cluster import Host
@@ -212,6 +213,8 @@ class ExplainOut(BaseModel):
     blockers: list[dict[str, Any]] = Field([], description="the jobs its pending reason "
                                            "names (holding its GPUs, reserved, preempted "
                                            "for it): id, name, team, state")
+    notifications: list[NotificationOut] = Field([], description="its webhook "
+                                                 "notifications and their delivery state")
 
     @classmethod
     def of(cls, j: JobRow, events: list[EventRow], now: float) -> ExplainOut:

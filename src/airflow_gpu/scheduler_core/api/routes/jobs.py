@@ -7,12 +7,14 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response
 
+from ...service import notify
 from ...service.common import LIVE
 from .. import submits
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
 from ..models.base import NAME, States
 from ..models.jobs import ExplainOut, FinishRequest, JobOut, SubmitRequest
+from ..models.notifications import NotificationOut
 
 router = APIRouter(route_class=DecodedOffLoop)
 
@@ -67,6 +69,7 @@ def explain(job_id: JobRef, _: Who, service: Svc):
     out = ExplainOut.of(j, service.events(job_id), time.time())
     out.blockers, names = blockers(service, j)     # the jobs it waits for, by name
     out.reason = name_jobs(out.reason, names)
+    out.notifications = [NotificationOut.of(n) for n in notify.of_job(service, job_id)]
     return out
 
 

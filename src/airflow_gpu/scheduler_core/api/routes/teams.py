@@ -22,4 +22,8 @@ def teams(_: Who, service: Svc):
 @router.put("/api/v1/teams/{name}", response_model=TeamOut)
 def set_team(name: Annotated[str, Path(pattern=NAME, max_length=200)],
              body: TeamRequest, p: Who, service: Svc):
-    return service.set_team(name, p, body.share, body.quota_gpus, body.borrow_gpus)
+    """Admins set a team's share, quota and borrowing (sent together: what is left out is
+    cleared), and its webhook (only the webhook fields sent change)."""
+    shares, webhook = body.changes()
+    return service.set_team(name, p, body.share, body.quota_gpus, body.borrow_gpus,
+                            webhook, shares)
