@@ -19,6 +19,8 @@ from pydantic import (
 )
 
 from .errors import InputError, load_yaml, validate
+from .jobarray import ArraySpec
+from .jobdeps import DependsOn, cycle, file_target
 from .units import Duration, Size, format_duration
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -212,6 +214,14 @@ class JobSpec(_Spec):
                               "replicas in all")
     placement: Placement = Field(default_factory=Placement,   # as Role.gpu
                                  json_schema_extra={"default": Placement().model_dump()})
+    # the service's, not the engine's: one job per index, and when a job may start
+    array: ArraySpec | None = Field(None, description=
+                                    "one job per index, as Slurm's --array: '0-99%8' or "
+                                    "{range: '0-99', max_running: 8}")
+    depends_on: DependsOn | None = Field(None, description=
+                                         "start only once these hold, as Slurm's "
+                                         "--dependency: 'afterok:prep,afterany:7c1e' or "
+                                         "[{afterok: [prep]}, {afterany: [7c1e]}]")
 
     @field_validator("roles", mode="before")
     @classmethod
@@ -263,6 +273,15 @@ class JobsFile(_Spec):
                 raise ValueError(f"jobs[{i}].name: job {job.name!r} appears twice; "
                                  "job names must be unique in a file")
             seen.add(job.name)
+        arrays = {j.name: j.array.indexes if j.array else None for j in self.jobs}
+        edges = {j.name: [t[0] for d in j.depends_on or () for r in d.jobs
+                          if (t := file_target(r, arrays))] for j in self.jobs}
+        found = cycle(edges)
+        if found:
+            at = next(i for i, j in enumerate(self.jobs) if j.name == found[0])
+            raise ValueError(f"jobs[{at}].depends_on: the jobs {', '.join(found[:-1])} wait "
+                             f"for each other ({' -> '.join(found)}), so none could ever "
+                             "start; remove one of these dependencies")
         return self
 
 

@@ -260,10 +260,20 @@ def _alembic_config(engine: Engine):
 MIGRATION_LOCK = 0x6169726770756D67   # "airgpumg"
 
 
+_REVISION = re.compile(r"^(down_revision|revision) = ['\"]([^'\"]*)['\"]", re.M)
+
+
 def head_revision() -> str:
-    """The newest migration's revision: each file in versions/ is named after its own
-    (`0014_grant_time_indexes.py` is revision 0014; a test holds them to it)."""
-    return max(p.name.split("_", 1)[0] for p in (MIGRATIONS / "versions").glob("[0-9]*_*.py"))
+    """The newest migration's revision, read from the files without Alembic: the one no
+    other names as its down_revision. Each file is named after its revision's number
+    (`0014_grant_time_indexes.py` is revision 0014, `0016_...` may be 0016a: branches
+    add their own and are chained when merged; a test holds them to it)."""
+    revisions, downs = [], set()
+    for p in (MIGRATIONS / "versions").glob("[0-9]*_*.py"):
+        found = dict(_REVISION.findall(p.read_text()))
+        revisions.append(found["revision"])
+        downs.add(found.get("down_revision"))
+    return max(r for r in revisions if r not in downs)
 
 
 def at_revision(engine: Engine, revision: str) -> bool:
