@@ -18,11 +18,12 @@ from ..store.budget import fit_threads
 from .authfirst import AuthFirst
 from .bodies import MAX_BODY, BodyLimit, DecodedOffLoop
 from .errors import add_handlers
-from .routes import accounting, batch, cluster, hosts, jobs, queue, teams, tokens, wait
+from .routes import accounting, batch, bulk, cluster, hosts, jobs, queue, teams, tokens, wait
 from .routes import probes as probe_routes
 
 # in the order the router tries them
-ROUTERS = (probe_routes, wait, jobs, batch, accounting, cluster, hosts, teams, queue, tokens)
+ROUTERS = (probe_routes, wait, bulk, jobs, batch, accounting, cluster, hosts, teams, queue,
+           tokens)
 
 
 def app_from_env() -> FastAPI:

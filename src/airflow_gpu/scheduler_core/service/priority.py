@@ -17,6 +17,8 @@ from ..engine.state import ClusterState
 from ..policy.jobqueue import QueuedJob
 from ..policy.scheduler import Scheduler
 from ..store.models import JobRow
+from .arrays import compact_pending
+from .common import WAIT_CODES
 from .core import ENDED, LIVE, PENDING, Service, _ts, utcnow
 from .idle import queue_entry
 from .jobcontrol import HELD, blocker_ids, name_jobs, names_of
@@ -49,8 +51,8 @@ def snapshot(svc: Service) -> Snapshot:
                                  .order_by(JobRow.submitted_at, JobRow.id)))
     snap = Snapshot(t_now, sched, pending, live)
     for row in pending:
-        if row.reason_code in HELD:
-            snap.skipped[row.id] = row.reason_code
+        if row.reason_code in HELD or row.blocked:   # as the pass, which never sees them
+            snap.skipped[row.id] = row.reason_code or WAIT_CODES[row.blocked]
             continue
         try:
             queued, behind = queue_entry(row)      # as the pass queues it (idle.py)
@@ -151,14 +153,16 @@ def _iso(epoch: float | None) -> datetime | None:
 def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
           team: str | None = None, limit: int = 1000) -> list[tuple[JobRow, dict]]:
     """(job, what squeue shows beyond the job) in squeue's order: live jobs by start,
-    then pending jobs in the scheduler's order, the held ones, those it does not queue,
-    and with `all_jobs` (or an ended `state`) the ended jobs, newest first."""
+    then pending jobs in the scheduler's order, the held ones, those it does not queue
+    (an array's elements waiting for their turn or a dependency: one entry, as squeue
+    shows them), and with `all_jobs` (or an ended `state`) the ended jobs, newest
+    first."""
     snap = snapshot(svc)
     rows = {r.id: r for r in snap.pending}
     order = snap.order()
     out: list[tuple[JobRow, dict]] = []
     for r in sorted(snap.live, key=lambda r: (_ts(r.admitted_at) if r.admitted_at else 0,
-                                              r.id)):
+                                              _ts(r.submitted_at), r.id)):  # then by index
         out.append((r, {"rank": None}))
     for rank, (job, _protected, terms) in enumerate(order, 1):
         out.append((rows[job.name], {"rank": rank, "band": job.base,
@@ -174,8 +178,8 @@ def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
             if team:
                 q = q.where(JobRow.team == team)
             out += [(r, {"rank": None}) for r in s.scalars(q)]
-    out = [(r, x) for r, x in out if (not state or r.state == state)
-           and (not team or r.team == team)][:limit]
+    out = compact_pending(svc, [(r, x) for r, x in out if (not state or r.state == state)
+                                and (not team or r.team == team)])[:limit]
     names = {i: f"{j.name} ({i[:8]})" for i, j in names_of(svc, [
         b for r, _ in out if r.state == PENDING for b in blocker_ids(r.details or {})]).items()}
     for r, extra in out:

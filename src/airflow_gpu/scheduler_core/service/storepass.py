@@ -27,12 +27,11 @@ from ..store.models import (
     MigHoldRow,
 )
 from ..units import format_duration
-from . import passerrors, quarantine
+from . import arrays, dependencies, passerrors, quarantine
 from .agents import silent_hosts
-from .common import LIVE, PENDING, _ts, _update, spec_gpus, utcnow
+from .common import LIVE, PENDING, _ts, _update, not_held, schedulable, spec_gpus, utcnow
 from .faults import handle_gpu_faults
 from .idle import queue_entry
-from .jobcontrol import not_held
 from .preemption import broken_guarantee, mark_preempting
 from .uow import Store
 from .wear import worn_gpus
@@ -52,6 +51,8 @@ def run_pass(svc: Store) -> list[str]:
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
+        dependencies.advance(svc, s)        # jobs whose dependencies hold are let in,
+        arrays.give_turns(svc, s)           # then array elements as their turns come
         state = ClusterState(cluster)
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
             if h.name in cluster.by_name:
@@ -80,7 +81,7 @@ def run_pass(svc: Store) -> list[str]:
                           timemodel=svc.slowdown.update(s, policy, cluster))
         specs: dict[str, tuple] = {}    # the live and pending jobs' parsed specs
         _restore(svc, cluster, s, sched, t_now, specs)
-        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING, not_held())
+        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING, schedulable())
                                  .order_by(JobRow.submitted_at, JobRow.id)))
         for row in pending:
             try:

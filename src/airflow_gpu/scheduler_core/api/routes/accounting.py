@@ -37,7 +37,7 @@ def accounting(_: Who, service: Svc, by: Literal["job", "team", "day"] = "job",
     per day and team (Slurm's sacct, Grid Engine's qacct); `job` is an id, a unique
     id prefix or a job name, as everywhere."""
     if job:
-        from ...service.jobcontrol import resolve_job
+        from ...service.references import resolve_job
 
         job = resolve_job(service, job)
     try:
