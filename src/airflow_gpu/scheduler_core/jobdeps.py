@@ -99,7 +99,8 @@ def element_ref(ref: str) -> tuple[str, int] | None:
 def file_target(ref: str, arrays: dict[str, list[int] | None]) -> tuple[str, int | None] | None:
     """Which job of the same file `ref` names: (its name, the element's index or None), or
     None for a job outside the file. `arrays`: each job of the file -> its array's indexes
-    (None: no array). A name of the file comes before any other job of that name."""
+    (None: no array). A name of the file comes before any other job of that name (a
+    job's own name names an earlier job of that name: its callers skip it)."""
     if ref in arrays:
         return ref, None
     element = element_ref(ref)

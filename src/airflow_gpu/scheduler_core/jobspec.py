@@ -274,8 +274,10 @@ class JobsFile(_Spec):
                                  "job names must be unique in a file")
             seen.add(job.name)
         arrays = {j.name: j.array.indexes if j.array else None for j in self.jobs}
+        # a job's own name names an earlier job of that name, not itself
         edges = {j.name: [t[0] for d in j.depends_on or () for r in d.jobs
-                          if (t := file_target(r, arrays))] for j in self.jobs}
+                          if (t := file_target(r, arrays)) and t[0] != j.name]
+                 for j in self.jobs}
         found = cycle(edges)
         if found:
             at = next(i for i, j in enumerate(self.jobs) if j.name == found[0])

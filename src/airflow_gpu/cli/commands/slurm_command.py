@@ -15,6 +15,7 @@ from rich.table import Table
 from ...scheduler_core.errors import InputError
 from ...scheduler_core.units import format_duration, format_size
 from ..common import show
+from .status_view import label
 
 LIVE = ("admitted", "running", "preempting")
 
@@ -53,7 +54,11 @@ def queue_table(jobs: list[dict]) -> Table:
         where = (f"{code}: {j.get('reason') or (j.get('pending') or {}).get('reason') or ''}"
                  if pending and code else "-" if pending else hosts or "-")
         notes = _notes(j)
-        t.add_row(str(j["rank"]) if j.get("rank") else "-", _short(j["id"]), j["name"],
+        if j.get("array_tasks"):     # an array's waiting elements, one line as squeue
+            ident, name = _short(j["array_id"]), f"{j['name']}_[{j['array_tasks']}]"
+        else:
+            ident, name = _short(j["id"]), label(j)
+        t.add_row(str(j["rank"]) if j.get("rank") else "-", ident, name,
                   j["team"], j["state"], f"{j['band']:g}" if j.get("band") is not None
                   else str(j["priority"]), _dur(j.get("elapsed_s")),
                   _dur(j.get("time_limit_s")) if j.get("time_limit_s") else "none",
@@ -117,14 +122,14 @@ def share_table(teams: list[dict]) -> Table:
 def job_line(j: dict) -> str:
     p = j.get("pending") or {}
     why = f" - {p['code']}: {p['reason']}" if p.get("code") else ""
-    return f"job {j['id']} ({j['name']}, team {j['team']}): {j['state']}{why}"
+    return f"job {j['id']} ({label(j)}, team {j['team']}): {j['state']}{why}"
 
 
-def host_line(h: dict) -> str:
-    if h.get("drained"):
-        return f"{h['name']}: drained" + (f" (reason: {h['drain_reason']})"
-                                          if h.get("drain_reason") else "")
-    return f"{h['name']}: in service"
+def host_lines(hosts: list[dict]) -> str:
+    """A line per host drained or resumed."""
+    return "\n".join(f"{h['name']}: drained" + (f" (reason: {h['drain_reason']})"
+                                                if h.get("drain_reason") else "")
+                     if h.get("drained") else f"{h['name']}: in service" for h in hosts)
 
 
 # -- cluster (sinfo, qhost) ------------------------------------------------------------------
@@ -290,10 +295,12 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
         job, (("--priority",), {"type": int, "help": "new priority (pending jobs)"}),
         (("--time-limit",), {"help": "new time limit, e.g. 2h (within the job class's and "
                              "the policy's maximum; raising a running job's: admins)"}))
-    add("drain", show(lambda c, a: c.drain_host(a.host, a.reason), host_line),
-        "keep new work off a host, saying why (admin; scontrol update State=DRAIN)",
-        (("host",), {}), (("--reason",), {"help": "why: shown in `cluster` and in pending "
-                                          "reasons that name the host"}))
+    add("drain", show(lambda c, a: c.drain_hosts(a.host, True, a.reason), host_lines),
+        "keep new work off hosts, saying why (admin; scontrol update State=DRAIN): names "
+        "or ranges, dgx-a-[01-04],dgx-h-05, all or none",
+        (("host",), {"metavar": "HOSTS"}),
+        (("--reason",), {"help": "why: shown in `cluster` and in pending reasons that name "
+                         "the host"}))
     add("cluster", show(lambda c, a: c.cluster(), cluster_table),
         "hosts: GPUs, cores and memory allocated per host and NUMA node, drain state and "
         "reason (sinfo, qhost)")

@@ -74,7 +74,7 @@ def prepare(svc: Store, specs: list[JobSpec], who: Principal) -> list[list[Wait]
             for k, ref in enumerate(dep.jobs):
                 where = f"{_which(specs, i)}depends_on[{j}].{dep.kind}[{k}]"
                 here = file_target(ref, arrays_of)
-                if here is not None:
+                if here is not None and here[0] != spec.name:   # its own: an earlier job's
                     name, element = here
                     if element is not None and element not in arrays_of[name]:
                         raise InputError(f"{where}: {ref!r} names element {element} of the "
