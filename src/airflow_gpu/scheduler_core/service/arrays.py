@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from ..jobarray import format_indexes
@@ -39,8 +39,8 @@ def wait_reason(array: ArrayRow) -> str:
     it waits, so it is written once)."""
     limit = array.max_running
     return (f"array {array.name} ({array.id[:8]}) runs at most {limit} of its {array.size} "
-            f"elements at once (max_running {limit}): {limit} are admitted, running or "
-            "waiting for the scheduler; this one gets its turn when one of them ends")
+            f"elements at once (max_running {limit}): this one waits until one of the "
+            f"{limit} admitted, running or queued ends")
 
 
 def expand(head: JobRow, spec: JobSpec, blocked: str | None) -> tuple[ArrayRow, list[JobRow]]:
@@ -81,7 +81,7 @@ def give_turns(svc, s: Session) -> int:
     many were let in."""
     let_in = 0
     now = utcnow()
-    for array in s.scalars(select(ArrayRow).where(ArrayRow.throttled.is_(True))):
+    for array in s.scalars(select(ArrayRow).where(ArrayRow.throttled == true())):
         free = (array.max_running or array.size) - s.scalar(
             select(func.count()).select_from(JobRow).where(_holding_turns(array.id)))
         if free <= 0:
