@@ -50,7 +50,7 @@ def _normalize(v):
     """The string, a list of `{KIND: [JOB, ...]}` (or `{KIND: JOB}`) or of strings, or the
     stored form `{kind: KIND, jobs: [...]}`, as a list of the stored form."""
     if isinstance(v, str):
-        return parse_dependency(v)
+        v = [v]
     if not isinstance(v, list):
         return v                       # the list's own check says what it got
     out = []

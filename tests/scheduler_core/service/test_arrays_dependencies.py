@@ -203,3 +203,26 @@ def test_an_array_submit_is_idempotent_with_its_key(api):
     assert len(states(api, "sweep")) == 10
     body["spec"]["array"] = "0-19"
     assert api.post("/api/v1/jobs", json=body, headers=auth(api)).status_code == 409
+
+
+def test_a_pass_reads_no_job_that_waits_for_its_turn_or_a_dependency(api):
+    from tests.scheduler_core.service.test_report_statements import Statements
+
+    big = submit(api, spec("big", roles=[{"name": "w", "replicas": 2, "gpus": 8}]))
+    assert api.tick() == [big["id"]]
+    r = api.post("/api/v1/jobs/batch", headers=auth(api), json={
+        "jobs": [{"spec": spec(f"plain-{i}")} for i in range(300)]})
+    assert r.status_code == 201, r.text
+    with Statements(api.service.engine) as plain:
+        api.tick()
+    # the dependencies and arrays a pass looks at: one read each, none of them open
+    gates = [q for q in plain.seen if "job_dependencies" in q or "job_arrays" in q]
+    assert len(gates) == 2, gates
+    submit(api, spec("sweep", array="0-999%2"))
+    submit(api, spec("after", array="0-999", depends_on="afterok:big"))
+    with Statements(api.service.engine) as more:
+        api.tick()
+    # the pass parsed the 300, the live job and the two elements with a turn: not the
+    # 1998 elements that wait
+    assert len(api.service._specs) == 300 + 1 + 2
+    assert len(more.seen) - len(plain.seen) < 10, more.seen
