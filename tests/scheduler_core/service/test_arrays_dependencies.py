@@ -226,3 +226,14 @@ def test_a_pass_reads_no_job_that_waits_for_its_turn_or_a_dependency(api):
     # 1998 elements that wait
     assert len(api.service._specs) == 300 + 1 + 2
     assert len(more.seen) - len(plain.seen) < 10, more.seen
+
+
+def test_a_bad_dependency_row_does_not_stop_scheduling(api):
+    first = submit(api, spec("first"))
+    waiting = submit(api, spec("waiting", depends_on="afterok:first"))
+    with api.service.sessions.begin() as s:       # a row no version of the service writes
+        s.execute(DependencyRow.__table__.update().values(kind="bogus"))
+    other = submit(api, spec("other"))
+    assert set(api.tick()) == {first["id"], other["id"]}
+    assert api.service.pass_errors == ["job"]
+    assert get(api, f"/api/v1/jobs/{waiting['id']}")["pending"]["code"] == "Dependency"

@@ -6,10 +6,12 @@ a leader that was taken over writes nothing."""
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster
@@ -36,6 +38,8 @@ from .preemption import broken_guarantee, mark_preempting
 from .uow import Store
 from .wear import worn_gpus
 
+log = logging.getLogger(__name__)
+
 
 def run_pass(svc: Store) -> list[str]:
     """One pass of the engine on the committed state; admits by writing allocations and
@@ -51,8 +55,7 @@ def run_pass(svc: Store) -> list[str]:
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
-        dependencies.advance(svc, s)        # jobs whose dependencies hold are let in,
-        arrays.give_turns(svc, s)           # then array elements as their turns come
+        _let_in(svc, s)                     # jobs whose dependencies hold, array turns
         state = ClusterState(cluster)
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
             if h.name in cluster.by_name:
@@ -143,6 +146,23 @@ def run_pass(svc: Store) -> list[str]:
                 eta_at=eta_at, promised_at=promised))
     svc._silent = silent
     return admitted
+
+
+def _let_in(svc: Store, s: Session) -> None:
+    """The waiting jobs whose dependencies now hold, then array elements as their turns
+    come (dependencies.py, arrays.py). A fault of theirs must not stop scheduling: what
+    they wrote is undone (a savepoint), those jobs wait on, and it is logged and counted;
+    a database error stops the pass as any other does."""
+    try:
+        with s.begin_nested():
+            dependencies.advance(svc, s)
+            arrays.give_turns(svc, s)
+    except DBAPIError:
+        raise
+    except Exception as exc:      # noqa: BLE001 - logged, counted, the pass goes on
+        svc.pass_errors.append("job")
+        log.error("letting in jobs whose dependencies hold or whose array turn came failed; "
+                  "they wait on: %s", exc, exc_info=exc)
 
 
 def _spec(svc: Store, row: JobRow, specs: dict[str, tuple]) -> JobSpec:
