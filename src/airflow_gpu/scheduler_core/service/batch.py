@@ -215,4 +215,3 @@ def _store_groups(s, made: dict[int, _Made], out: list[JobRow],
     if deps:
         s.execute(insert(DependencyRow), [{k: v for k, v in d.items() if k != "id"}
                                           for d in deps])
-

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
 
 from ..errors import InputError
@@ -233,14 +233,16 @@ def _owned(owner: str, is_array: bool):
     return JobRow.array_id == owner if is_array else JobRow.id == owner
 
 
-def advance(svc: Store, s: Session) -> None:
+def advance(svc: Store, s: Session) -> dict[str, str | None]:
     """In the pass's transaction, before it reads the pending jobs: let in the jobs whose
     conditions all hold, cancel those that can never start, and refresh the reasons of
-    the others that changed."""
+    the others that changed. Returns the reasons written (None: the owner waits no
+    more), for `svc.dep_reasons` once the pass has committed."""
+    said: dict[str, str | None] = {}
     for _ in range(ROUNDS):
-        deps = list(s.scalars(select(DependencyRow).where(DependencyRow.open.is_(True))))
+        deps = list(s.scalars(select(DependencyRow).where(DependencyRow.open == true())))
         if not deps:
-            return
+            return said
         by_owner: dict[str, list[DependencyRow]] = {}
         for d in deps:
             by_owner.setdefault(d.owner, []).append(d)
@@ -274,13 +276,12 @@ def advance(svc: Store, s: Session) -> None:
                     *mine, JobRow.blocked == WAIT_DEPENDENCY, not_held(),
                     JobRow.reason.is_distinct_from(why)).values(
                     reason_code=CODE, reason=why, details=details, eta_at=None))
-            if verdict == "wait":
-                svc.dep_reasons[owner] = why
-            else:
-                svc.dep_reasons.pop(owner, None)
+            said[owner] = why if verdict == "wait" else None
+            if verdict != "wait":
                 _close(s, [owner])
         if not cancelled:         # a cancel may make a job's dependents never start
-            return
+            return said
+    return said
 
 
 def _array_reason(s: Session, array_id: str) -> dict:
@@ -291,7 +292,7 @@ def _array_reason(s: Session, array_id: str) -> dict:
 def _close(s: Session, owners: list[str]) -> None:
     for i in range(0, len(owners), CHUNK):
         s.execute(_update(DependencyRow).where(DependencyRow.owner.in_(owners[i:i + CHUNK]),
-                                               DependencyRow.open.is_(True))
+                                               DependencyRow.open == true())
                   .values(open=False))
 
 
@@ -300,7 +301,7 @@ def reason_for(s: Session, row: JobRow) -> dict:
     released: its hold's reason gives way to this)."""
     owner = row.array_id or row.id
     deps = list(s.scalars(select(DependencyRow).where(DependencyRow.owner == owner,
-                                                      DependencyRow.open.is_(True))))
+                                                      DependencyRow.open == true())))
     verdict, why, details = _verdict(deps, _targets(s, deps))
     if verdict != "wait":      # the next pass lets it in, or cancels it
         why = "its dependencies are being settled by the next scheduling pass"

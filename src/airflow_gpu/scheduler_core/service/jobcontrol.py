@@ -1,7 +1,6 @@
 """Slurm's and Grid Engine's job control on the store (job references: references.py):
-hold and release (scontrol hold/release, qhold,
-qrls), update (scontrol update, qalter: priority, time limit) and requeue (scontrol
-requeue).
+hold and release (scontrol hold/release, qhold, qrls), update (scontrol update, qalter:
+priority, time limit) and requeue (scontrol requeue).
 
 A hold lives in the pending job's reason columns (`reason_code` JobHeldUser or
 JobHeldAdmin, `details.hold`): the pass never submits a held job to the scheduler and its

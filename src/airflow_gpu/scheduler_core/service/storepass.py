@@ -55,7 +55,7 @@ def run_pass(svc: Store) -> list[str]:
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
-        _let_in(svc, s)                     # jobs whose dependencies hold, array turns
+        said = _let_in(svc, s)              # jobs whose dependencies hold, array turns
         state = ClusterState(cluster)
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
             if h.name in cluster.by_name:
@@ -145,24 +145,31 @@ def run_pass(svc: Store) -> list[str]:
                 reason_code=why.code, reason=why.message, details=why.details,
                 eta_at=eta_at, promised_at=promised))
     svc._silent = silent
+    for owner, why in said.items():        # the reasons now committed: not written again
+        if why is None:
+            svc.dep_reasons.pop(owner, None)
+        else:
+            svc.dep_reasons[owner] = why
     return admitted
 
 
-def _let_in(svc: Store, s: Session) -> None:
+def _let_in(svc: Store, s: Session) -> dict[str, str | None]:
     """The waiting jobs whose dependencies now hold, then array elements as their turns
     come (dependencies.py, arrays.py). A fault of theirs must not stop scheduling: what
     they wrote is undone (a savepoint), those jobs wait on, and it is logged and counted;
     a database error stops the pass as any other does."""
     try:
         with s.begin_nested():
-            dependencies.advance(svc, s)
+            said = dependencies.advance(svc, s)
             arrays.give_turns(svc, s)
+        return said
     except DBAPIError:
         raise
     except Exception as exc:      # noqa: BLE001 - logged, counted, the pass goes on
         svc.pass_errors.append("job")
         log.error("letting in jobs whose dependencies hold or whose array turn came failed; "
                   "they wait on: %s", exc, exc_info=exc)
+        return {}
 
 
 def _spec(svc: Store, row: JobRow, specs: dict[str, tuple]) -> JobSpec:
