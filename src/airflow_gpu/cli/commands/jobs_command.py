@@ -1,6 +1,5 @@
-"""The job commands on the API: `submit`, `status`, `explain`, `slowdown`, and `resume`
-(drained hosts), `teams` and `team-set` that share their registration (`cancel`:
-cancel_command.py)."""
+"""The job commands on the API: `submit`, `status`, `explain`, `slowdown`, and `teams` and
+`team-set` that share their registration (`cancel`: cancel_command.py)."""
 
 from __future__ import annotations
 
@@ -108,11 +107,6 @@ def _text(detail: Any) -> str:
     return _detail_text(detail)
 
 
-def _host_lines(hosts: list[dict]) -> str:
-    return "\n".join(f"{h['name']}: {'drained' if h['drained'] else 'in service'}"
-                     for h in hosts)
-
-
 # -- tables ------------------------------------------------------------------------------
 def _teams_table(teams: list[dict]) -> Table:
     t = Table(title="Teams", title_justify="left")
@@ -203,9 +197,6 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
              "one job: state and placement", ("id",)),
             ("explain", show(lambda c, a: c.explain(a.id), _explain_table),
              "why a job waits, its ETA and its events", ("id",)),
-            ("resume", show(lambda c, a: c.drain_hosts(a.host, False), _host_lines),
-             "put drained hosts back in service: names or ranges, dgx-a-[01-04] (admin)",
-             ("host",)),
             ("slowdown", show(lambda c, a: c.slowdown(), _slowdown_table),
              "the locality slowdown per job class, as learned from ended jobs", ()),
             ("teams", show(lambda c, a: c.teams(), _teams_table),

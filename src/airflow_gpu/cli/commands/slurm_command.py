@@ -1,9 +1,10 @@
 """Client commands for users coming from Slurm and Grid Engine (docs/service.md, "Coming
 from Slurm / Grid Engine"): `queue` (squeue, qstat), `prio` (sprio), `share` (sshare),
 `hold` / `release` (scontrol hold/release, qhold/qrls), `update` (scontrol update,
-qalter), `requeue` (scontrol requeue), `drain HOST --reason` (scontrol update
-State=DRAIN Reason=) and `cluster` (sinfo, qhost). Job arguments take an id, a unique id
-prefix (4 characters or more) or a job name: the service resolves them."""
+qalter), `requeue` (scontrol requeue), `drain HOSTS --reason` and `resume HOSTS`
+(scontrol update State=DRAIN Reason=, State=RESUME; host ranges) and `cluster` (sinfo,
+qhost). Job arguments take an id, a unique id prefix (4 characters or more), a job name or
+an array's element (NAME_3): the service resolves them."""
 
 from __future__ import annotations
 
@@ -301,6 +302,9 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
         (("host",), {"metavar": "HOSTS"}),
         (("--reason",), {"help": "why: shown in `cluster` and in pending reasons that name "
                          "the host"}))
+    add("resume", show(lambda c, a: c.drain_hosts(a.host, False), host_lines),
+        "put drained hosts back in service (admin; scontrol update State=RESUME): names "
+        "or ranges, dgx-a-[01-04],dgx-h-05, all or none", (("host",), {"metavar": "HOSTS"}))
     add("cluster", show(lambda c, a: c.cluster(), cluster_table),
         "hosts: GPUs, cores and memory allocated per host and NUMA node, drain state and "
         "reason (sinfo, qhost)")
