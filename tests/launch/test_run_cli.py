@@ -135,6 +135,10 @@ def test_a_job_file_names_the_job(server):
     assert got.stdout == f"eval {done['replicas'][0]['gpus'][0]}\n"
     mixed = run(server, str(spec), "--gpus", "2", "--", "true")
     assert mixed.returncode == 2 and "not both" in mixed.stderr
+    spec.write_text(yaml.safe_dump({"name": "many", "array": "0-3", "roles": [
+        {"name": "eval", "gpus": 1, "memory": "64MiB"}]}))
+    many = run(server, str(spec), "--", "true")
+    assert many.returncode == 2 and "array: run starts one job here" in many.stderr
 
 
 def test_a_dependency_waits_pending_then_runs_or_never_does(server):

@@ -46,6 +46,10 @@ def job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
     """One job: from the file, else a one-role job from the flags; with --dependency (a
     file's job too) what it waits for."""
     spec = _request(args, command)
+    if spec.get("array") is not None:     # one job per index: each needs its own launcher
+        raise InputError("array: run starts one job here, and an array is a job per index; "
+                         "submit it with `airflow-gpu submit` (each element's launcher reads "
+                         "AIRFLOW_GPU_ARRAY_INDEX), or remove array", args.jobfile)
     if args.dependency is None:
         return spec
     try:
