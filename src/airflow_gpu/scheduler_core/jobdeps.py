@@ -109,6 +109,21 @@ def file_target(ref: str, arrays: dict[str, list[int] | None]) -> tuple[str, int
     return None
 
 
+def file_cycle(jobs) -> tuple[int, str] | None:
+    """A cycle among the jobs of one file (JobSpecs): (the index of its first job, what
+    to say), or None. A job's own name names an earlier job of that name, not itself."""
+    arrays = {j.name: j.array.indexes if j.array else None for j in jobs}
+    edges = {j.name: [t[0] for d in j.depends_on or () for r in d.jobs
+                      if (t := file_target(r, arrays)) and t[0] != j.name] for j in jobs}
+    found = cycle(edges)
+    if found is None:
+        return None
+    at = next(i for i, j in enumerate(jobs) if j.name == found[0])
+    return at, (f"the jobs {', '.join(found[:-1])} wait for each other "
+                f"({' -> '.join(found)}), so none could ever start; remove one of these "
+                "dependencies")
+
+
 def cycle(edges: dict[str, list[str]]) -> list[str] | None:
     """A cycle among the jobs of a file (name -> the names it waits for), as the path
     a -> b -> a, or None. Iterative: a file may chain a thousand jobs."""

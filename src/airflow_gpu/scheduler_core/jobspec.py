@@ -20,7 +20,7 @@ from pydantic import (
 
 from .errors import InputError, load_yaml, validate
 from .jobarray import ArraySpec
-from .jobdeps import DependsOn, cycle, file_target
+from .jobdeps import DependsOn, file_cycle
 from .units import Duration, Size, format_duration
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -273,17 +273,9 @@ class JobsFile(_Spec):
                 raise ValueError(f"jobs[{i}].name: job {job.name!r} appears twice; "
                                  "job names must be unique in a file")
             seen.add(job.name)
-        arrays = {j.name: j.array.indexes if j.array else None for j in self.jobs}
-        # a job's own name names an earlier job of that name, not itself
-        edges = {j.name: [t[0] for d in j.depends_on or () for r in d.jobs
-                          if (t := file_target(r, arrays)) and t[0] != j.name]
-                 for j in self.jobs}
-        found = cycle(edges)
+        found = file_cycle(self.jobs)
         if found:
-            at = next(i for i, j in enumerate(self.jobs) if j.name == found[0])
-            raise ValueError(f"jobs[{at}].depends_on: the jobs {', '.join(found[:-1])} wait "
-                             f"for each other ({' -> '.join(found)}), so none could ever "
-                             "start; remove one of these dependencies")
+            raise ValueError(f"jobs[{found[0]}].depends_on: {found[1]}")
         return self
 
 

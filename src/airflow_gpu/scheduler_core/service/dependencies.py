@@ -14,13 +14,14 @@ cost nothing; a pending reason is rewritten only when it changed."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from sqlalchemy import func, select, true
 from sqlalchemy.orm import Session
 
 from ..errors import InputError
-from ..jobdeps import cycle, file_target
+from ..jobdeps import file_cycle, file_target
 from ..jobspec import JobSpec
 from ..store.models import ArrayRow, DependencyRow, EventRow, JobRow
 from . import arrays
@@ -66,6 +67,7 @@ def prepare(svc: Store, specs: list[JobSpec], who: Principal) -> list[list[Wait]
     wait for each other in a cycle."""
     arrays_of = {s.name: s.array.indexes if s.array else None for s in specs}
     place = {s.name: i for i, s in enumerate(specs)}
+    twice = Counter(s.name for s in specs)
     team = None if who.admin else who.team
     out: list[list[Wait]] = []
     for i, spec in enumerate(specs):
@@ -76,6 +78,9 @@ def prepare(svc: Store, specs: list[JobSpec], who: Principal) -> list[list[Wait]
                 here = file_target(ref, arrays_of)
                 if here is not None and here[0] != spec.name:   # its own: an earlier job's
                     name, element = here
+                    if twice.get(name, 0) > 1:
+                        raise InputError(f"{where}: {ref!r} names {twice[name]} jobs of the "
+                                         "batch; give them names of their own")
                     if element is not None and element not in arrays_of[name]:
                         raise InputError(f"{where}: {ref!r} names element {element} of the "
                                          f"array {name}, which has no such index; use one "
@@ -90,14 +95,9 @@ def prepare(svc: Store, specs: list[JobSpec], who: Principal) -> list[list[Wait]
                     raise InputError(_unresolved(where, ref, who, exc)) from None
                 waits.append(Wait(dep.kind, target.id, target.array is not None))
         out.append(waits)
-    edges = {s.name: [specs[w.file[0]].name for w in out[i] if w.file]
-             for i, s in enumerate(specs)}
-    found = cycle(edges)
+    found = file_cycle(specs)
     if found:
-        raise InputError(f"{_which(specs, place[found[0]])}depends_on: the jobs "
-                         f"{', '.join(found[:-1])} wait for each other "
-                         f"({' -> '.join(found)}), so none could ever start; remove one of "
-                         "these dependencies")
+        raise InputError(f"{_which(specs, found[0])}depends_on: {found[1]}")
     return out
 
 
