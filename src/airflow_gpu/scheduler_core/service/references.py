@@ -23,6 +23,7 @@ MIN_PREFIX = 4                             # the shortest id prefix a reference 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _PREFIX = re.compile(r"^[0-9a-f-]+$")
 SHOWN = 5                                  # candidates named in an ambiguity error
+NAMED = 50                                 # arrays of one name looked at, newest first
 
 
 @dataclass(frozen=True)
@@ -60,13 +61,14 @@ def _arrays(s, ref: str, team: str | None) -> tuple[list[Target], list[Target]]:
     """(arrays whose id or id prefix is `ref`, arrays named `ref`)."""
     scope = (ArrayRow.team == team,) if team else ()
     by_id = []
-    if _UUID.match(ref) or (len(ref) >= MIN_PREFIX and _PREFIX.match(ref)):
+    if len(ref) >= MIN_PREFIX and _PREFIX.match(ref):
         by_id = [_array(s, a) for a in s.scalars(
             select(ArrayRow).where(ArrayRow.id.like(ref + "%"), *scope)
             .order_by(ArrayRow.id).limit(SHOWN + 1))]
+    # the newest of that name (a name reused every night need not read every array)
     named = [_array(s, a) for a in s.scalars(
         select(ArrayRow).where(ArrayRow.name == ref, *scope)
-        .order_by(ArrayRow.submitted_at.desc()))]
+        .order_by(ArrayRow.submitted_at.desc()).limit(NAMED))]
     return by_id, named
 
 
