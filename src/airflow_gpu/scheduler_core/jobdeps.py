@@ -13,7 +13,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 KINDS = ("afterok", "afterany", "afternotok")
 MAX_REFS = 100             # jobs named in one job's conditions, all together
-_REF = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"        # a job id, prefix, name or NAME_3
+REF = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"         # a job id, prefix, name or NAME_3
 _ELEMENT = re.compile(r"^(?P<array>.+)_(?P<index>\d{1,10})$")
 FORMS = ("afterok:JOB[:JOB...] (also afterany, afternotok), several joined by commas, "
          "e.g. afterok:prep,afterany:7c1e")
@@ -82,7 +82,7 @@ class Dependency(BaseModel):
     kind: Literal["afterok", "afterany", "afternotok"] = Field(
         description="afterok: once each job succeeded (never, if one fails); afterany: once "
         "each ended; afternotok: once each ended without success (never, if one succeeds)")
-    jobs: list[Annotated[str, Field(min_length=1, max_length=220, pattern=_REF)]] = Field(
+    jobs: list[Annotated[str, Field(min_length=1, max_length=220, pattern=REF)]] = Field(
         min_length=1, max_length=MAX_REFS, description="job references: ids, id prefixes, "
         "names; an array means every element, NAME_3 one element")
 

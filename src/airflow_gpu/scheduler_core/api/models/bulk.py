@@ -8,10 +8,11 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
+from ...jobdeps import REF
 from .base import NAME, RequestBody
 from .hosts import DrainRequest
 
-Ref = Annotated[str, Field(min_length=1, max_length=220, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+Ref = Annotated[str, Field(min_length=1, max_length=220, pattern=REF)]   # a job reference
 
 
 class CancelRequest(RequestBody):
