@@ -135,6 +135,32 @@ def test_a_job_file_names_the_job(server):
     assert got.stdout == f"eval {done['replicas'][0]['gpus'][0]}\n"
     mixed = run(server, str(spec), "--gpus", "2", "--", "true")
     assert mixed.returncode == 2 and "not both" in mixed.stderr
+    spec.write_text(yaml.safe_dump({"name": "many", "array": "0-3", "roles": [
+        {"name": "eval", "gpus": 1, "memory": "64MiB"}]}))
+    many = run(server, str(spec), "--", "true")
+    assert many.returncode == 2 and "array: run starts one job here" in many.stderr
+
+
+def test_a_dependency_waits_pending_then_runs_or_never_does(server):
+    first, _, _ = start(server, "dep-first", "--gpus", "1", "--name", "dep-first", *SMALL,
+                        "--", "sh", "-c", "sleep 3; exit 0")
+    until(lambda: server["admin"].get("/api/v1/jobs?name=dep-first").json(), "dep-first")
+    got = run(server, "--gpus", "1", "--dependency", "afterok:dep-first", *SMALL, "--",
+              "sh", "-c", 'echo "after $AIRFLOW_GPU_JOB_ID"')
+    assert first.wait(60) == 0
+    assert got.returncode == 0, got.stderr
+    assert "pending: Dependency: waits for " in got.stderr
+    assert "after " + job_id_of(got.stderr) in got.stdout
+    failed = run(server, "--gpus", "1", "--name", "dep-failed", *SMALL, "--", "false")
+    assert failed.returncode == 1
+    never = run(server, "--gpus", "1", "--dependency", "afterok:dep-failed", *SMALL, "--",
+                "true")
+    assert never.returncode == 1, never.stderr
+    assert "is cancelled: DependencyNeverSatisfied: dep-failed (" in never.stderr
+    assert "ended failed (exit code 1)" in never.stderr
+    bad = run(server, "--gpus", "1", "--dependency", "afterok", "--", "true")
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --dependency: afterok "
+                                                         "names no job")
 
 
 def test_a_machine_that_is_no_cluster_host_is_refused_before_submitting(server):

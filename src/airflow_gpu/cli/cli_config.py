@@ -10,6 +10,7 @@ import argparse
 from ..agent import cli as agent_cli
 from .commands import (
     acct_command,
+    cancel_command,
     db_command,
     demo_command,
     jobs_command,
@@ -36,10 +37,11 @@ def build_parser() -> argparse.ArgumentParser:
     db_command.add_commands(sub)                # db upgrade | check | repair
     acct_command.add_commands(sub, client)      # acct
     token_command.add_commands(sub, client)     # token list | create | revoke
-    # submit, status, explain, cancel, resume, slowdown, teams, team-set
+    # submit, status, explain, slowdown, teams, team-set
     jobs_command.add_commands(sub, client)
+    cancel_command.add_commands(sub, client)    # cancel (scancel, filters too)
     # Slurm's and Grid Engine's habits: queue, prio, share, hold, release, requeue,
-    # update, drain, cluster
+    # update, drain, resume, cluster
     slurm_command.add_commands(sub, client)
     reserve_command.add_commands(sub, client)   # reserve create | list | show | ...
     agent_cli.add_commands(sub)                 # agent, topo, ... (agent/cli.py)

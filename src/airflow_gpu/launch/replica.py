@@ -25,6 +25,9 @@ class Replica:
     requeue_reason: str | None = None  # why the last admission ended ("preempted", ...)
     # MIG devices instead of whole GPUs: {gpu, index, profile, uuid, label} (migdevices.py)
     mig: list[dict] = field(default_factory=list)
+    # an element of a job array (airflow-gpu submit --array): the array's id and its index
+    array_id: str | None = None
+    array_index: int | None = None
 
     @property
     def name(self) -> str:
@@ -47,6 +50,9 @@ class Replica:
         env["AIRFLOW_GPU_RESTARTED"] = "1" if self.attempt > 1 else "0"
         if self.requeue_reason:
             env["AIRFLOW_GPU_REQUEUE_REASON"] = self.requeue_reason
+        if self.array_id is not None:     # Slurm's SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID
+            env["AIRFLOW_GPU_ARRAY_ID"] = self.array_id
+            env["AIRFLOW_GPU_ARRAY_INDEX"] = str(self.array_index)
         return env
 
     def describe(self) -> str:
@@ -78,5 +84,6 @@ def replicas_of(job: dict, hosts: dict[str, dict] | None = None) -> list[Replica
                            list(r["gpus"]), list(r["cpus"]), numa,
                            sum(r["memory_by_numa"].values()), list(r["nics"]),
                            job.get("attempt") or 1, job.get("requeue_reason"),
-                           list(r.get("mig") or [])))
+                           list(r.get("mig") or []), job.get("array_id"),
+                           job.get("array_index")))
     return out

@@ -259,6 +259,25 @@ class Client:
         return self.request("POST", f"/api/v1/hosts/{_ref(host)}/drain",
                             json={"reason": reason} if reason else None)
 
+    def drain_hosts(self, hosts: str, drained: bool = True,
+                    reason: str | None = None) -> list[dict]:
+        """Drain (or resume) every host of names and ranges (`dgx-a-[01-04],dgx-h-05`),
+        all or none (admins); each host as it is now."""
+        body = {"hosts": hosts, **({"reason": reason} if reason else {})}
+        return self.request("POST", f"/api/v1/hosts/{'drain' if drained else 'resume'}",
+                            json=body)["hosts"]
+
+    def cancel_jobs(self, jobs: list[str] | None = None, team: str | None = None,
+                    state: str | None = None, name: str | None = None,
+                    submitted_before: str | None = None, dry_run: bool = False,
+                    user: str | None = None) -> dict:
+        """scancel with filters: every job the references (an array: each element) and the
+        filters match; `dry_run`: which, cancelling none. {matched, cancelled, jobs, ...}"""
+        body = {k: v for k, v in (("jobs", jobs), ("team", team), ("state", state),
+                                  ("name", name), ("submitted_before", submitted_before),
+                                  ("user", user)) if v}
+        return self.request("POST", "/api/v1/jobs/cancel", json={**body, "dry_run": dry_run})
+
     # -- admins' reservations -----------------------------------------------------------------
     def reservations(self, include_ended: bool = False) -> list[dict]:
         return self.request("GET", "/api/v1/reservations",

@@ -19,6 +19,8 @@ from pydantic import (
 )
 
 from .errors import InputError, load_yaml, validate
+from .jobarray import ArraySpec
+from .jobdeps import DependsOn, file_cycle
 from .units import Duration, Size, format_duration
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -304,6 +306,14 @@ class JobSpec(_Spec):
         "--reservation")
     notify: Notify | None = Field(None, description="a webhook told of the job's events "
                                   "(start, end, failure, ...; docs/notifications.md)")
+    # the service's, not the engine's: one job per index, and when a job may start
+    array: ArraySpec | None = Field(None, description=
+                                    "one job per index, as Slurm's --array: '0-99%8' or "
+                                    "{range: '0-99', max_running: 8}")
+    depends_on: DependsOn | None = Field(None, description=
+                                         "start only once these hold, as Slurm's "
+                                         "--dependency: 'afterok:prep,afterany:7c1e' or "
+                                         "[{afterok: [prep]}, {afterany: [7c1e]}]")
 
     @field_validator("roles", mode="before")
     @classmethod
@@ -355,6 +365,9 @@ class JobsFile(_Spec):
                 raise ValueError(f"jobs[{i}].name: job {job.name!r} appears twice; "
                                  "job names must be unique in a file")
             seen.add(job.name)
+        found = file_cycle(self.jobs)
+        if found:
+            raise ValueError(f"jobs[{found[0]}].depends_on: {found[1]}")
         return self
 
 

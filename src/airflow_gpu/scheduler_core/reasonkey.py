@@ -8,7 +8,7 @@ placement planned for it change. The message itself is no key: it counts down ("
 from __future__ import annotations
 
 # details that name the jobs it waits for (as the service's blocker_ids reads them)
-BLOCKERS = ("held_by", "mig_held_by", "reservation_for", "behind", "victims")
+BLOCKERS = ("held_by", "mig_held_by", "reservation_for", "behind", "victims", "waits_for")
 # details that say where it is planned to start
 PLACEMENT = ("reserved_hosts", "reserved_gpus")
 

@@ -1,7 +1,7 @@
 """The job commands on the API: `submit`, `status`, `explain` (with the job's webhook
-notifications), `cancel`, `slowdown`, and `resume` (a drained host), `teams`, `team-set`
-(shares, quotas, the webhook and its secret) and `notifications` (the undelivered ones)
-that share their registration."""
+notifications), `slowdown`, `teams`, `team-set` (shares, quotas, the webhook and its
+secret) and `notifications` (the undelivered ones) that share their registration
+(`cancel`: cancel_command.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from ..common import api_client, output, show
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Check the whole file as `plan` does (exit 2, nothing sent), then submit all of its
-    jobs or none in one request (several jobs: POST /api/v1/jobs/batch)."""
+    jobs or none in one request (several jobs: POST /api/v1/jobs/batch). `--array` and
+    `--dependency` apply to a one-job file."""
     from ...scheduler_core.client import ApiError
     from ...scheduler_core.errors import load_yaml
     from ...scheduler_core.jobclasses import resolve
@@ -37,39 +38,77 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.key and len(specs) > 1:
         raise InputError("--key: an idempotency key names one job; the file holds "
                          f"{len(specs)}", args.file)
+    if args.array is not None or args.dependency is not None:
+        specs = [_job_flags(specs[0], args, len(specs))]
     import uuid
 
     # One idempotency key per job of the file (--key for a single job): the client
     # retries a submit that got no answer with the same keys, so none is created twice.
     keys = [args.key] if args.key else [str(uuid.uuid4()) for _ in specs]
     with api_client(args) as c:
-        if len(specs) == 1:
-            jobs_out = [c.submit(specs[0], keys[0])]
-        else:
-            try:
-                jobs_out = c.submit_batch(specs, keys)
-            except ApiError as exc:
-                if 400 <= exc.status < 500:     # the batch is refused whole
-                    raise ApiError(exc.status, f"{_text(exc.detail)}; none of the "
-                                   f"{len(specs)} jobs of {args.file} was submitted") from None
-                raise
+        try:
+            jobs_out = [c.submit(specs[0], keys[0])] if len(specs) == 1 else \
+                c.submit_batch(specs, keys)
+        except ApiError as exc:
+            raise _refused(exc, args, len(specs)) from None
     if args.json:
         print(json.dumps(jobs_out[0] if len(jobs_out) == 1 else jobs_out, indent=2,
                          default=str))
     else:
         for j in jobs_out:
-            print(j["id"])
+            print(j.get("array_id") or j["id"])      # an array: its id names every element
     return 0
+
+
+FLAGS = {"array": "--array", "depends_on": "--dependency"}    # fields the flags set
+
+
+def _job_flags(spec: dict, args: argparse.Namespace, jobs: int) -> dict:
+    """The one job of the file with --array and --dependency as its fields, checked as
+    the file's fields are (exit 2, naming the flag and the field)."""
+    from pydantic import ValidationError
+
+    from ...scheduler_core.jobspec import JobSpec
+
+    given = {k: v for k, v in (("array", args.array), ("depends_on", args.dependency))
+             if v is not None}
+    if jobs != 1:
+        key = next(iter(given))
+        raise InputError(f"{FLAGS[key]}: it applies to a file of one job, and this one holds "
+                         f"{jobs}; give each job its own `{key}:` instead", args.file)
+    try:
+        JobSpec.model_validate({**spec, **given})
+    except ValidationError as exc:
+        for err in exc.errors():
+            key = str(err["loc"][0]) if err["loc"] else ""
+            if key in given:
+                where = ".".join(map(str, err["loc"]))
+                raise InputError(f"{FLAGS[key]} {given[key]!r}: {where}: "
+                                 f"{err['msg'].removeprefix('Value error, ')}") from None
+        raise
+    return {**spec, **given}
+
+
+def _refused(exc, args: argparse.Namespace, jobs: int) -> Exception:
+    """The service's refusal: a dependency it cannot resolve is bad input (exit 2, as a
+    mistake in the file is); any other refusal of a batch names it refused whole."""
+    from ...scheduler_core.client import ApiError
+
+    text = _text(exc.detail)
+    if exc.status == 422 and "depends_on" in text:
+        flagged = f"--dependency: {text}" if args.dependency else text
+        return InputError(flagged + ("" if jobs == 1 else f"; none of the {jobs} jobs was "
+                                     "submitted"), args.file)
+    if jobs > 1 and 400 <= exc.status < 500:     # the batch is refused whole
+        return ApiError(exc.status, f"{text}; none of the {jobs} jobs of {args.file} was "
+                        "submitted")
+    return exc
 
 
 def _text(detail: Any) -> str:
     from ...scheduler_core.client import _detail_text
 
     return _detail_text(detail)
-
-
-def _host_line(h: dict) -> str:
-    return f"{h['name']}: {'drained' if h['drained'] else 'in service'}"
 
 
 # -- tables ------------------------------------------------------------------------------
@@ -212,10 +251,6 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
              "one job: state and placement", ("id",)),
             ("explain", show(lambda c, a: c.explain(a.id), _explain_table),
              "why a job waits, its ETA and its events", ("id",)),
-            ("cancel", show(lambda c, a: c.cancel(a.id), _job_table),
-             "cancel a job (releases its resources)", ("id",)),
-            ("resume", show(lambda c, a: c.drain(a.host, False), _host_line),
-             "put a drained host back in service (admin)", ("host",)),
             ("slowdown", show(lambda c, a: c.slowdown(), _slowdown_table),
              "the locality slowdown per job class, as learned from ended jobs", ()),
             ("teams", show(lambda c, a: c.teams(), _teams_table),
@@ -232,6 +267,12 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
             p.add_argument(arg)
         if name == "submit":
             p.add_argument("--key", help="idempotency key: submitting again returns the same job")
+            p.add_argument("--array", metavar="RANGE", help="one job per index, as sbatch "
+                           "--array: 0-99%%8 (at most 8 admitted or running at once), "
+                           "1-7:2, 0,4,9-12; a file of one job. Prints the array's id")
+            p.add_argument("--dependency", metavar="COND", help="start only once these "
+                           "hold, as sbatch --dependency: afterok:JOB[:JOB...], afterany:, "
+                           "afternotok:, several joined by commas; a file of one job")
         if name == "team-set":
             p.add_argument("--share", type=float, help="fair-share weight, 0.001 to "
                            "1000000 (omit: the policy file's)")

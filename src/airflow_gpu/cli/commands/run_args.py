@@ -43,16 +43,28 @@ def split_command(rest: list[str]) -> tuple[list[str], list[str]]:
 
 
 def job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
-    """One job: from the file, else a one-role job from the flags; --reservation with
-    either."""
-    spec = _job_spec(args, command)
+    """One job: from the file, else a one-role job from the flags; with --reservation and
+    --dependency (a file's job too) where it runs and what it waits for."""
+    spec = _request(args, command)
     if getattr(args, "reservation", None):
         spec = {**spec, "reservation": args.reservation}
         validate(JobSpec, spec, "--reservation")
-    return spec
+    if spec.get("array") is not None:     # one job per index: each needs its own launcher
+        raise InputError("array: run starts one job here, and an array is a job per index; "
+                         "submit it with `airflow-gpu submit` (each element's launcher reads "
+                         "AIRFLOW_GPU_ARRAY_INDEX), or remove array", args.jobfile)
+    if args.dependency is None:
+        return spec
+    try:
+        validate(JobSpec, {**spec, "depends_on": args.dependency}, "run")
+    except InputError as exc:
+        raise InputError(str(exc).removeprefix("run: ").replace("depends_on",
+                                                               "--dependency", 1)) from None
+    return {**spec, "depends_on": args.dependency}
 
 
-def _job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
+def _request(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
+    """What the job asks for: the file's job, else a one-role job from the flags."""
     given = [f for f in SPEC_FLAGS if getattr(args, f) is not None]
     if args.jobfile:
         if given:
@@ -237,6 +249,9 @@ def options(p: argparse.ArgumentParser, positional: bool) -> argparse.ArgumentPa
     p.add_argument("--name", help="the job's name (default run.<command>)")
     p.add_argument("--team", help="default: the token's team")
     p.add_argument("--priority", type=int)
+    p.add_argument("--dependency", metavar="COND", help="start only once these hold, as "
+                   "srun --dependency: afterok:JOB[:JOB...], afterany:, afternotok:, "
+                   "several joined by commas (it waits pending, showing the reason)")
     p.add_argument("--strict-isolation", action="store_true",
                    help="refuse to start (exit 2) where the cores, memory or GPU device "
                    "nodes cannot be confined as granted, instead of warning")

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 import signal
 import sys
 import threading
@@ -47,12 +46,10 @@ from ...launch.supervise import Outcome, stop_all, supervise
 from ...launch.wiring import BY_CLASS, wiring
 from ...scheduler_core.client import ApiError, Client
 from ...scheduler_core.errors import InputError
-from ...scheduler_core.reasonkey import reason_key
-from ...scheduler_core.units import format_duration
 from ..common import api_client
 from .run_args import job_spec, options, pin_host, refused, split_command
+from .run_output import PREFIX, Output, StatusLine, ended_why, pending_line
 
-PREFIX = "airflow-gpu run: "
 EXIT_INPUT = 2           # bad input, unreachable service, refused grant, cannot start
 EXIT_ENDED = 1           # the service answered an error or ended the job itself
 EXIT_TIMEOUT = 124       # the job's time limit (as GNU timeout)
@@ -66,69 +63,6 @@ log = logging.getLogger("airflow_gpu.run")
 def exit_code(code: int) -> int:
     """A process's exit code as a shell reports it: killed by signal N is 128 + N."""
     return code if code >= 0 else 128 - code
-
-
-# -- what the user sees --------------------------------------------------------------------
-class StatusLine:
-    """The pending reason and ETA: one line on stderr, refreshed in place on a terminal
-    when it changes; elsewhere (a log) a new line when its key changes (reason_key:
-    code, blockers, placement; not a countdown)."""
-
-    def __init__(self, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.text: str | None = None
-        self.key: tuple | None = None
-
-    def show(self, text: str, key: tuple) -> None:
-        if self.tty:
-            if text != self.text:
-                width = shutil.get_terminal_size().columns - 1
-                self._write("\r\033[K" + text[:width])
-        elif key != self.key:
-            self._write(text + "\n")
-        self.text, self.key = text, key
-
-    def close(self) -> None:
-        """End the refreshed line, so what follows starts on a line of its own."""
-        if self.tty and self.text is not None:
-            self._write("\n")
-        self.text = self.key = None
-
-    def _write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except OSError:
-            pass
-
-
-def pending_line(job: dict) -> tuple[str, tuple]:
-    why = job.get("pending") or {}
-    if job["state"] == "preempting":
-        return f"{PREFIX}job {job['id']} is being preempted", reason_key(job)
-    if not why.get("code"):
-        return (f"{PREFIX}job {job['id']} pending: queued (the next scheduling pass "
-                "places it)", reason_key(job))
-    eta = why.get("eta_seconds")
-    when = f" (ETA {format_duration(eta)})" if eta is not None else " (no ETA)"
-    return (f"{PREFIX}job {job['id']} pending: {why['code']}: {why.get('reason') or ''}"
-            f"{when}", reason_key(job))
-
-
-class Output:
-    """The replicas' lines on stdout; prefixed with `[role-index]` when there are several
-    (srun --label)."""
-
-    def __init__(self, label: bool):
-        self.label = label
-
-    def __call__(self, name: str, line: str) -> None:
-        try:
-            sys.stdout.write(f"[{name}] {line}\n" if self.label else f"{line}\n")
-            sys.stdout.flush()
-        except (OSError, ValueError):     # stdout closed (a pipe's reader went away)
-            pass
 
 
 def _logger() -> logging.Logger:
@@ -228,8 +162,8 @@ class Run:
                     return job
                 if job["state"] not in WAITING:
                     self.status.close()
-                    log.error("job %s is %s (see airflow-gpu explain %s)", job["id"],
-                              job["state"], job["id"])
+                    log.error("job %s is %s%s (see airflow-gpu explain %s)", job["id"],
+                              job["state"], ended_why(self.client, job), job["id"])
                     return EXIT_ENDED
                 self.status.show(*pending_line(job))
                 job = self._refresh(job)

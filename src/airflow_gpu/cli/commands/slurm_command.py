@@ -1,9 +1,10 @@
 """Client commands for users coming from Slurm and Grid Engine (docs/service.md, "Coming
 from Slurm / Grid Engine"): `queue` (squeue, qstat), `prio` (sprio), `share` (sshare),
 `hold` / `release` (scontrol hold/release, qhold/qrls), `update` (scontrol update,
-qalter), `requeue` (scontrol requeue), `drain HOST --reason` (scontrol update
-State=DRAIN Reason=) and `cluster` (sinfo, qhost). Job arguments take an id, a unique id
-prefix (4 characters or more) or a job name: the service resolves them."""
+qalter), `requeue` (scontrol requeue), `drain HOSTS --reason` and `resume HOSTS`
+(scontrol update State=DRAIN Reason=, State=RESUME; host ranges) and `cluster` (sinfo,
+qhost). Job arguments take an id, a unique id prefix (4 characters or more), a job name or
+an array's element (NAME_3): the service resolves them."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from rich.table import Table
 from ...scheduler_core.errors import InputError
 from ...scheduler_core.units import format_duration, format_size
 from ..common import show
+from .status_view import label
 
 LIVE = ("admitted", "running", "preempting")
 
@@ -53,7 +55,11 @@ def queue_table(jobs: list[dict]) -> Table:
         where = (f"{code}: {j.get('reason') or (j.get('pending') or {}).get('reason') or ''}"
                  if pending and code else "-" if pending else hosts or "-")
         notes = _notes(j)
-        t.add_row(str(j["rank"]) if j.get("rank") else "-", _short(j["id"]), j["name"],
+        if j.get("array_tasks"):     # an array's waiting elements, one line as squeue
+            ident, name = _short(j["array_id"]), f"{j['name']}_[{j['array_tasks']}]"
+        else:
+            ident, name = _short(j["id"]), label(j)
+        t.add_row(str(j["rank"]) if j.get("rank") else "-", ident, name,
                   j["team"], j["state"], f"{j['band']:g}" if j.get("band") is not None
                   else str(j["priority"]), _dur(j.get("elapsed_s")),
                   _dur(j.get("time_limit_s")) if j.get("time_limit_s") else "none",
@@ -125,14 +131,14 @@ def share_table(teams: list[dict]) -> Table:
 def job_line(j: dict) -> str:
     p = j.get("pending") or {}
     why = f" - {p['code']}: {p['reason']}" if p.get("code") else ""
-    return f"job {j['id']} ({j['name']}, team {j['team']}): {j['state']}{why}"
+    return f"job {j['id']} ({label(j)}, team {j['team']}): {j['state']}{why}"
 
 
-def host_line(h: dict) -> str:
-    if h.get("drained"):
-        return f"{h['name']}: drained" + (f" (reason: {h['drain_reason']})"
-                                          if h.get("drain_reason") else "")
-    return f"{h['name']}: in service"
+def host_lines(hosts: list[dict]) -> str:
+    """A line per host drained or resumed."""
+    return "\n".join(f"{h['name']}: drained" + (f" (reason: {h['drain_reason']})"
+                                                if h.get("drain_reason") else "")
+                     if h.get("drained") else f"{h['name']}: in service" for h in hosts)
 
 
 # -- cluster (sinfo, qhost) ------------------------------------------------------------------
@@ -310,10 +316,15 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
         job, (("--priority",), {"type": int, "help": "new priority (pending jobs)"}),
         (("--time-limit",), {"help": "new time limit, e.g. 2h (within the job class's and "
                              "the policy's maximum; raising a running job's: admins)"}))
-    add("drain", show(lambda c, a: c.drain_host(a.host, a.reason), host_line),
-        "keep new work off a host, saying why (admin; scontrol update State=DRAIN)",
-        (("host",), {}), (("--reason",), {"help": "why: shown in `cluster` and in pending "
-                                          "reasons that name the host"}))
+    add("drain", show(lambda c, a: c.drain_hosts(a.host, True, a.reason), host_lines),
+        "keep new work off hosts, saying why (admin; scontrol update State=DRAIN): names "
+        "or ranges, dgx-a-[01-04],dgx-h-05, all or none",
+        (("host",), {"metavar": "HOSTS"}),
+        (("--reason",), {"help": "why: shown in `cluster` and in pending reasons that name "
+                         "the host"}))
+    add("resume", show(lambda c, a: c.drain_hosts(a.host, False), host_lines),
+        "put drained hosts back in service (admin; scontrol update State=RESUME): names "
+        "or ranges, dgx-a-[01-04],dgx-h-05, all or none", (("host",), {"metavar": "HOSTS"}))
     add("cluster", show(lambda c, a: c.cluster(), cluster_table),
         "hosts: GPUs, cores and memory allocated per host and NUMA node, drain state and "
         "reason (sinfo, qhost)")

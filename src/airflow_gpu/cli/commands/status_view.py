@@ -15,6 +15,12 @@ from ...scheduler_core.units import format_duration
 LIVE = ("admitted", "running", "preempting")
 
 
+def label(j: dict) -> str:
+    """A job's name; an array element's with its index, as its references write it:
+    sweep_3."""
+    return j["name"] if j.get("array_index") is None else f"{j['name']}_{j['array_index']}"
+
+
 def _gpus(r: dict) -> str:
     return (",".join(map(str, r["gpus"]))
             or "; ".join(m["label"] for m in r.get("mig", [])) or "-")
@@ -46,7 +52,8 @@ def _at(value: str | None) -> str:
 
 def job_table(j: dict) -> Table | Group:
     now, history = split(j)
-    title = f"Job {j['id']} ({j['name']}, team {j['team']}): {j['state']}"
+    title = f"Job {j['id']} ({label(j)}, team {j['team']}): {j['state']}" + (
+        f" - element {j['array_index']} of array {j['array_id']}" if j.get("array_id") else "")
     p = j.get("pending")
     why = f"{p['code']}: {p['reason']} (ETA {_eta(j)})" if p and p.get("code") else None
     parts: list = []

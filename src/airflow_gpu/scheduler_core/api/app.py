@@ -21,6 +21,7 @@ from .errors import add_handlers
 from .routes import (
     accounting,
     batch,
+    bulk,
     cluster,
     hosts,
     jobs,
@@ -34,7 +35,7 @@ from .routes import (
 from .routes import probes as probe_routes
 
 # in the order the router tries them
-ROUTERS = (probe_routes, wait, jobs, batch, accounting, cluster, hosts, teams, queue, tokens,
+ROUTERS = (probe_routes, wait, bulk, jobs, batch, accounting, cluster, hosts, teams, queue, tokens,
            reservations, notifications)
 
 

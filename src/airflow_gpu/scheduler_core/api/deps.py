@@ -119,8 +119,8 @@ Who = Annotated[Principal, Depends(not_agent)]
 
 def job_ref(job_id: str, request: Request, _: Who) -> str:
     """The job a path names: its id, a unique id prefix (4 characters or more) or its
-    name (jobcontrol.resolve_job: 404 when none, 409 naming the candidates when several)."""
-    from ..service.jobcontrol import resolve_job
+    name (references.resolve_job: 404 when none, 409 naming the candidates when several)."""
+    from ..service.references import resolve_job
 
     return resolve_job(request.app.state.service, job_id)
 

@@ -1,5 +1,6 @@
 """Submitting several jobs at once, all or nothing (`POST /api/v1/jobs/batch`: its route
-is api/routes/batch.py).
+is api/routes/batch.py), and any job with an array or dependencies (one per index and its
+dependency rows, in the same transaction: arrays.py, dependencies.py).
 
 Every job is checked as a single submit checks it (`Service.job_row`: the team the token
 may act for, the job class, whether it can ever run) before anything is written; any job
@@ -21,13 +22,16 @@ from sqlalchemy import insert, select
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..errors import InputError
+from ..jobarray import MAX_ELEMENTS
 from ..jobspec import JobSpec
-from ..store.models import JobRow
-from .common import Principal, _columns, same_job
+from ..store.models import ArrayRow, DependencyRow, JobRow
+from . import arrays, dependencies
+from .common import WAIT_DEPENDENCY, Principal, _columns, same_job
 from .core import Service
 from .errors import Conflict, Forbidden, NotFound
 
 MAX_JOBS = 1000      # jobs in one batch (a body is at most 1 MiB anyway)
+MAX_ROWS = MAX_ELEMENTS   # jobs one request makes, arrays' elements counted
 ATTEMPTS = 5         # lookups and inserts, while concurrent submits insert the same keys
 
 
@@ -35,18 +39,25 @@ def _which(i: int, spec: JobSpec) -> str:
     return f"jobs[{i}] (name {spec.name!r})"
 
 
-def _named(exc: Exception, i: int, spec: JobSpec) -> Exception:
+def _named(exc: Exception, i: int, spec: JobSpec, single: bool) -> Exception:
     """The same error, its message naming the job of the batch it is about (by index and
     name, instead of the single submit's "job 'NAME': ")."""
+    if single:
+        return exc
     kind = type(exc) if isinstance(exc, Forbidden | Conflict | NotFound) else InputError
     text, named = str(exc), f"job {spec.name!r}: "
     return kind(f"{_which(i, spec)}: {text.removeprefix(named)}")
 
 
+def _span(spec: JobSpec) -> int:
+    return len(spec.array.indexes) if spec.array else 1
+
+
 def submit_batch(service: Service, specs: list[JobSpec], who: Principal,
-                 keys: list[str | None]) -> tuple[list[JobRow], bool]:
+                 keys: list[str | None], single: bool = False) -> tuple[list[JobRow], bool]:
     """Queue every job of `specs` (with its idempotency key, or None) or none of them;
-    (rows in the order given, whether any was created)."""
+    (rows in the order given, whether any was created). An array's row is its first
+    element. `single`: one job of POST /api/v1/jobs (errors name no batch index)."""
     if len(specs) != len(keys):
         raise InputError(f"jobs: {len(specs)} specs but {len(keys)} idempotency keys")
     if not specs:
@@ -54,25 +65,32 @@ def submit_batch(service: Service, specs: list[JobSpec], who: Principal,
     if len(specs) > MAX_JOBS:
         raise InputError(f"jobs: {len(specs)} jobs, over the most a batch may hold, "
                          f"{MAX_JOBS}; split it")
+    if len(specs) > 1 and sum(map(_span, specs)) > MAX_ROWS:
+        raise InputError(f"jobs: the batch makes {sum(map(_span, specs))} jobs (arrays' "
+                         f"elements counted), over the most one request may make "
+                         f"({MAX_ROWS}); split it")
     rows: list[JobRow] = []
     seen: dict[tuple[str, str], int] = {}
     for i, (spec, key) in enumerate(zip(specs, keys, strict=True)):
         try:
             row = service.job_row(spec, who, key)
         except (Forbidden, InputError) as exc:      # Rejected is an InputError
-            raise _named(exc, i, spec) from None
+            raise _named(exc, i, spec, single) from None
         if row.idempotency_key is not None:
             first = seen.setdefault((row.team, row.idempotency_key), i)
             if first != i:
                 raise InputError(f"{_which(i, spec)}: idempotency_key "
                                  f"{row.idempotency_key!r} is also the key of jobs[{first}] "
                                  f"(name {specs[first].name!r}); a key names one job")
-        if rows and row.submitted_at <= rows[-1].submitted_at:   # the queue keeps the
-            row.submitted_at = rows[-1].submitted_at + timedelta(microseconds=1)  # order
+        if rows:                      # the queue keeps the order (an array's elements too)
+            after = rows[-1].submitted_at + timedelta(microseconds=_span(specs[i - 1]))
+            row.submitted_at = max(row.submitted_at, after)
         rows.append(row)
+    waits = (dependencies.prepare(service, specs, who) if any(s.depends_on for s in specs)
+             else [[] for _ in specs])
     for _ in range(ATTEMPTS):
         try:
-            out, created = _store(service, rows, specs)
+            out, created = _store(service, rows, specs, waits, single)
             break
         except (IntegrityError, OperationalError) as exc:
             # A concurrent submit inserted one of these keys after our lookup (or, on
@@ -109,10 +127,11 @@ def _collided(exc: Exception, rows: list[JobRow], specs: list[JobSpec]) -> str:
             "returned, not created twice)")
 
 
-def _store(service: Service, rows: list[JobRow],
-           specs: list[JobSpec]) -> tuple[list[JobRow], bool]:
+def _store(service: Service, rows: list[JobRow], specs: list[JobSpec],
+           waits: list[list[dependencies.Wait]], single: bool) -> tuple[list[JobRow], bool]:
     """One transaction: the jobs whose keys were seen before are looked up (and must have
-    the same spec), the others inserted."""
+    the same spec), the others inserted with their arrays' elements and the rows of what
+    they wait for."""
     by_team: dict[str, list[str]] = {}
     for r in rows:
         if r.idempotency_key is not None:
@@ -125,17 +144,18 @@ def _store(service: Service, rows: list[JobRow],
                         JobRow.team == team,
                         JobRow.idempotency_key.in_(keys[k:k + 500]))):
                     found[(j.team, j.idempotency_key)] = j
-        out, new = [], []
+        out, new, made = [], [], {}
         for i, r in enumerate(rows):
             old = found.get((r.team, r.idempotency_key)) if r.idempotency_key else None
             if old is None:
-                new.append(r)
-                out.append(r)
+                made[i] = _made(r, specs[i], waits[i])
+                new += made[i].jobs
+                out.append(made[i].jobs[0])
                 continue
             try:
                 same_job(old, r)
             except Conflict as exc:
-                raise _named(exc, i, specs[i]) from None
+                raise _named(exc, i, specs[i], single) from None
             out.append(old)
         if new:
             # Keys in one order for every batch: two batches that share keys then never
@@ -143,6 +163,55 @@ def _store(service: Service, rows: list[JobRow],
             # on the first shared key and looks again.
             new_sorted = sorted(new, key=lambda r: (r.team, r.idempotency_key or ""))
             s.execute(insert(JobRow), [_columns(r) for r in new_sorted])
+            _store_groups(s, made, out, waits)
         s.expunge_all()
     return out, bool(new)
 
+
+class _Made:
+    """A new job's rows: its jobs (an array's elements, else the one job), its array."""
+
+    def __init__(self, jobs: list[JobRow], array: ArrayRow | None):
+        self.jobs, self.array = jobs, array
+        self.owner = array.id if array is not None else jobs[0].id
+
+
+def _made(row: JobRow, spec: JobSpec, waits: list) -> _Made:
+    blocked = WAIT_DEPENDENCY if waits else None
+    if spec.array is not None:
+        array, jobs = arrays.expand(row, spec, blocked)
+    else:
+        array, jobs = None, [row]
+        row.blocked = blocked
+    if blocked:
+        for j in jobs:
+            j.reason_code, j.reason = dependencies.CODE, dependencies.first_reason(spec)
+    return _Made(jobs, array)
+
+
+def _store_groups(s, made: dict[int, _Made], out: list[JobRow],
+                  waits: list[list[dependencies.Wait]]) -> None:
+    """The new arrays, and the rows of what the new jobs wait for (a job of the same
+    batch: the one it made, or the one its key made before)."""
+    def in_batch(place: int, element: int | None) -> tuple[str, bool]:
+        if place in made:
+            m = made[place]
+            if element is None:
+                return m.owner, m.array is not None
+            return next(j.id for j in m.jobs if j.array_index == element), False
+        first = out[place]
+        if first.array_id is None:
+            return first.id, False
+        if element is None:
+            return first.array_id, True
+        return s.scalar(select(JobRow.id).where(JobRow.array_id == first.array_id,
+                                                JobRow.array_index == element)), False
+
+    new_arrays = [_columns(m.array) for m in made.values() if m.array is not None]
+    if new_arrays:
+        s.execute(insert(ArrayRow), new_arrays)
+    deps = [_columns(d) for i, m in made.items()
+            for d in dependencies.rows(m.owner, waits[i], in_batch)]
+    if deps:
+        s.execute(insert(DependencyRow), [{k: v for k, v in d.items() if k != "id"}
+                                          for d in deps])

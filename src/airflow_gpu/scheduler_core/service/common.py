@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
-from sqlalchemy import delete, inspect, update
+from sqlalchemy import and_, delete, inspect, or_, update
 from sqlalchemy.orm import Session
 
 from ..engine.mig import gpu_share
@@ -27,6 +27,26 @@ UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "po
 LIVE = ("admitted", "running", "preempting")
 ENDED = ("succeeded", "failed", "cancelled", "lost", "timeout")
 SLACK = STOP_SLACK    # seconds past a victim's grace before it is requeued by force
+# what keeps a pending job from the pass (JobRow.blocked), with the reason code it shows
+WAIT_DEPENDENCY, WAIT_ARRAY = "dependency", "array"
+WAIT_CODES = {WAIT_DEPENDENCY: "Dependency", WAIT_ARRAY: "JobArrayTaskLimit"}
+CHUNK = 500           # ids per IN (...) of the statements that touch many jobs
+HELD = ("JobHeldUser", "JobHeldAdmin")     # Slurm's reason codes of held jobs
+
+
+def not_held():
+    """SQL: the job is not held (the pass's writes to pending jobs are guarded by it)."""
+    return or_(JobRow.reason_code.is_(None), JobRow.reason_code.not_in(HELD))
+
+
+def schedulable():
+    """SQL: a pending job the pass considers: neither held nor blocked (waiting for a
+    dependency or its array's turn)."""
+    return and_(not_held(), JobRow.blocked.is_(None))
+
+
+def is_held(row: JobRow) -> bool:
+    return row.state == PENDING and row.reason_code in HELD
 
 
 @dataclass(frozen=True)
@@ -187,9 +207,16 @@ def event(s: Session, kind: str, message: str, job: str | None = None,
 
 def release(s: Session, job_id: str) -> None:
     """Free everything a job holds and close its live allocations."""
-    s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == job_id))
-    s.execute(delete(MigHoldRow).where(MigHoldRow.job_id == job_id))
-    s.execute(delete(CpuHoldRow).where(CpuHoldRow.job_id == job_id))
-    s.execute(_update(AllocationRow).where(AllocationRow.job_id == job_id,
-                                           AllocationRow.live.is_(True))
-              .values(live=False, released_at=utcnow()))
+    release_many(s, [job_id])
+
+
+def release_many(s: Session, job_ids: list[str]) -> None:
+    """release() for many jobs, a few statements per CHUNK of them."""
+    now = utcnow()
+    for i in range(0, len(job_ids), CHUNK):
+        ids = job_ids[i:i + CHUNK]
+        for hold in (GpuHoldRow, MigHoldRow, CpuHoldRow):
+            s.execute(delete(hold).where(hold.job_id.in_(ids)))
+        s.execute(_update(AllocationRow).where(AllocationRow.job_id.in_(ids),
+                                               AllocationRow.live.is_(True))
+                  .values(live=False, released_at=now))

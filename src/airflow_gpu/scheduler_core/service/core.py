@@ -62,6 +62,10 @@ class Service(Store):
                     reason: str | None = None) -> HostRow:
         return hosts.set_drained(self, name, drained, who, reason)
 
+    def set_drained_many(self, names: list[str], drained: bool, who: Principal,
+                         reason: str | None = None) -> list[HostRow]:
+        return hosts.set_drained_many(self, names, drained, who, reason)
+
     def host_view(self, name: str) -> dict:
         return hosts.host_view(self, name)
 

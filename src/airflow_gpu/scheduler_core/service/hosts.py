@@ -172,23 +172,39 @@ def set_drained(svc: Store, name: str, drained: bool, who: Principal,
                 reason: str | None = None) -> HostRow:
     """Drain (with why: shown in the cluster view and in pending reasons that name
     the host) or resume a host; resuming clears the reason."""
+    return set_drained_many(svc, [name], drained, who, reason)[0]
+
+
+def set_drained_many(svc: Store, names: list[str], drained: bool, who: Principal,
+                     reason: str | None = None) -> list[HostRow]:
+    """set_drained for each host named, in one transaction: all or none (NotFound naming
+    every host the cluster does not have)."""
     if not who.admin:
         raise Forbidden("only admins drain or resume hosts")
     with svc.sessions.begin() as s:
-        row = s.get(HostRow, name)
-        if row is None:
-            raise NotFound(f"host {name!r} is not in the cluster")
-        if drained and (not row.drained or reason):
-            row.drained_at = utcnow() if not row.drained else row.drained_at
-            row.drain_reason = reason or (row.drain_reason if row.drained else None)
-            row.drained_by = who.team
-        elif not drained:
-            row.drain_reason = row.drained_at = row.drained_by = None
-        row.drained = drained
-        svc._event(s, "host", f"host {name} {'drained' if drained else 'resumed'}"
-                   + (f" (reason: {reason})" if drained and reason else ""), host=name)
+        rows = {r.name: r for r in s.scalars(select(HostRow).where(HostRow.name.in_(names)))}
+        unknown = [n for n in names if n not in rows]
+        if len(names) == 1 and unknown:
+            raise NotFound(f"host {names[0]!r} is not in the cluster")
+        if unknown:
+            shown = ", ".join(unknown[:8]) + (f" and {len(unknown) - 8} more"
+                                              if len(unknown) > 8 else "")
+            raise NotFound(f"hosts: {shown} {'is' if len(unknown) == 1 else 'are'} not in "
+                           f"the cluster; nothing was {'drained' if drained else 'resumed'} "
+                           "(airflow-gpu cluster lists the hosts)")
+        for name in names:
+            row = rows[name]
+            if drained and (not row.drained or reason):
+                row.drained_at = utcnow() if not row.drained else row.drained_at
+                row.drain_reason = reason or (row.drain_reason if row.drained else None)
+                row.drained_by = who.team
+            elif not drained:
+                row.drain_reason = row.drained_at = row.drained_by = None
+            row.drained = drained
+            svc._event(s, "host", f"host {name} {'drained' if drained else 'resumed'}"
+                       + (f" (reason: {reason})" if drained and reason else ""), host=name)
     svc.wake.set()
-    return row
+    return [rows[n] for n in names]
 
 
 def host_view(svc: Store, name: str) -> dict:

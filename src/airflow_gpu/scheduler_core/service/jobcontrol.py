@@ -1,7 +1,6 @@
-"""Slurm's and Grid Engine's job control on the store: job references (short id prefixes
-and job names, resolved in one place), hold and release (scontrol hold/release, qhold,
-qrls), update (scontrol update, qalter: priority, time limit) and requeue (scontrol
-requeue).
+"""Slurm's and Grid Engine's job control on the store (job references: references.py):
+hold and release (scontrol hold/release, qhold, qrls), update (scontrol update, qalter:
+priority, time limit) and requeue (scontrol requeue).
 
 A hold lives in the pending job's reason columns (`reason_code` JobHeldUser or
 JobHeldAdmin, `details.hold`): the pass never submits a held job to the scheduler and its
@@ -12,86 +11,35 @@ in the queue under the same id (preemption.requeue)."""
 
 from __future__ import annotations
 
-import re
 from datetime import UTC, datetime
 
 from pydantic import ValidationError
-from sqlalchemy import or_, select
+from sqlalchemy import select
 
 from ..errors import InputError, describe_validation_error
 from ..jobclasses import resolve
 from ..jobspec import JobSpec
-from ..store.models import JobRow
+from ..store.models import ArrayRow, JobRow
 from ..units import format_duration, parse_duration
+from . import arrays, dependencies
 from .common import (
-    ENDED,
+    HELD,
     LIVE,
     PENDING,
+    WAIT_ARRAY,
+    WAIT_DEPENDENCY,
     Principal,
     _ts,
     _update,
+    is_held,
     stop_options,
     stopping,
     utcnow,
 )
-from .errors import Conflict, Forbidden, NotFound
+from .errors import Conflict, Forbidden
 from .uow import Store
 
-HELD = ("JobHeldUser", "JobHeldAdmin")     # Slurm's reason codes of held jobs
 REQUEUED = "requeued by "                  # preempt_reason of a requeue (preemption.py)
-MIN_PREFIX = 4                             # the shortest id prefix a reference may be
-_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
-_PREFIX = re.compile(r"^[0-9a-f-]+$")
-SHOWN = 5                                  # candidates named in an ambiguity error
-
-
-def not_held():
-    """SQL: the job is not held (the pass's writes to pending jobs are guarded by it)."""
-    return or_(JobRow.reason_code.is_(None), JobRow.reason_code.not_in(HELD))
-
-
-def is_held(row: JobRow) -> bool:
-    return row.state == PENDING and row.reason_code in HELD
-
-
-# -- job references ---------------------------------------------------------------------
-def resolve_job(svc: Store, ref: str) -> str:
-    """The job id a reference names: a whole id, a unique id prefix (at least 4
-    characters), or a job name (the one live or pending job of that name; else, when none
-    is, its newest ended one). NotFound when nothing matches; Conflict (409) naming the
-    candidates when a prefix or a name is ambiguous."""
-    if _UUID.match(ref):
-        return ref               # a whole id (the launchers' hot path: no query)
-    with svc.reads() as s:
-        if s.get(JobRow, ref) is not None:
-            return ref
-        by_id = []
-        if len(ref) >= MIN_PREFIX and _PREFIX.match(ref):
-            by_id = list(s.execute(select(JobRow.id, JobRow.name, JobRow.state)
-                                   .where(JobRow.id.like(ref + "%")).order_by(JobRow.id)
-                                   .limit(SHOWN + 1)))
-        by_name = list(s.execute(select(JobRow.id, JobRow.name, JobRow.state,
-                                        JobRow.submitted_at)
-                                 .where(JobRow.name == ref)
-                                 .order_by(JobRow.submitted_at.desc(), JobRow.id.desc())))
-    live = [j for j in by_name if j.state not in ENDED]
-    named = live or by_name[:1]          # no live job of that name: its newest ended one
-    found = {j.id: j for j in [*by_id, *named]}
-    if len(found) == 1:
-        return next(iter(found))
-    if not found:
-        hint = (f" (an id prefix needs at least {MIN_PREFIX} characters)"
-                if len(ref) < MIN_PREFIX and _PREFIX.match(ref) else "")
-        raise NotFound(f"job {ref!r} does not exist: no job has that id, id prefix or "
-                       f"name{hint}")
-    what = ("several live jobs are named" if len(live) > 1 and not by_id
-            else "it names several jobs:")
-    shown = list(found.values())[:SHOWN]
-    more = "" if len(found) <= SHOWN else " and more"
-    raise Conflict(f"job {ref!r} is ambiguous: {what} "
-                   + ", ".join(f"{j.id} ({j.name}, {j.state})" for j in shown) + more
-                   + "; give more of the id")
-
 
 
 def names_of(svc: Store, ids) -> dict[str, JobRow]:
@@ -114,7 +62,9 @@ def blocker_ids(details: dict) -> list[str]:
     for key in ("reservation_for", "behind", "quota_frees_with"):
         if isinstance(details.get(key), str):
             out.append(details[key])
-    out += [v for v in details.get("victims") or () if isinstance(v, str)]
+    # the victims it preempts; the jobs its dependencies wait for (dependencies.py)
+    for key in ("victims", "waits_for"):
+        out += [v for v in details.get(key) or () if isinstance(v, str)]
     return list(dict.fromkeys(out))
 
 
@@ -195,12 +145,23 @@ def release(svc: Store, job_id: str, who: Principal) -> JobRow:
         done = s.execute(_update(JobRow).where(
             JobRow.id == job_id, JobRow.state == PENDING,
             JobRow.reason_code == row.reason_code).values(
-            reason_code=None, reason=None, details={}, eta_at=None, promised_at=None))
+            eta_at=None, promised_at=None, **_waiting(s, row)))
         if done.rowcount == 1:
             svc._event(s, "released", f"released by {'admin ' if who.admin else 'team '}"
                        f"{who.team}: it is scheduled again", job=job_id)
     svc.wake.set()
     return svc.get(job_id)
+
+
+def _waiting(s, row: JobRow) -> dict:
+    """The reason columns of a job whose hold ends: none, or what it still waits for
+    (its dependencies, its array's turn) as those show it."""
+    if row.blocked == WAIT_DEPENDENCY:
+        return dependencies.reason_for(s, row)
+    if row.blocked == WAIT_ARRAY:
+        return {"reason_code": arrays.CODE, "details": {},
+                "reason": arrays.wait_reason(s.get(ArrayRow, row.array_id))}
+    return {"reason_code": None, "reason": None, "details": {}}
 
 
 # -- update ---------------------------------------------------------------------------------

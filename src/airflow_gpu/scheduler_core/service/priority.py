@@ -18,6 +18,8 @@ from ..policy.jobqueue import QueuedJob
 from ..policy.scheduler import Scheduler
 from ..policy.types import account, team_of
 from ..store.models import JobRow
+from .arrays import compact_pending
+from .common import WAIT_CODES
 from .core import ENDED, LIVE, PENDING, Service, _ts, utcnow
 from .idle import queue_entry
 from .jobcontrol import HELD, blocker_ids, name_jobs, names_of
@@ -50,8 +52,8 @@ def snapshot(svc: Service) -> Snapshot:
                                  .order_by(JobRow.submitted_at, JobRow.id)))
     snap = Snapshot(t_now, sched, pending, live)
     for row in pending:
-        if row.reason_code in HELD:
-            snap.skipped[row.id] = row.reason_code
+        if row.reason_code in HELD or row.blocked:   # as the pass, which never sees them
+            snap.skipped[row.id] = row.reason_code or WAIT_CODES[row.blocked]
             continue
         try:
             queued, behind = queue_entry(row)      # as the pass queues it (idle.py)
@@ -171,14 +173,16 @@ def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
           team: str | None = None, limit: int = 1000,
           user: str | None = None) -> list[tuple[JobRow, dict]]:
     """(job, what squeue shows beyond the job) in squeue's order: live jobs by start,
-    then pending jobs in the scheduler's order, the held ones, those it does not queue,
-    and with `all_jobs` (or an ended `state`) the ended jobs, newest first."""
+    then pending jobs in the scheduler's order, the held ones, those it does not queue
+    (an array's elements waiting for their turn or a dependency: one entry, as squeue
+    shows them), and with `all_jobs` (or an ended `state`) the ended jobs, newest
+    first."""
     snap = snapshot(svc)
     rows = {r.id: r for r in snap.pending}
     order = snap.order()
     out: list[tuple[JobRow, dict]] = []
     for r in sorted(snap.live, key=lambda r: (_ts(r.admitted_at) if r.admitted_at else 0,
-                                              r.id)):
+                                              _ts(r.submitted_at), r.id)):  # then by index
         out.append((r, {"rank": None}))
     for rank, (job, _protected, terms) in enumerate(order, 1):
         out.append((rows[job.name], {"rank": rank, "band": job.base,
@@ -196,8 +200,9 @@ def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
             if user:
                 q = q.where(JobRow.user == user)
             out += [(r, {"rank": None}) for r in s.scalars(q)]
-    out = [(r, x) for r, x in out if (not state or r.state == state)
-           and (not team or r.team == team) and (not user or r.user == user)][:limit]
+    out = compact_pending(svc, [(r, x) for r, x in out if (not state or r.state == state)
+                                and (not team or r.team == team)
+                                and (not user or r.user == user)])[:limit]
     names = {i: f"{j.name} ({i[:8]})" for i, j in names_of(svc, [
         b for r, _ in out if r.state == PENDING for b in blocker_ids(r.details or {})]).items()}
     for r, extra in out:

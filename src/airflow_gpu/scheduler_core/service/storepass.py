@@ -6,10 +6,12 @@ a leader that was taken over writes nothing."""
 
 from __future__ import annotations
 
+import logging
 import math
 from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster
@@ -29,15 +31,16 @@ from ..store.models import (
     MigHoldRow,
 )
 from ..units import format_duration
-from . import passerrors, quarantine, reserving
+from . import arrays, dependencies, passerrors, quarantine, reserving
 from .agents import silent_hosts
-from .common import LIVE, PENDING, _ts, _update, spec_gpus, utcnow
+from .common import LIVE, PENDING, _ts, _update, not_held, schedulable, spec_gpus, utcnow
 from .faults import handle_gpu_faults
 from .idle import queue_entry
-from .jobcontrol import not_held
 from .preemption import broken_guarantee, mark_preempting
 from .uow import Store
 from .wear import worn_gpus
+
+log = logging.getLogger(__name__)
 
 
 def run_pass(svc: Store) -> list[str]:
@@ -55,6 +58,7 @@ def run_pass(svc: Store) -> list[str]:
             fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
         windows = reserving.apply(svc, s, now)     # admins' reservations: drains, ends
+        said = _let_in(svc, s)              # jobs whose dependencies hold, array turns
         state = ClusterState(cluster)
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
             if h.name in cluster.by_name and not reserving.skip_drain(h, windows, t_now):
@@ -84,7 +88,7 @@ def run_pass(svc: Store) -> list[str]:
         sched.set_windows(windows)
         specs: dict[str, tuple] = {}    # the live and pending jobs' parsed specs
         _restore(svc, cluster, s, sched, t_now, specs)
-        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING, not_held())
+        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING, schedulable())
                                  .order_by(JobRow.submitted_at, JobRow.id)))
         for row in pending:
             try:
@@ -148,7 +152,31 @@ def run_pass(svc: Store) -> list[str]:
                 reason_code=why.code, reason=why.message, details=why.details,
                 eta_at=eta_at, promised_at=promised))
     svc._silent = silent
+    for owner, why in said.items():        # the reasons now committed: not written again
+        if why is None:
+            svc.dep_reasons.pop(owner, None)
+        else:
+            svc.dep_reasons[owner] = why
     return admitted
+
+
+def _let_in(svc: Store, s: Session) -> dict[str, str | None]:
+    """The waiting jobs whose dependencies now hold, then array elements as their turns
+    come (dependencies.py, arrays.py). A fault of theirs must not stop scheduling: what
+    they wrote is undone (a savepoint), those jobs wait on, and it is logged and counted;
+    a database error stops the pass as any other does."""
+    try:
+        with s.begin_nested():
+            said = dependencies.advance(svc, s)
+            arrays.give_turns(svc, s)
+        return said
+    except DBAPIError:
+        raise
+    except Exception as exc:      # noqa: BLE001 - logged, counted, the pass goes on
+        svc.pass_errors.append("job")
+        log.error("letting in jobs whose dependencies hold or whose array turn came failed; "
+                  "they wait on: %s", exc, exc_info=exc)
+        return {}
 
 
 def _spec(svc: Store, row: JobRow, specs: dict[str, tuple]) -> JobSpec:

@@ -71,6 +71,7 @@ class Store:
         self.pass_errors: list[str] = []     # kinds of errors the last pass got past
         self.preemptions: list[str] = []     # the last pass's preemptions, by reason
         self.told: dict[tuple[str, str], str] = {}   # ("team"|"job", name) -> error told
+        self.dep_reasons: dict[str, str] = {}   # waiting job or array -> reason written
         from .slowdown import LearnedSlowdown
         from .usage import EndedUsage
 

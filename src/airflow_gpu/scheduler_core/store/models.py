@@ -104,7 +104,13 @@ class GpuRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
-    __table_args__ = (UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_key"),)
+    __table_args__ = (
+        UniqueConstraint("team", "idempotency_key", name="uq_jobs_team_key"),
+        # the pass reads the pending jobs it may consider (blocked NULL) without reading
+        # those that wait for a dependency or their array's turn
+        Index("ix_jobs_state_blocked", "state", "blocked"),
+        # an array's elements by state: how many hold a turn, the next ones to let in
+        Index("ix_jobs_array", "array_id", "state", "blocked", "array_index"))
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME))
     team: Mapped[str] = mapped_column(String(NAME), index=True)
@@ -174,6 +180,43 @@ class JobRow(Base):
     # the spec's `notify` (url, events), kept apart so an event's notifications are
     # found without reading specs; None: the job asked for none
     notify: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # job arrays (service/arrays.py): the array an element belongs to and its index
+    array_id: Mapped[str | None] = mapped_column(String(36))
+    array_index: Mapped[int | None] = mapped_column(Integer)
+    # what keeps a pending job from the scheduling pass, like a hold: "dependency" until
+    # its depends_on holds (dependencies.py), "array" until its array has a turn free
+    # (max_running); None: the pass considers it
+    blocked: Mapped[str | None] = mapped_column(String(20))
+
+
+class ArrayRow(Base):
+    """A job array: its elements are jobs with its id as `array_id`, one per index."""
+
+    __tablename__ = "job_arrays"
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME), index=True)
+    team: Mapped[str] = mapped_column(String(NAME), index=True)
+    indexes: Mapped[str] = mapped_column(Text)          # as written compactly: 0-99
+    size: Mapped[int] = mapped_column(Integer)
+    max_running: Mapped[int | None] = mapped_column(Integer)
+    # some elements wait for a turn (blocked "array"): each pass lets the next ones in as
+    # others end; false once none waits, so a pass looks only at these arrays
+    throttled: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    submitted_at: Mapped[datetime] = mapped_column(UtcDateTime)
+
+
+class DependencyRow(Base):
+    """One job a job (or every element of an array) waits for: `owner` is the waiting
+    job's id or its array's id, `target` a job's id or an array's id. Open while the
+    owner waits; each pass evaluates the open ones only (dependencies.py)."""
+
+    __tablename__ = "job_dependencies"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(String(36), index=True)
+    kind: Mapped[str] = mapped_column(String(12))          # afterok | afterany | afternotok
+    target: Mapped[str] = mapped_column(String(36), index=True)
+    target_array: Mapped[bool] = mapped_column(Boolean, default=False)
+    open: Mapped[bool] = mapped_column(Boolean, default=True, index=True)
 
 
 class AllocationRow(Base):

@@ -146,6 +146,10 @@ class JobOut(BaseModel):
                                              "it then (see idle_since)")
     idle_requeues: int = Field(0, description="how often the idle-GPU policy requeued it "
                                "(held at the policy's idle.hold_after)")
+    array_id: str | None = Field(None, description="the array it is an element of (a "
+                                 "reference to all of them); null: no array")
+    array_index: int | None = Field(None, description="its index in the array "
+                                    "(AIRFLOW_GPU_ARRAY_INDEX in its replicas)")
     replicas: list[ReplicaOut] = Field([], description="its grants, the current admission's "
                                        "(live) and, marked live false with their admission, "
                                        "those of admissions that ended")
@@ -179,6 +183,7 @@ class JobOut(BaseModel):
                        "preempt_deadline_at": j.preempt_deadline_at}
                       if j.state == "preempting" else {}),
                    idle_requeues=j.idle_requeues or 0,
+                   array_id=j.array_id, array_index=j.array_index,
                    replicas=[ReplicaOut.of(a, n, hosts.get(a.host) if hosts else None)
                              for a, n in zip(allocations or [],
                                              admissions(allocations or [], j.attempt or 0),

@@ -22,6 +22,11 @@ class QueueEntry(JobOut):
                                   "to its end once ended")
     reason: str | None = Field(None, description="why a pending job waits, the jobs it "
                                "names given by name and short id")
+    array_tasks: str | None = Field(None, description="an entry for an array's elements "
+                                    "waiting for their turn or a dependency: their indexes "
+                                    "as squeue writes them (5-99%8); the other fields are "
+                                    "the first one's")
+    array_count: int | None = Field(None, description="how many elements that entry is")
 
 
 class UpdateRequest(RequestBody):

@@ -47,7 +47,7 @@ def accounting(_: Who, service: Svc,
         except ValueError as exc:
             raise InputError(str(exc)) from None
     if job:
-        from ...service.jobcontrol import resolve_job
+        from ...service.references import resolve_job
 
         job = resolve_job(service, job)
     try:

@@ -6,8 +6,10 @@ import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response
+from fastapi.concurrency import run_in_threadpool
 
 from ...service import notify
+from ...service.batch import submit_batch
 from ...service.common import LIVE
 from .. import submits
 from ..bodies import DecodedOffLoop
@@ -22,8 +24,15 @@ router = APIRouter(route_class=DecodedOffLoop)
 @router.post("/api/v1/jobs", status_code=201, response_model=JobOut)
 async def submit(body: SubmitRequest, p: Who, response: Response, service: Svc,
                  idempotency_key: Annotated[str | None, Header(max_length=200)] = None):
-    row, created = await submits.submit(      # stored with concurrent submits
-        service, body.spec, p, body.idempotency_key or idempotency_key)
+    key = body.idempotency_key or idempotency_key
+    if body.spec.array is not None or body.spec.depends_on:
+        # one job per index and what it waits for, in one transaction (batch.py)
+        rows, created = await run_in_threadpool(submit_batch, service, [body.spec], p,
+                                                [key], True)
+        row = rows[0]
+    else:
+        row, created = await submits.submit(      # stored with concurrent submits
+            service, body.spec, p, key)
     if not created:
         response.status_code = 200
     return JobOut.of(row)
