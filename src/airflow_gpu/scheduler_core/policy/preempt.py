@@ -102,22 +102,20 @@ class Trial:
             for a in self.out.pop(job):
                 state.hold(a)
 
-    def _too_few_gpus(self, adding: list[QueuedJob], back: list[QueuedJob] = ()) -> bool:
+    def _too_few_gpus(self, victims: list[QueuedJob]) -> bool:
         """place_best's first test (could_fit, GPU counts) would fail with the resources
-        of `adding` given back and those of `back` taken again: only their hosts change."""
+        of `victims` given back: only their hosts change."""
         state, job = self.p.s.state, self.job
-        masks: dict[int, list[int]] = {}             # per host: GPUs coming back, taken
-        for jobs, k in ((adding, 0), (back, 1)):
-            for v in jobs:
-                for a in state.allocations[v.name]:
-                    if a.gpu_mask:
-                        masks.setdefault(a.host.index, [0, 0])[k] |= a.gpu_mask
+        masks: dict[int, int] = {}                   # per host: GPUs coming back
+        for v in victims:
+            for a in state.allocations[v.name]:
+                if a.gpu_mask:
+                    masks[a.host.index] = masks.get(a.host.index, 0) | a.gpu_mask
         total, changed = state.usable_total, []      # usable GPUs before and after, per host
-        for i, (more, less) in masks.items():
+        for i, more in masks.items():
             hs = state.hosts[i]
             before = hs.usable_gpus.bit_count()
-            after = 0 if hs.drained else (
-                (hs.free_gpus & ~less | more) & ~hs.bad_gpus).bit_count()
+            after = 0 if hs.drained else ((hs.free_gpus | more) & ~hs.bad_gpus).bit_count()
             changed.append((before, after))
             total += after - before
         return total < job.gpus or any(
@@ -139,11 +137,14 @@ class Trial:
         if not p.plan.holds_all():       # holds are grabbed with every victim running
             self._take_again(list(self.out))
         p.plan.hold_first(len(p.reservations))
-        now = {*victims, *self.freed}
-        back = [v for v in self.out if v not in now]
-        adding = [v for v in self.freed + victims if v not in self.out]
-        if self._too_few_gpus(adding, back):
-            return None
+        now = dict.fromkeys(self.freed + victims)
+        adding = [v for v in now if v not in self.out]
+        # a search mostly adds: then every victim given back is still in the set
+        back = ([v for v in self.out if v not in now]
+                if len(now) - len(adding) < len(self.out) else [])
+        # given back even when too few GPUs come free (place_best's first test fails
+        # then): a search adds candidates one by one, so each is given back once, not
+        # counted again at every step until enough are
         self._take_again(back)
         for v in adding:
             self.out[v] = allocs = state.allocations[v.name]
