@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from operator import itemgetter
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from ..units import format_size
 from . import migfit
@@ -149,8 +150,11 @@ def _free_on(state: ClusterState, need: Need, hosts) -> int:
 
 def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[str, int]]:
     """Jobs holding GPUs this need could use (eligible, on hosts it may use), most first."""
-    counts: dict[str, int] = {}
     hosts = state.cluster.hosts
+    if len(usable) == len(hosts) and all(
+            need.eligible(t) == t.all_gpus for t in {id(h.type): h.type for h in hosts}.values()):
+        return list(_all_holders(state))
+    counts: dict[str, int] = {}
     eligible = {i: need.eligible(hosts[i].type) for i in usable}.get   # None: not usable
     for job, allocs in state.allocations.items():
         n = 0
@@ -159,6 +163,34 @@ def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[st
                 n += (a.gpu_mask & m).bit_count()
         if n:
             counts[job] = n
+    return _most_first(counts)
+
+
+# per state: its allocations when `_all_holders` last counted them, and what it found.
+# Pending reasons count holders for one shape after another, mostly with the same jobs
+# running; the allocations are compared each time, so it cannot go stale
+_ALL_HELD: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _all_holders(state: ClusterState) -> list[tuple[str, int]]:
+    """_holders for a need that may use every GPU of every host: all of each job's GPUs."""
+    memo = _ALL_HELD.get(state)
+    if memo is not None and memo[0] == state.allocations:
+        return memo[1]
+    counts: dict[str, int] = {}
+    for job, allocs in state.allocations.items():
+        n = 0
+        for a in allocs:
+            n += a.gpu_mask.bit_count()
+        if n:
+            counts[job] = n
+    held = _most_first(counts)
+    _ALL_HELD[state] = ({job: list(allocs) for job, allocs in state.allocations.items()},
+                        held)
+    return held
+
+
+def _most_first(counts: dict[str, int]) -> list[tuple[str, int]]:
     held = sorted(counts.items())                    # by name, then (stable) most first
     held.sort(key=itemgetter(1), reverse=True)
     return held
