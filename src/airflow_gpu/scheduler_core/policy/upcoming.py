@@ -38,7 +38,8 @@ def upcoming(p: PassView, job: QueuedJob, why: Pending, own_team: bool = False) 
     if r.soon_pool is None:
         r.soon_pool = pool(s, now, soon=True)
     soon = r.soon_pool
-    if not any(c[0][0] > now for c in soon):
+    # the pool is sorted by when each may be stopped: the last is the latest
+    if not soon or soon[-1][0][0] <= now:
         return why                  # every candidate may be stopped now: preempt() said no
     if r.searches_left <= 0:
         return why                  # a pass looks for this for its first jobs only

@@ -34,7 +34,7 @@ class Pool(list):
 
     def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
         super().__init__(entries)
-        # kind -> (teams over their guarantee, len(stopping), candidates, their names,
+        # kind -> (teams over their guarantee, len(stopping), candidates by name,
         # where the scan stopped)
         self.kinds: dict[tuple, tuple] = {}
         self.hosts: dict[str, int | None] = {}
@@ -104,21 +104,19 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
     # since, then the scan goes on where it stopped
     kind = (job.team, below, reclaim, job.preempted_by, own_team)
     flags = tuple(over.values())
-    out, names, pos = [], [], 0
+    found: dict[str, tuple] = {}          # name -> (cost, victim, reason), cheapest first
+    pos = 0
     cached = victims.kinds.get(kind)
     if cached is not None and cached[0] == flags and cached[1] <= len(stopping):
-        _, seen, out, names, pos = cached
-        known = set(names) if len(stopping) > seen else ()
+        _, seen, found, pos = cached
         for name in itertools.islice(stopping, seen, None):
-            if name in known:
-                i = names.index(name)
-                del out[i], names[i]
+            found.pop(name, None)
     limit = cfg.max_victims * 4
     mine, preempted_by = job.team, job.preempted_by
-    while len(out) < limit and pos < len(victims):
+    while len(found) < limit and pos < len(victims):
         cost, v = victims[pos]
         pos += 1
-        name, team = v.spec.name, v.spec.team
+        name, team = v.name, v.team
         if name in stopping or name in preempted_by or own_team and team != mine:
             continue
         borrowed = v.borrowed and over[team]
@@ -128,7 +126,6 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
             reason = "priority"
         else:
             continue
-        out.append((cost, v, reason))
-        names.append(name)
-    victims.kinds[kind] = (flags, len(stopping), out, names, pos)
-    return list(out)
+        found[name] = (cost, v, reason)
+    victims.kinds[kind] = (flags, len(stopping), found, pos)
+    return list(found.values())
