@@ -11,8 +11,9 @@ import math
 from typing import TYPE_CHECKING
 
 from ..units import format_duration
-from .preempt import Trial, candidates, pool, reclaims
+from .preempt import candidates, pool, reclaims
 from .quota import most, need
+from .victimsets import Trial
 
 if TYPE_CHECKING:
     from .types import PassView, Pending, QueuedJob
