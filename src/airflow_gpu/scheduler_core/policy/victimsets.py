@@ -211,7 +211,8 @@ def _total(chosen) -> tuple:
 def search(trial: Trial, cands: list[tuple[tuple, QueuedJob, str]], limit: int
            ) -> tuple[list[tuple[tuple, QueuedJob, str]], Placed] | None:
     """The cheapest set keeping every other team at its guarantee: over all candidates,
-    and (for a job that fits on one host) over the candidates of each host alone."""
+    and (for a job that fits on one host) over the candidates of each host alone, unless
+    no set of them can cost less than the best found (may_beat)."""
     s, job = trial.p.s, trial.job
     best = trial.cheapest(cands, limit)
     if best is None or job.gpus > s.state.cluster.max_host_gpus:
@@ -237,8 +238,53 @@ def search(trial: Trial, cands: list[tuple[tuple, QueuedJob, str]], limit: int
         free = s.state.hosts[host].usable_gpus.bit_count()
         if free + sum(c[1].gpus for c in cs) < job.gpus:
             continue
+        if not may_beat(trial, cs, free, _total(best[0])):
+            continue
         got = trial.cheapest(cs, limit)
         if got is not None and _total(got[0]) < _total(best[0]):
             best = got
     return best
 
+
+def may_beat(trial: Trial, cs: list[tuple[tuple, QueuedJob, str]], free: int, best: tuple
+             ) -> bool:
+    """Whether a set of one host's candidates `cs` may cost less than `best` (its
+    _total); False only where none can. A job of one replica that could not start without
+    stopping jobs (search runs after Pass.try_now failed, holding fewer reservations)
+    places on the host its victims free, and needs its GPUs there (`free` usable now):
+    each set costs at least what it lacks times the least GPU-seconds any
+    candidate loses per GPU; on a tie, the fewest candidates that free enough and then
+    the lowest bands decide. Costs that are not whole numbers count only beyond float
+    rounding (sums in another order)."""
+    job = trial.job
+    want = job.gpus - free
+    if (want <= 0 or trial.own_team or trial.freed
+            or sum(n.replicas for n in job.needs) != 1):
+        return True
+    gpus = [(c[0][0], c[1].gpus) for c in cs if c[1].gpus]
+    if not gpus:
+        return False
+    cost, n, bands = best
+    if not all(_whole(x) for x, _ in gpus) or not _whole(cost):
+        return not all(want * x > cost * g * (1 + 1e-9) for x, g in gpus)
+    # whole numbers: exact; the sign of want * (x / g) - cost, least first
+    sign = min((want * int(x) > int(cost) * g) - (want * int(x) < int(cost) * g)
+               for x, g in gpus)
+    if sign:
+        return sign < 0
+    fewest, got = 0, 0
+    for g in sorted((g for _, g in gpus), reverse=True):
+        fewest, got = fewest + 1, got + g
+        if got >= want:
+            break
+    if got < want:
+        return False               # all of them free too few GPUs there
+    if fewest != n:
+        return fewest < n
+    lowest = sorted(c[0][1] for c in cs)[:n]
+    return not all(_whole(b) for b in lowest) or not _whole(bands) or sum(lowest) < bands
+
+
+def _whole(x: float) -> bool:
+    """A whole number small enough that sums of up to 10,000 of them are exact floats."""
+    return float(x).is_integer() and abs(x) < 2**39
