@@ -56,8 +56,7 @@ def pending_reason(trial: Trial, within: str) -> tuple[str, str, dict]:
                  "(placement.hosts)")
     gpu_need = next((n for n in needs if n.gpus), None)
     # only the hosts it may use count (placement.hosts, filters, enough eligible GPUs)
-    usable = [h for h in state.cluster.hosts if not state.hosts[h.index].drained
-              and trial.allowed(gpu_need, h)] if gpu_need else []
+    usable = _usable(trial, gpu_need) if gpu_need else []
     free = _free_on(state, gpu_need, usable) if gpu_need else 0
     details: dict = {"needs_gpus": trial.total_gpus, "cluster_free_gpus": free}
     code = "Resources"
@@ -143,7 +142,21 @@ def _best_host(trial: Trial, gpu_need: Need | None):
     return best
 
 
+def _usable(trial: Trial, need: Need) -> list:
+    """The hosts in service the need may use (Trial.allowed)."""
+    state, hosts = trial.state, trial.state.cluster.hosts
+    if trial.only is not None or trial.reg.filters:
+        return [h for h in hosts if not state.hosts[h.index].drained and trial.allowed(need, h)]
+    # without placement.hosts or filters, whether it may use a host depends on its type
+    ok = {key: trial.allowed(need, h) for key, h in {id(h.type): h for h in hosts}.items()}
+    return [h for h, hs in zip(hosts, state.hosts, strict=True)
+            if ok[id(h.type)] and not hs.drained]
+
+
 def _free_on(state: ClusterState, need: Need, hosts) -> int:
+    if len(hosts) == len(state.hosts) and all(
+            need.eligible(t) == t.all_gpus for t in {id(h.type): h.type for h in hosts}.values()):
+        return state.usable_total      # every GPU of every host
     return sum((state.hosts[h.index].usable_gpus & need.eligible(h.type)).bit_count()
                for h in hosts)
 
@@ -166,27 +179,19 @@ def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[st
     return _most_first(counts)
 
 
-# per state: its allocations when `_all_holders` last counted them, and what it found.
-# Pending reasons count holders for one shape after another, mostly with the same jobs
-# running; the allocations are compared each time, so it cannot go stale
+# per state: the GPUs each job held when `_all_holders` last sorted them, and the sorted
+# list. Pending reasons count holders for one shape after another, mostly with the same
+# jobs running; the counts are compared each time, so it cannot go stale
 _ALL_HELD: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def _all_holders(state: ClusterState) -> list[tuple[str, int]]:
     """_holders for a need that may use every GPU of every host: all of each job's GPUs."""
     memo = _ALL_HELD.get(state)
-    if memo is not None and memo[0] == state.allocations:
+    if memo is not None and memo[0] == state.gpus_held:
         return memo[1]
-    counts: dict[str, int] = {}
-    for job, allocs in state.allocations.items():
-        n = 0
-        for a in allocs:
-            n += a.gpu_mask.bit_count()
-        if n:
-            counts[job] = n
-    held = _most_first(counts)
-    _ALL_HELD[state] = ({job: list(allocs) for job, allocs in state.allocations.items()},
-                        held)
+    held = _most_first({job: n for job, n in state.gpus_held.items() if n})
+    _ALL_HELD[state] = (dict(state.gpus_held), held)
     return held
 
 

@@ -144,6 +144,7 @@ class ClusterState:
         self.cluster = cluster
         self.hosts = [HostState.empty(h) for h in cluster.hosts]
         self.allocations: dict[str, list[ReplicaAllocation]] = {}
+        self.gpus_held: dict[str, int] = {}          # job -> GPUs its allocations hold
         self.started: dict[str, float] = {}          # job -> start time
         self.expected_end: dict[str, float] = {}     # job -> planned end (inf: unknown)
         self._ends: list[tuple[float, str]] = []     # (expected end, job), sorted
@@ -201,12 +202,14 @@ class ClusterState:
         for a in allocs:
             self.hold(a)
         self.allocations[job] = list(allocs)
+        self.gpus_held[job] = sum(a.gpu_mask.bit_count() for a in allocs)
         self.started[job] = start
         self.expected_end[job] = expected_end
         bisect.insort(self._ends, (expected_end, job))
 
     def release(self, job: str) -> list[ReplicaAllocation]:
         allocs = self.allocations.pop(job, [])
+        self.gpus_held.pop(job, None)
         for a in allocs:
             self.unhold(a)
         if job in self.started:
