@@ -27,7 +27,6 @@ from .guarantee import broken_guarantees, still_broken
 from .reservations import Reservation, earliest_end
 from .types import Pending
 from .victims import candidates, lost_seconds, reclaims
-from .victims import pool as pool  # upcoming.py imports it from here
 from .victims import unsaved as unsaved  # simulation/progress.py imports it from here
 from .victimsets import EXHAUSTIVE, Trial, search
 

@@ -34,6 +34,9 @@ class Pool(list):
 
     def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
         super().__init__(entries)
+        # per entry, what `candidates` reads of its job (fixed while it runs), side by
+        # side: a scan then reads no job objects scattered over memory
+        self.facts = [(v.name, v.team, v.borrowed, v.base) for _, v in entries]
         # kind -> (teams over their guarantee, len(stopping), candidates by name,
         # where the scan stopped)
         self.kinds: dict[tuple, tuple] = {}
@@ -76,6 +79,28 @@ def pool(s: SchedulerView, now: float, soon: bool = False) -> Pool:
     return Pool(out)
 
 
+def soon_pool(s: SchedulerView, now: float, passed: Pool | None) -> Pool:
+    """pool(s, now, soon=True), from the pass's pool (`passed`, made at `now`) where there
+    is one: its jobs' costs stay (those stopping since drop out), only the jobs it left
+    out are costed."""
+    if passed is None:
+        return pool(s, now, soon=True)
+    min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
+    out = [((max(now, -cost[2] + min_run), *cost), v) for cost, v in passed
+           if v.name not in stopping]
+    seen = {v.name for _, v in passed}
+    for name, v in s.running.items():
+        started = started_at[name]
+        if name in seen or name in stopping or not v.preemptible:
+            continue
+        ran, interval = max(0.0, now - started), v.checkpoint_interval
+        cost = (max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started,
+                v.seq)
+        out.append(((max(now, started + min_run), *cost), v))
+    out.sort(key=itemgetter(0))
+    return Pool(out)
+
+
 def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
     """The job may reclaim: its team's GPU guarantee covers it (not waiting for quota)."""
     return (s.config.preemption.reclaim and job.gpus > 0 and not own_team
@@ -99,6 +124,7 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         victims = p.victim_pool
     quotas, stopping = s.quotas, s.stopping
     over = {t: quotas.over(t) for t in quotas.held}     # every running job's team
+    guaranteed = {t: quotas.guaranteed(t) for t in over}
     # within a pass jobs only start and victims only stop: while no team crosses its
     # guarantee, a kind's candidates are those found before less the victims stopping
     # since, then the scan goes on where it stopped
@@ -112,20 +138,20 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         for name in itertools.islice(stopping, seen, None):
             found.pop(name, None)
     limit = cfg.max_victims * 4
-    mine, preempted_by = job.team, job.preempted_by
+    mine, preempted_by, facts = job.team, job.preempted_by, victims.facts
     while len(found) < limit and pos < len(victims):
-        cost, v = victims[pos]
+        name, team, borrowed, base = facts[pos]
         pos += 1
-        name, team = v.name, v.team
         if name in stopping or name in preempted_by or own_team and team != mine:
             continue
-        borrowed = v.borrowed and over[team]
+        borrowed = borrowed and over[team]
         if reclaim and borrowed and team != mine:
             reason = "reclaim"
-        elif v.base < below and (team == mine or borrowed or not quotas.guaranteed(team)):
+        elif base < below and (team == mine or borrowed or not guaranteed[team]):
             reason = "priority"
         else:
             continue
+        cost, v = victims[pos - 1]
         found[name] = (cost, v, reason)
     victims.kinds[kind] = (flags, len(stopping), found, pos)
     return list(found.values())
