@@ -252,7 +252,7 @@ class Scheduler:
                 if p.result.tested >= cfg.max_jobs_tested:
                     if not explain:
                         break
-                    p.wait(job, Pending("Priority", untested))
+                    p.result.pending[job.name] = Pending("Priority", untested)   # p.wait
                     continue
                 p.result.tested += 1
                 p.protect_left -= protected

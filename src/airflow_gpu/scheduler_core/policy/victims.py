@@ -41,6 +41,7 @@ class Pool(list):
         # where the scan stopped)
         self.kinds: dict[tuple, tuple] = {}
         self.hosts: dict[str, int | None] = {}
+        self.guaranteed: dict[str, bool] = {}        # team -> it has a GPU guarantee
         self._gone: tuple[int, dict[str, list[float]]] = (0, {})
 
     def gone(self, s: SchedulerView) -> dict[str, list[float]]:
@@ -124,7 +125,10 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         victims = p.victim_pool
     quotas, stopping = s.quotas, s.stopping
     over = {t: quotas.over(t) for t in quotas.held}     # every running job's team
-    guaranteed = {t: quotas.guaranteed(t) for t in over}
+    guaranteed = victims.guaranteed                   # the policy's, fixed
+    for t in over:
+        if t not in guaranteed:
+            guaranteed[t] = quotas.guaranteed(t)
     # within a pass jobs only start and victims only stop: while no team crosses its
     # guarantee, a kind's candidates are those found before less the victims stopping
     # since, then the scan goes on where it stopped
