@@ -157,9 +157,6 @@ class ClusterState:
         self.epoch = 0
         self.by_free: list[dict[int, None]] = [{} for _ in range(cluster.max_host_gpus + 1)]
         self._bucket = [0] * len(self.hosts)
-        # per host, counts every change to it: what was taken from a host that has not
-        # changed since can be taken again as it was (passplan.py)
-        self.changes = [0] * len(self.hosts)
         # usable GPUs per switch and per rack, kept current, to rank domains without a scan
         self.switch_free: dict[tuple[str, str], int] = {}
         self.rack_free: dict[str, int] = {}
@@ -180,7 +177,6 @@ class ClusterState:
             self._reindex(h.index)
 
     def _reindex(self, i: int) -> None:
-        self.changes[i] += 1
         n = self.hosts[i].usable_gpus.bit_count()
         old = self._bucket[i]
         if old == n:
@@ -229,18 +225,14 @@ class ClusterState:
         """Take one allocation's resources without recording a job (reservation holds)."""
         i = a.host.index
         take(self.hosts[i], a)
-        if a.gpu_mask:
+        if a.gpu_mask:           # else usable GPUs unchanged
             self._reindex(i)
-        else:                    # usable GPUs unchanged
-            self.changes[i] += 1
 
     def unhold(self, a: ReplicaAllocation) -> None:
         i = a.host.index
         give_back(self.hosts[i], a)
         if a.gpu_mask:
             self._reindex(i)
-        else:
-            self.changes[i] += 1
 
     def ends(self) -> list[tuple[float, str]]:
         """Running jobs by expected end, soonest first (a live view: do not mutate)."""
