@@ -38,6 +38,11 @@ def _types(cluster: Cluster) -> dict:
     return found
 
 
+def host_types(cluster: Cluster) -> list[HostType]:
+    """The cluster's distinct host types."""
+    return _types(cluster)[None]
+
+
 class Ranking:
     """Capability levels of the host types, for one job's GPU needs. Inactive (every level
     ()) when the job names a model or hosts, or when its GPUs are all of one kind."""

@@ -8,6 +8,7 @@ from weakref import WeakKeyDictionary
 
 from ..units import format_size
 from . import migfit
+from .capability import host_types
 from .fit import fit_replica
 from .need import Need
 from .state import HostState
@@ -155,7 +156,7 @@ def _usable(trial: Trial, need: Need) -> list:
 
 def _free_on(state: ClusterState, need: Need, hosts) -> int:
     if len(hosts) == len(state.hosts) and all(
-            need.eligible(t) == t.all_gpus for t in {id(h.type): h.type for h in hosts}.values()):
+            need.eligible(t) == t.all_gpus for t in host_types(state.cluster)):
         return state.usable_total      # every GPU of every host
     return sum((state.hosts[h.index].usable_gpus & need.eligible(h.type)).bit_count()
                for h in hosts)
@@ -165,7 +166,7 @@ def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[st
     """Jobs holding GPUs this need could use (eligible, on hosts it may use), most first."""
     hosts = state.cluster.hosts
     if len(usable) == len(hosts) and all(
-            need.eligible(t) == t.all_gpus for t in {id(h.type): h.type for h in hosts}.values()):
+            need.eligible(t) == t.all_gpus for t in host_types(state.cluster)):
         return list(_all_holders(state))
     counts: dict[str, int] = {}
     eligible = {i: need.eligible(hosts[i].type) for i in usable}.get   # None: not usable
