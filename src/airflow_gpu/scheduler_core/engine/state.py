@@ -177,28 +177,31 @@ class ClusterState:
             self._reindex(h.index)
 
     def _reindex(self, i: int) -> None:
-        n = self.hosts[i].usable_gpus.bit_count()
+        hs = self.hosts[i]          # usable_gpus, inline: every hold and release asks
+        n = 0 if hs.drained else (hs.free_gpus & ~hs.bad_gpus).bit_count()
         old = self._bucket[i]
         if old == n:
             return
         del self.by_free[old][i]
         self.by_free[n][i] = None
         self._bucket[i] = n
-        h = self.cluster.hosts[i]
-        self.switch_free[h.switch_key] += n - old
-        self.rack_free[h.rack] += n - old
+        h, more = self.cluster.hosts[i], n - old
+        self.switch_free[h.switch_key] += more
+        self.rack_free[h.rack] += more
         if h.nvlink_domain is not None:
-            self.domain_free[h.nvlink_domain] += n - old
-        self.usable_total += n - old
+            self.domain_free[h.nvlink_domain] += more
+        self.usable_total += more
 
     def commit(self, job: str, allocs: list[ReplicaAllocation], start: float = 0.0,
                expected_end: float = math.inf) -> None:
         if job in self.allocations:
             raise ValueError(f"job {job!r} already holds resources")
+        gpus = 0
         for a in allocs:
             self.hold(a)
+            gpus += a.gpu_mask.bit_count()
         self.allocations[job] = list(allocs)
-        self.gpus_held[job] = sum(a.gpu_mask.bit_count() for a in allocs)
+        self.gpus_held[job] = gpus
         self.started[job] = start
         self.expected_end[job] = expected_end
         bisect.insort(self._ends, (expected_end, job))
