@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..jobspec import JobSpec
 from ..plugins import Registry
-from .capability import Ranking, host_types
+from .capability import host_types, ranking
 from .cluster import Host
 from .fit import allocate_replica
 from .migfit import host_order
@@ -30,7 +30,7 @@ class Trial:
         self.progress = Progress()
         # placement.hosts: the only hosts the job may use (the local runner's worker host)
         self.only = frozenset(job.placement.hosts) if job.placement.hosts else None
-        self.rank = Ranking(state.cluster, needs, self.only is not None
+        self.rank = ranking(state.cluster, needs, self.only is not None
                             or any(n.models for n in needs))
 
     def allowed(self, need: Need, host: Host) -> bool:

@@ -37,7 +37,7 @@ def upcoming(p: PassView, job: QueuedJob, why: Pending, own_team: bool = False) 
     if job.runtime >= r.no_victims_soon.get(key, math.inf):
         return why
     if r.soon_pool is None:
-        r.soon_pool = soon_pool(s, now, p.victim_pool)
+        r.soon_pool = soon_pool(s, now, p.victim_pool, [j for j, _ in p.result.started])
     soon = r.soon_pool
     # the pool is sorted by when each may be stopped: the last is the latest
     if not soon or soon[-1][0][0] <= now:

@@ -32,11 +32,15 @@ class Pool(list):
     pass keeps of it between searches: each kind of preemptor's candidates so far
     (`candidates`), each victim's host (`one_host`)."""
 
-    def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
-        super().__init__(entries)
+    def __init__(self, rows: list[tuple[tuple, QueuedJob, tuple]],
+                 young: list[QueuedJob] | None = None, started: int = 0):
+        super().__init__((cost, v) for cost, v, _ in rows)
         # per entry, what `candidates` reads of its job (fixed while it runs), side by
         # side: a scan then reads no job objects scattered over memory
-        self.facts = [(v.name, v.team, v.borrowed, v.base) for _, v in entries]
+        self.facts = [facts for _, _, facts in rows]
+        # what soon_pool adds: the preemptible jobs left out inside min_run_time, and
+        # how many jobs the pass had started when it was made
+        self.young, self.started = young or [], started
         # kind -> (teams over their guarantee, len(stopping), candidates by name,
         # where the scan stopped)
         self.kinds: dict[tuple, tuple] = {}
@@ -62,44 +66,54 @@ class Pool(list):
         return self.hosts[name]
 
 
-def pool(s: SchedulerView, now: float, soon: bool = False) -> Pool:
+def _row(v: QueuedJob, started: float, now: float) -> tuple:
+    """(cost, job, what candidates reads of it); lost_seconds inline: it runs for every
+    running job."""
+    ran, interval = max(0.0, now - started), v.checkpoint_interval
+    return ((max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started, v.seq),
+            v, (v.name, v.team, v.borrowed, v.base))
+
+
+def pool(s: SchedulerView, now: float, soon: bool = False, started: int = 0) -> Pool:
     """(cost, job) of every running job that may be preempted at all, cheapest first.
-    `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
+    `soon`: also those still inside `min_run_time`, the cost led by when they may be;
+    `started`: how many jobs the pass has started so far (soon_pool)."""
     min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
-    out = []
+    rows, young = [], []
     for name, v in s.running.items():
-        started = started_at[name]
-        if name in stopping or not v.preemptible or (now - started < min_run and not soon):
+        if name in stopping or not v.preemptible:
             continue
-        # lost_seconds, inline: it runs for every running job
-        ran, interval = max(0.0, now - started), v.checkpoint_interval
-        cost = (max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started,
-                v.seq)
-        out.append((((max(now, started + min_run), *cost) if soon else cost), v))
-    out.sort(key=itemgetter(0))
-    return Pool(out)
+        at = started_at[name]
+        if soon:
+            cost, v, facts = _row(v, at, now)
+            rows.append(((max(now, at + min_run), *cost), v, facts))
+        elif now - at < min_run:
+            young.append(v)
+        else:
+            rows.append(_row(v, at, now))
+    rows.sort(key=itemgetter(0))
+    return Pool(rows, young, started)
 
 
-def soon_pool(s: SchedulerView, now: float, passed: Pool | None) -> Pool:
+def soon_pool(s: SchedulerView, now: float, passed: Pool | None,
+              started: list[QueuedJob]) -> Pool:
     """pool(s, now, soon=True), from the pass's pool (`passed`, made at `now`) where there
-    is one: its jobs' costs stay (those stopping since drop out), only the jobs it left
-    out are costed."""
+    is one: its jobs' costs stay (those stopping since drop out); only those it left out
+    inside min_run_time and those the pass started since (`started`: all it started) are
+    costed."""
     if passed is None:
         return pool(s, now, soon=True)
     min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
-    out = [((max(now, -cost[2] + min_run), *cost), v) for cost, v in passed
-           if v.name not in stopping]
-    seen = {v.name for _, v in passed}
-    for name, v in s.running.items():
-        started = started_at[name]
-        if name in seen or name in stopping or not v.preemptible:
-            continue
-        ran, interval = max(0.0, now - started), v.checkpoint_interval
-        cost = (max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started,
-                v.seq)
-        out.append(((max(now, started + min_run), *cost), v))
-    out.sort(key=itemgetter(0))
-    return Pool(out)
+    rows = [((max(now, -cost[2] + min_run), *cost), v, facts)
+            for (cost, v), facts in zip(passed, passed.facts, strict=True)
+            if facts[0] not in stopping]
+    for v in itertools.chain(passed.young, started[passed.started:]):
+        if v.name not in stopping and v.preemptible:
+            at = started_at[v.name]
+            cost, v, facts = _row(v, at, now)
+            rows.append(((max(now, at + min_run), *cost), v, facts))
+    rows.sort(key=itemgetter(0))
+    return Pool(rows)
 
 
 def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
@@ -121,7 +135,7 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         return []
     if victims is None:
         if p.victim_pool is None:
-            p.victim_pool = pool(s, p.now)
+            p.victim_pool = pool(s, p.now, started=len(p.result.started))
         victims = p.victim_pool
     quotas, stopping = s.quotas, s.stopping
     over = {t: quotas.over(t) for t in quotas.held}     # every running job's team
