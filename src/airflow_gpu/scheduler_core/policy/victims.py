@@ -28,16 +28,15 @@ def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
 
 
 class Pool(list):
-    """(cost, job) of running jobs that may be preempted, cheapest first, with what one
-    pass keeps of it between searches: each kind of preemptor's candidates so far
-    (`candidates`), each victim's host (`one_host`)."""
+    """(cost, job, name, team, borrowed, band) of running jobs that may be preempted,
+    cheapest first (what `candidates` reads of a job, fixed while it runs, beside it: a
+    scan reads no job objects), with what one pass keeps of it between searches: each
+    kind of preemptor's candidates so far (`candidates`), each victim's host
+    (`one_host`)."""
 
-    def __init__(self, rows: list[tuple[tuple, QueuedJob, tuple]],
-                 young: list[QueuedJob] | None = None, started: int = 0):
-        super().__init__((cost, v) for cost, v, _ in rows)
-        # per entry, what `candidates` reads of its job (fixed while it runs), side by
-        # side: a scan then reads no job objects scattered over memory
-        self.facts = [facts for _, _, facts in rows]
+    def __init__(self, rows: list[tuple], young: list[QueuedJob] | None = None,
+                 started: int = 0):
+        super().__init__(rows)
         # what soon_pool adds: the preemptible jobs left out inside min_run_time, and
         # how many jobs the pass had started when it was made
         self.young, self.started = young or [], started
@@ -66,18 +65,16 @@ class Pool(list):
         return self.hosts[name]
 
 
-def _row(v: QueuedJob, started: float, now: float) -> tuple:
-    """(cost, job, what candidates reads of it); lost_seconds inline: it runs for every
-    running job."""
+def _cost(v: QueuedJob, started: float, now: float) -> tuple:
+    """A victim's cost; lost_seconds inline: it runs for every running job."""
     ran, interval = max(0.0, now - started), v.checkpoint_interval
-    return ((max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started, v.seq),
-            v, (v.name, v.team, v.borrowed, v.base))
+    return (max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started, v.seq)
 
 
 def pool(s: SchedulerView, now: float, soon: bool = False, started: int = 0) -> Pool:
-    """(cost, job) of every running job that may be preempted at all, cheapest first.
-    `soon`: also those still inside `min_run_time`, the cost led by when they may be;
-    `started`: how many jobs the pass has started so far (soon_pool)."""
+    """Every running job that may be preempted at all, cheapest first (Pool). `soon`:
+    also those still inside `min_run_time`, the cost led by when they may be; `started`:
+    how many jobs the pass has started so far (soon_pool)."""
     min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
     rows, young = [], []
     for name, v in s.running.items():
@@ -85,12 +82,12 @@ def pool(s: SchedulerView, now: float, soon: bool = False, started: int = 0) -> 
             continue
         at = started_at[name]
         if soon:
-            cost, v, facts = _row(v, at, now)
-            rows.append(((max(now, at + min_run), *cost), v, facts))
+            rows.append(((max(now, at + min_run), *_cost(v, at, now)), v, name, v.team,
+                         v.borrowed, v.base))
         elif now - at < min_run:
             young.append(v)
         else:
-            rows.append(_row(v, at, now))
+            rows.append((_cost(v, at, now), v, name, v.team, v.borrowed, v.base))
     rows.sort(key=itemgetter(0))
     return Pool(rows, young, started)
 
@@ -104,14 +101,13 @@ def soon_pool(s: SchedulerView, now: float, passed: Pool | None,
     if passed is None:
         return pool(s, now, soon=True)
     min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
-    rows = [((max(now, -cost[2] + min_run), *cost), v, facts)
-            for (cost, v), facts in zip(passed, passed.facts, strict=True)
-            if facts[0] not in stopping]
+    rows = [((max(now, -cost[2] + min_run), *cost), v, name, team, borrowed, base)
+            for cost, v, name, team, borrowed, base in passed if name not in stopping]
     for v in itertools.chain(passed.young, started[passed.started:]):
         if v.name not in stopping and v.preemptible:
             at = started_at[v.name]
-            cost, v, facts = _row(v, at, now)
-            rows.append(((max(now, at + min_run), *cost), v, facts))
+            rows.append(((max(now, at + min_run), *_cost(v, at, now)), v, v.name, v.team,
+                         v.borrowed, v.base))
     rows.sort(key=itemgetter(0))
     return Pool(rows)
 
@@ -156,9 +152,9 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         for name in itertools.islice(stopping, seen, None):
             found.pop(name, None)
     limit = cfg.max_victims * 4
-    mine, preempted_by, facts = job.team, job.preempted_by, victims.facts
+    mine, preempted_by = job.team, job.preempted_by
     while len(found) < limit and pos < len(victims):
-        name, team, borrowed, base = facts[pos]
+        cost, v, name, team, borrowed, base = victims[pos]
         pos += 1
         if name in stopping or name in preempted_by or own_team and team != mine:
             continue
@@ -169,7 +165,6 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
             reason = "priority"
         else:
             continue
-        cost, v = victims[pos - 1]
         found[name] = (cost, v, reason)
     victims.kinds[kind] = (flags, len(stopping), found, pos)
     return list(found.values())
