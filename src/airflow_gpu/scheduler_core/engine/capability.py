@@ -38,12 +38,28 @@ def _types(cluster: Cluster) -> dict:
     return found
 
 
+def host_types(cluster: Cluster) -> list[HostType]:
+    """The cluster's distinct host types."""
+    return _types(cluster)[None]
+
+
+def ranking(cluster: Cluster, needs: list[Need], chosen: bool) -> Ranking:
+    """Ranking(cluster, needs, chosen), kept on the first need: a job's needs are
+    compiled once and placed again and again on the same cluster."""
+    if not needs:
+        return Ranking(cluster, needs, chosen)
+    kept = needs[0]._ranking.get(chosen)
+    if kept is None or kept.cluster is not cluster or kept.needs is not needs:
+        kept = needs[0]._ranking[chosen] = Ranking(cluster, needs, chosen)
+    return kept
+
+
 class Ranking:
     """Capability levels of the host types, for one job's GPU needs. Inactive (every level
     ()) when the job names a model or hosts, or when its GPUs are all of one kind."""
 
     def __init__(self, cluster: Cluster, needs: list[Need], chosen: bool):
-        self.cluster = cluster
+        self.cluster, self.needs = cluster, needs
         gpu_needs = [n for n in needs if n.gpus]
         self._of: dict[int, tuple[int, int]] = {}
         if gpu_needs and not chosen:

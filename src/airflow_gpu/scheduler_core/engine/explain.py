@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from operator import itemgetter
 from typing import TYPE_CHECKING
+from weakref import WeakKeyDictionary
 
 from ..units import format_size
 from . import migfit
+from .capability import host_types
 from .fit import fit_replica
 from .need import Need
 from .state import HostState
@@ -55,8 +57,7 @@ def pending_reason(trial: Trial, within: str) -> tuple[str, str, dict]:
                  "(placement.hosts)")
     gpu_need = next((n for n in needs if n.gpus), None)
     # only the hosts it may use count (placement.hosts, filters, enough eligible GPUs)
-    usable = [h for h in state.cluster.hosts if not state.hosts[h.index].drained
-              and trial.allowed(gpu_need, h)] if gpu_need else []
+    usable = _usable(trial, gpu_need) if gpu_need else []
     free = _free_on(state, gpu_need, usable) if gpu_need else 0
     details: dict = {"needs_gpus": trial.total_gpus, "cluster_free_gpus": free}
     code = "Resources"
@@ -142,15 +143,32 @@ def _best_host(trial: Trial, gpu_need: Need | None):
     return best
 
 
+def _usable(trial: Trial, need: Need) -> list:
+    """The hosts in service the need may use (Trial.allowed)."""
+    state, hosts = trial.state, trial.state.cluster.hosts
+    if trial.only is not None or trial.reg.filters:
+        return [h for h in hosts if not state.hosts[h.index].drained and trial.allowed(need, h)]
+    # without placement.hosts or filters, whether it may use a host depends on its type
+    ok = {key: trial.allowed(need, h) for key, h in {id(h.type): h for h in hosts}.items()}
+    return [h for h, hs in zip(hosts, state.hosts, strict=True)
+            if ok[id(h.type)] and not hs.drained]
+
+
 def _free_on(state: ClusterState, need: Need, hosts) -> int:
+    if len(hosts) == len(state.hosts) and all(
+            need.eligible(t) == t.all_gpus for t in host_types(state.cluster)):
+        return state.usable_total      # every GPU of every host
     return sum((state.hosts[h.index].usable_gpus & need.eligible(h.type)).bit_count()
                for h in hosts)
 
 
 def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[str, int]]:
     """Jobs holding GPUs this need could use (eligible, on hosts it may use), most first."""
-    counts: dict[str, int] = {}
     hosts = state.cluster.hosts
+    if len(usable) == len(hosts) and all(
+            need.eligible(t) == t.all_gpus for t in host_types(state.cluster)):
+        return list(_all_holders(state))
+    counts: dict[str, int] = {}
     eligible = {i: need.eligible(hosts[i].type) for i in usable}.get   # None: not usable
     for job, allocs in state.allocations.items():
         n = 0
@@ -159,6 +177,26 @@ def _holders(state: ClusterState, need: Need, usable: set[int]) -> list[tuple[st
                 n += (a.gpu_mask & m).bit_count()
         if n:
             counts[job] = n
+    return _most_first(counts)
+
+
+# per state: the GPUs each job held when `_all_holders` last sorted them, and the sorted
+# list. Pending reasons count holders for one shape after another, mostly with the same
+# jobs running; the counts are compared each time, so it cannot go stale
+_ALL_HELD: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _all_holders(state: ClusterState) -> list[tuple[str, int]]:
+    """_holders for a need that may use every GPU of every host: all of each job's GPUs."""
+    memo = _ALL_HELD.get(state)
+    if memo is not None and memo[0] == state.gpus_held:
+        return memo[1]
+    held = _most_first({job: n for job, n in state.gpus_held.items() if n})
+    _ALL_HELD[state] = (dict(state.gpus_held), held)
+    return held
+
+
+def _most_first(counts: dict[str, int]) -> list[tuple[str, int]]:
     held = sorted(counts.items())                    # by name, then (stable) most first
     held.sort(key=itemgetter(1), reverse=True)
     return held

@@ -28,6 +28,7 @@ class Need:
     slices: int = 0                     # MIG devices of that profile per replica
     _eligible: dict = field(default_factory=dict)
     _capability: dict = field(default_factory=dict)
+    _ranking: dict = field(default_factory=dict)     # capability.ranking
 
     def eligible(self, t: HostType) -> int:
         """Bitmask of the GPUs of this host type that meet the model/memory constraint

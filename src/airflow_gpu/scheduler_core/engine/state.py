@@ -144,6 +144,7 @@ class ClusterState:
         self.cluster = cluster
         self.hosts = [HostState.empty(h) for h in cluster.hosts]
         self.allocations: dict[str, list[ReplicaAllocation]] = {}
+        self.gpus_held: dict[str, int] = {}          # job -> GPUs its allocations hold
         self.started: dict[str, float] = {}          # job -> start time
         self.expected_end: dict[str, float] = {}     # job -> planned end (inf: unknown)
         self._ends: list[tuple[float, str]] = []     # (expected end, job), sorted
@@ -156,9 +157,6 @@ class ClusterState:
         self.epoch = 0
         self.by_free: list[dict[int, None]] = [{} for _ in range(cluster.max_host_gpus + 1)]
         self._bucket = [0] * len(self.hosts)
-        # per host, counts every change to it: what was taken from a host that has not
-        # changed since can be taken again as it was (passplan.py)
-        self.changes = [0] * len(self.hosts)
         # usable GPUs per switch and per rack, kept current, to rank domains without a scan
         self.switch_free: dict[tuple[str, str], int] = {}
         self.rack_free: dict[str, int] = {}
@@ -179,34 +177,38 @@ class ClusterState:
             self._reindex(h.index)
 
     def _reindex(self, i: int) -> None:
-        self.changes[i] += 1
-        n = self.hosts[i].usable_gpus.bit_count()
+        hs = self.hosts[i]          # usable_gpus, inline: every hold and release asks
+        n = 0 if hs.drained else (hs.free_gpus & ~hs.bad_gpus).bit_count()
         old = self._bucket[i]
         if old == n:
             return
         del self.by_free[old][i]
         self.by_free[n][i] = None
         self._bucket[i] = n
-        h = self.cluster.hosts[i]
-        self.switch_free[h.switch_key] += n - old
-        self.rack_free[h.rack] += n - old
+        h, more = self.cluster.hosts[i], n - old
+        self.switch_free[h.switch_key] += more
+        self.rack_free[h.rack] += more
         if h.nvlink_domain is not None:
-            self.domain_free[h.nvlink_domain] += n - old
-        self.usable_total += n - old
+            self.domain_free[h.nvlink_domain] += more
+        self.usable_total += more
 
     def commit(self, job: str, allocs: list[ReplicaAllocation], start: float = 0.0,
                expected_end: float = math.inf) -> None:
         if job in self.allocations:
             raise ValueError(f"job {job!r} already holds resources")
+        gpus = 0
         for a in allocs:
             self.hold(a)
+            gpus += a.gpu_mask.bit_count()
         self.allocations[job] = list(allocs)
+        self.gpus_held[job] = gpus
         self.started[job] = start
         self.expected_end[job] = expected_end
         bisect.insort(self._ends, (expected_end, job))
 
     def release(self, job: str) -> list[ReplicaAllocation]:
         allocs = self.allocations.pop(job, [])
+        self.gpus_held.pop(job, None)
         for a in allocs:
             self.unhold(a)
         if job in self.started:
@@ -226,18 +228,14 @@ class ClusterState:
         """Take one allocation's resources without recording a job (reservation holds)."""
         i = a.host.index
         take(self.hosts[i], a)
-        if a.gpu_mask:
+        if a.gpu_mask:           # else usable GPUs unchanged
             self._reindex(i)
-        else:                    # usable GPUs unchanged
-            self.changes[i] += 1
 
     def unhold(self, a: ReplicaAllocation) -> None:
         i = a.host.index
         give_back(self.hosts[i], a)
         if a.gpu_mask:
             self._reindex(i)
-        else:
-            self.changes[i] += 1
 
     def ends(self) -> list[tuple[float, str]]:
         """Running jobs by expected end, soonest first (a live view: do not mutate)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..jobspec import JobSpec
 from ..plugins import Registry
-from .capability import Ranking
+from .capability import host_types, ranking
 from .cluster import Host
 from .fit import allocate_replica
 from .migfit import host_order
@@ -30,7 +30,7 @@ class Trial:
         self.progress = Progress()
         # placement.hosts: the only hosts the job may use (the local runner's worker host)
         self.only = frozenset(job.placement.hosts) if job.placement.hosts else None
-        self.rank = Ranking(state.cluster, needs, self.only is not None
+        self.rank = ranking(state.cluster, needs, self.only is not None
                             or any(n.models for n in needs))
 
     def allowed(self, need: Need, host: Host) -> bool:
@@ -214,14 +214,25 @@ class Trial:
 
     def _record(self, label: str, need: Need, placed_total: int, placed: int,
                 domain: list[Host]) -> None:
-        free = sum((self.state.hosts[h.index].usable_gpus & need.eligible(h.type)).bit_count()
-                   for h in domain) if need.gpus else 0
+        state = self.state
+        # the whole cluster, every GPU of which the need may use: the state's totals
+        whole = domain is state.cluster.hosts and self.may_use_all(need)
+        free = 0 if not need.gpus else state.usable_total if whole else sum(
+            (state.hosts[h.index].usable_gpus & need.eligible(h.type)).bit_count()
+            for h in domain)
         p = self.progress
         if (placed_total, free) > (p.score, p.free_gpus):
-            hosts = sum(1 for h in domain if self.allowed(need, h)    # that it may use
-                        and not self.state.hosts[h.index].drained)
+            hosts = sum(not hs.drained for hs in state.hosts) if whole else sum(
+                1 for h in domain if self.allowed(need, h)    # that it may use
+                and not state.hosts[h.index].drained)
             self.progress = Progress(label, need.role, placed, need.replicas, free,
                                      hosts, placed_total)
+
+    def may_use_all(self, need: Need) -> bool:
+        """The need may use every GPU of every host (`allowed` everywhere, all eligible)."""
+        return (self.only is None and not self.reg.filters and not need.mig and need.gpus > 0
+                and all(need.eligible(t) == t.all_gpus and t.n_gpus >= need.gpus
+                        for t in host_types(self.state.cluster)))
 
     def domains(self, tier: str) -> list[tuple[str, list[Host]]]:
         """Domains of a tier that could hold the job's GPUs: those with the least capable

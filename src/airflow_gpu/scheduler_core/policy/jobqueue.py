@@ -189,13 +189,16 @@ class JobQueue:
                     for i, (e, fs, _, behind) in enumerate(lists)]
             heapq.heapify(heap)
             while heap:
-                _, _, _, seq, i, k = heapq.heappop(heap)
+                _, _, _, seq, i, k = heap[0]
                 entries, fs, shape, behind = lists[i]
                 if skip_shapes is not None and shape in skip_shapes:
+                    heapq.heappop(heap)
                     continue            # the rest of this list is skipped too
                 if seq not in skip:
                     yield entries[k][3], False
-                if k + 1 < len(entries):
+                if k + 1 < len(entries):     # its list's next takes its place: one sift
                     key, submit, nseq, _ = entries[k + 1]
-                    heapq.heappush(heap, (behind, round(key - fs, 6), submit, nseq, i,
-                                          k + 1))
+                    heapq.heapreplace(heap, (behind, round(key - fs, 6), submit, nseq, i,
+                                             k + 1))
+                else:
+                    heapq.heappop(heap)

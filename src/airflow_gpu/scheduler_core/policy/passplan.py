@@ -44,10 +44,11 @@ class PassPlan:
         # (while they stay, only holds change the state: nothing else reads it but
         # usable_total, which counts them out)
         self._asked = 0
-        # each hold's hosts' changes (ClusterState.changes) once it was taken, and holds
-        # dropped while nothing else changed on their hosts: taken again as they were
-        self._grabbed: dict[Hold, tuple[int, ...]] = {}
-        self._kept: dict[Reservation, tuple[Hold, list, tuple[int, ...]]] = {}
+        # each hold's hosts as they were before it took from them (_free_on), and the
+        # holds dropped: where their hosts are as they were then, taken again as they
+        # were (what a hold takes depends on nothing else)
+        self._before: dict[Hold, tuple] = {}
+        self._kept: dict[Reservation, tuple[Hold, list, tuple]] = {}
         self._gpus: dict[Hold, list] = {}     # each hold's pieces that hold GPUs
         self._on_host: dict[int, list[Reservation]] = {}   # the reservations on each host
         for r in self.reservations:
@@ -96,35 +97,36 @@ class PassPlan:
             self._held.append(self._grab(self.reservations[len(self._held)]))
         self._asked = k
 
-    def _changes(self, hold: Hold) -> tuple[int, ...]:
-        changes = self.s.state.changes
-        return tuple(changes[h] for h in hold.want)
+    def _free_on(self, hold: Hold) -> tuple:
+        """What is free on the hold's hosts, all that Hold.grab reads of them."""
+        hosts = self.s.state.hosts
+        return tuple((hs.free_gpus, hs.free_slices, tuple(hs.free_cpus), tuple(hs.free_mem))
+                     for hs in map(hosts.__getitem__, hold.want))
 
     def _grab(self, r: Reservation) -> Hold:
         state = self.s.state
         kept = self._kept.pop(r, None)
-        if kept is not None and self._changes(kept[0]) == kept[2]:
+        if kept is not None and self._free_on(kept[0]) == kept[2]:
             # its hosts are as they were before it was taken: it takes the same again
-            hold, pieces, _ = kept
+            hold, pieces, before = kept
             for piece in pieces:
                 state.hold(piece)
             hold.pieces.extend(pieces)
         else:
             hold = Hold(r.allocations)
+            before = self._free_on(hold)
             hold.grab(state)
-        self._grabbed[hold] = self._changes(hold)
+        self._before[hold] = before
         self._gpus[hold] = [piece for piece in hold.pieces if piece.gpu_mask]
         return hold
 
     def _drop(self) -> None:
         hold = self._held.pop()
         r = self.reservations[len(self._held)]
-        kept = self._changes(hold) == self._grabbed.pop(hold)   # nothing else came since
         del self._gpus[hold]
         pieces = list(hold.pieces)
         hold.drop(self.s.state)
-        if kept:
-            self._kept[r] = (hold, pieces, self._changes(hold))
+        self._kept[r] = (hold, pieces, self._before.pop(hold))
 
     def let_go(self) -> None:
         """The pass holds nothing now, but the holds stay until a placement asks for

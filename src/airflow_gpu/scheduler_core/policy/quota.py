@@ -131,7 +131,8 @@ class Quotas:
         """The team holds (minus `less`) more than its guarantee in some resource."""
         u = self.held.get(team, (0, 0, 0))
         g = self.guarantee(team)
-        return any(a - x > b for a, x, b in zip(u, less, g, strict=True))
+        # GPUs, CPUs, memory, unrolled: a preemption search asks it of every team
+        return u[0] - less[0] > g[0] or u[1] - less[1] > g[1] or u[2] - less[2] > g[2]
 
     def wait(self, job: QueuedJob) -> Pending | None:
         """Why the job may not start now for its team's quota, or None."""

@@ -266,6 +266,8 @@ class Scheduler:
             self.state.epoch += 1
         fs = self.fairshare_points(now)
         p = Pass(self, now, explain)
+        untested = (f"not tested this pass: {cfg.max_jobs_tested} jobs of higher priority "
+                    "were (max_jobs_tested)")
         try:
             for name in list(self.claims):     # preemptors first: their victims stop for them
                 p.claimant(name)
@@ -276,9 +278,7 @@ class Scheduler:
                 if p.result.tested >= cfg.max_jobs_tested:
                     if not explain:
                         break
-                    p.wait(job, Pending("Priority", f"not tested this pass: "
-                                        f"{cfg.max_jobs_tested} jobs of higher priority were "
-                                        "(max_jobs_tested)"))
+                    p.result.pending[job.name] = Pending("Priority", untested)   # p.wait
                     continue
                 p.result.tested += 1
                 p.protect_left -= protected

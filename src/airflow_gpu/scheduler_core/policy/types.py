@@ -54,19 +54,15 @@ class QueuedJob:
     preempt_grace: float = 0.0                   # seconds from the signal to SIGKILL
     checkpoint_interval: float | None = None     # seconds (what a preemption loses)
     behind: bool = False     # requeued as idle: at the back of its band (point 4 above)
+    # the spec's, kept as plain attributes: a pass reads them tens of thousands of times
+    name: str = field(init=False, repr=False)
+    team: str = field(init=False, repr=False)
+    # its fair-share account: `team`, or `team/user` for a user's job
+    account: str = field(init=False, repr=False)
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def team(self) -> str:
-        return self.spec.team
-
-    @property
-    def account(self) -> str:
-        """Its fair-share account: `team`, or `team/user` for a user's job."""
-        return account(self.spec.team, self.spec.user)
+    def __post_init__(self) -> None:
+        self.name, self.team = self.spec.name, self.spec.team
+        self.account = account(self.spec.team, getattr(self.spec, "user", None))
 
     @property
     def job_class(self) -> str | None:

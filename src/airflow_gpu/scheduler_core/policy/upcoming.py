@@ -11,8 +11,9 @@ import math
 from typing import TYPE_CHECKING
 
 from ..units import format_duration
-from .preempt import Trial, candidates, pool, reclaims
 from .quota import most, need
+from .victims import candidates, reclaims, soon_pool
+from .victimsets import Trial
 
 if TYPE_CHECKING:
     from .types import PassView, Pending, QueuedJob
@@ -36,9 +37,10 @@ def upcoming(p: PassView, job: QueuedJob, why: Pending, own_team: bool = False) 
     if job.runtime >= r.no_victims_soon.get(key, math.inf):
         return why
     if r.soon_pool is None:
-        r.soon_pool = pool(s, now, soon=True)
+        r.soon_pool = soon_pool(s, now, p.victim_pool, [j for j, _ in p.result.started])
     soon = r.soon_pool
-    if not any(c[0][0] > now for c in soon):
+    # the pool is sorted by when each may be stopped: the last is the latest
+    if not soon or soon[-1][0][0] <= now:
         return why                  # every candidate may be stopped now: preempt() said no
     if r.searches_left <= 0:
         return why                  # a pass looks for this for its first jobs only

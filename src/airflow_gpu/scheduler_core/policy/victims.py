@@ -28,16 +28,23 @@ def lost_seconds(job: QueuedJob, started: float, now: float) -> float:
 
 
 class Pool(list):
-    """(cost, job) of running jobs that may be preempted, cheapest first, with what one
-    pass keeps of it between searches: each kind of preemptor's candidates so far
-    (`candidates`), each victim's host (`one_host`)."""
+    """(cost, job, name, team, borrowed, band) of running jobs that may be preempted,
+    cheapest first (what `candidates` reads of a job, fixed while it runs, beside it: a
+    scan reads no job objects), with what one pass keeps of it between searches: each
+    kind of preemptor's candidates so far (`candidates`), each victim's host
+    (`one_host`)."""
 
-    def __init__(self, entries: list[tuple[tuple, QueuedJob]]):
-        super().__init__(entries)
-        # kind -> (teams over their guarantee, len(stopping), candidates, their names,
+    def __init__(self, rows: list[tuple], young: list[QueuedJob] | None = None,
+                 started: int = 0):
+        super().__init__(rows)
+        # what soon_pool adds: the preemptible jobs left out inside min_run_time, and
+        # how many jobs the pass had started when it was made
+        self.young, self.started = young or [], started
+        # kind -> (teams over their guarantee, len(stopping), candidates by name,
         # where the scan stopped)
         self.kinds: dict[tuple, tuple] = {}
         self.hosts: dict[str, int | None] = {}
+        self.guaranteed: dict[str, bool] = {}        # team -> it has a GPU guarantee
         self._gone: tuple[int, dict[str, list[float]]] = (0, {})
 
     def gone(self, s: SchedulerView) -> dict[str, list[float]]:
@@ -58,22 +65,51 @@ class Pool(list):
         return self.hosts[name]
 
 
-def pool(s: SchedulerView, now: float, soon: bool = False) -> Pool:
-    """(cost, job) of every running job that may be preempted at all, cheapest first.
-    `soon`: also those still inside `min_run_time`, the cost led by when they may be."""
+def _cost(v: QueuedJob, started: float, now: float) -> tuple:
+    """A victim's cost; lost_seconds inline: it runs for every running job."""
+    ran, interval = max(0.0, now - started), v.checkpoint_interval
+    return (max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started, v.seq)
+
+
+def pool(s: SchedulerView, now: float, soon: bool = False, started: int = 0) -> Pool:
+    """Every running job that may be preempted at all, cheapest first (Pool). `soon`:
+    also those still inside `min_run_time`, the cost led by when they may be; `started`:
+    how many jobs the pass has started so far (soon_pool)."""
     min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
-    out = []
+    rows, young = [], []
     for name, v in s.running.items():
-        started = started_at[name]
-        if name in stopping or not v.preemptible or (now - started < min_run and not soon):
+        if name in stopping or not v.preemptible:
             continue
-        # lost_seconds, inline: it runs for every running job
-        ran, interval = max(0.0, now - started), v.checkpoint_interval
-        cost = (max(v.gpus, 1) * (ran % interval if interval else ran), v.base, -started,
-                v.seq)
-        out.append((((max(now, started + min_run), *cost) if soon else cost), v))
-    out.sort(key=itemgetter(0))
-    return Pool(out)
+        at = started_at[name]
+        if soon:
+            rows.append(((max(now, at + min_run), *_cost(v, at, now)), v, name, v.team,
+                         v.borrowed, v.base))
+        elif now - at < min_run:
+            young.append(v)
+        else:
+            rows.append((_cost(v, at, now), v, name, v.team, v.borrowed, v.base))
+    rows.sort(key=itemgetter(0))
+    return Pool(rows, young, started)
+
+
+def soon_pool(s: SchedulerView, now: float, passed: Pool | None,
+              started: list[QueuedJob]) -> Pool:
+    """pool(s, now, soon=True), from the pass's pool (`passed`, made at `now`) where there
+    is one: its jobs' costs stay (those stopping since drop out); only those it left out
+    inside min_run_time and those the pass started since (`started`: all it started) are
+    costed."""
+    if passed is None:
+        return pool(s, now, soon=True)
+    min_run, stopping, started_at = s.config.preemption.min_run_time, s.stopping, s.state.started
+    rows = [((max(now, -cost[2] + min_run), *cost), v, name, team, borrowed, base)
+            for cost, v, name, team, borrowed, base in passed if name not in stopping]
+    for v in itertools.chain(passed.young, started[passed.started:]):
+        if v.name not in stopping and v.preemptible:
+            at = started_at[v.name]
+            rows.append(((max(now, at + min_run), *_cost(v, at, now)), v, v.name, v.team,
+                         v.borrowed, v.base))
+    rows.sort(key=itemgetter(0))
+    return Pool(rows)
 
 
 def reclaims(s: SchedulerView, job: QueuedJob, own_team: bool = False) -> bool:
@@ -95,40 +131,40 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         return []
     if victims is None:
         if p.victim_pool is None:
-            p.victim_pool = pool(s, p.now)
+            p.victim_pool = pool(s, p.now, started=len(p.result.started))
         victims = p.victim_pool
     quotas, stopping = s.quotas, s.stopping
     over = {t: quotas.over(t) for t in quotas.held}     # every running job's team
+    guaranteed = victims.guaranteed                   # the policy's, fixed
+    for t in over:
+        if t not in guaranteed:
+            guaranteed[t] = quotas.guaranteed(t)
     # within a pass jobs only start and victims only stop: while no team crosses its
     # guarantee, a kind's candidates are those found before less the victims stopping
     # since, then the scan goes on where it stopped
     kind = (job.team, below, reclaim, job.preempted_by, own_team)
     flags = tuple(over.values())
-    out, names, pos = [], [], 0
+    found: dict[str, tuple] = {}          # name -> (cost, victim, reason), cheapest first
+    pos = 0
     cached = victims.kinds.get(kind)
     if cached is not None and cached[0] == flags and cached[1] <= len(stopping):
-        _, seen, out, names, pos = cached
-        known = set(names) if len(stopping) > seen else ()
+        _, seen, found, pos = cached
         for name in itertools.islice(stopping, seen, None):
-            if name in known:
-                i = names.index(name)
-                del out[i], names[i]
+            found.pop(name, None)
     limit = cfg.max_victims * 4
     mine, preempted_by = job.team, job.preempted_by
-    while len(out) < limit and pos < len(victims):
-        cost, v = victims[pos]
+    while len(found) < limit and pos < len(victims):
+        cost, v, name, team, borrowed, base = victims[pos]
         pos += 1
-        name, team = v.spec.name, v.spec.team
         if name in stopping or name in preempted_by or own_team and team != mine:
             continue
-        borrowed = v.borrowed and over[team]
+        borrowed = borrowed and over[team]
         if reclaim and borrowed and team != mine:
             reason = "reclaim"
-        elif v.base < below and (team == mine or borrowed or not quotas.guaranteed(team)):
+        elif base < below and (team == mine or borrowed or not guaranteed[team]):
             reason = "priority"
         else:
             continue
-        out.append((cost, v, reason))
-        names.append(name)
-    victims.kinds[kind] = (flags, len(stopping), out, names, pos)
-    return list(out)
+        found[name] = (cost, v, reason)
+    victims.kinds[kind] = (flags, len(stopping), found, pos)
+    return list(found.values())
