@@ -6,6 +6,7 @@ team setting; a rotated secret; the idle policy's `notify`; retries, and give-up
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select
@@ -238,8 +239,9 @@ def test_a_failing_receiver_is_retried_and_a_refusing_one_given_up(api, receiver
     assert said["message"] == (f"notification 'start' of event {given_up['event_id']} to "
                                f"{refusing.url} given up: the receiver answered HTTP 400 "
                                "Bad Request")
-    api.deliver()                     # not due yet: the back-off is a second
-    assert len(flaky.got) == 1
+    api.deliver()                     # not due yet: the back-off is a second ...
+    if datetime.now(UTC) < datetime.fromisoformat(retrying["next_attempt_at"]):
+        assert len(flaky.got) == 1    # (... unless a loaded machine took longer)
 
     def delivered():
         api.deliver()

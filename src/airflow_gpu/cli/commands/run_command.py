@@ -65,13 +65,26 @@ def exit_code(code: int) -> int:
     return code if code >= 0 else 128 - code
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a line is logged, not when run started."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def _logger() -> logging.Logger:
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _Stderr) for h in log.handlers):
+        handler = _Stderr()
         handler.setFormatter(logging.Formatter(PREFIX + "%(message)s"))
         log.addHandler(handler)
-        log.propagate = False
-        log.setLevel(logging.INFO)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    log.disabled = False
     return log
 
 
