@@ -4,6 +4,7 @@ test process, recording every POST, and the signature check a receiver makes."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -16,7 +17,8 @@ class Receiver:
     """POSTs to `url` are recorded as (headers by lower-case name, body bytes) in `got`;
     each is answered with the next status of `answers` (the last one from then on).
     `stop()` takes it down (connections are refused), `start()` brings it up again on
-    the same port."""
+    the same port. While down it keeps the port bound without listening, so that no
+    other test's server takes it meanwhile."""
 
     def __init__(self, answers: tuple[int, ...] = (200,), port: int | None = None):
         self.port = port or free_port()
@@ -25,6 +27,13 @@ class Receiver:
         self.got: list[tuple[dict, bytes]] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self._held = self._hold()
+
+    def _hold(self) -> socket.socket:
+        held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", self.port))
+        return held
 
     def start(self) -> Receiver:
         receiver = self
@@ -44,7 +53,13 @@ class Receiver:
             def log_message(self, *_):
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler,
+                                     bind_and_activate=False)
+        server.socket.close()
+        server.socket, self._held = self._held, None       # the port held while down
+        server.server_name, server.server_port = "127.0.0.1", self.port
+        server.server_activate()
+        self._server = server
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
@@ -53,6 +68,7 @@ class Receiver:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+            self._held = self._hold()
 
     def bodies(self) -> list[dict]:
         with self._lock:
