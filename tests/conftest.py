@@ -9,7 +9,7 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 # The database fixtures (`db_url`: SQLite and PostgreSQL; `api`: the real app on it) for
 # every folder: the API, service, store and CLI tests share them.
-from tests.databases import api, db_url  # noqa: E402, F401
+from tests.databases import api, db_url, empty_db_url, templates  # noqa: E402, F401
 
 
 def pytest_xdist_make_scheduler(config, log):

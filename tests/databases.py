@@ -1,19 +1,24 @@
 """Databases for the service tests: a SQLite file, and the machine's PostgreSQL
-(127.0.0.1:5432, user postgres, database test) in a schema of its own per test."""
+(127.0.0.1:5432, user postgres): `db_url` gives each test a database of its own at head,
+copied from a template; `_pg_schema_url` an empty schema in database test."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sqlite3
 import uuid
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
 
 from airflow_gpu.scheduler_core.api.app import create_app
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Service, Settings
+from airflow_gpu.scheduler_core.store.db import make_engine, upgrade
 from tests.helpers import make_cluster
 
 PG_ADMIN = os.environ.get("AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -33,8 +38,62 @@ def _drop_pg_schema(schema: str) -> None:
     engine.dispose()
 
 
+class Templates:
+    """Schemas already at head, made once per test process: each test's database is a
+    copy (a file copy on SQLite, CREATE DATABASE ... TEMPLATE on PostgreSQL, ~60 ms)
+    instead of running every migration again (~0.2 s of CPU and ~0.4 s on PostgreSQL)."""
+
+    def __init__(self, folder):
+        self.folder, self.sqlite, self.pg = folder, None, None
+
+    def sqlite_file(self, path) -> str:
+        if self.sqlite is None:
+            self.sqlite = self.folder / "template.db"
+            engine = make_engine(f"sqlite:///{self.sqlite}")
+            upgrade(engine)
+            engine.dispose()
+            with sqlite3.connect(self.sqlite) as conn:     # everything in the main file
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        shutil.copyfile(self.sqlite, path)
+        return f"sqlite:///{path}"
+
+    def pg_database(self) -> tuple[str, str]:
+        if self.pg is None:
+            self.pg = f"tmpl_{uuid.uuid4().hex[:12]}"
+            _pg_admin(f'CREATE DATABASE "{self.pg}"')
+            engine = make_engine(_pg_url(self.pg))
+            upgrade(engine)
+            engine.dispose()
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        _pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.pg}"')
+        return name, _pg_url(name)
+
+    def close(self) -> None:
+        if self.pg is not None:
+            _pg_admin(f'DROP DATABASE IF EXISTS "{self.pg}" WITH (FORCE)')
+
+
+def _pg_url(database: str) -> str:
+    return PG_ADMIN.rsplit("/", 1)[0] + f"/{database}"
+
+
+def _pg_admin(statement: str) -> None:
+    engine = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with engine.connect() as conn:
+        conn.execute(text(statement))
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def templates(tmp_path_factory):
+    made = Templates(tmp_path_factory.mktemp("templates"))
+    yield made
+    made.close()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
-def db_url(request, tmp_path):
+def empty_db_url(request, tmp_path):
+    """A database with no schema yet (the migrations' own tests)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'airflow-gpu.db'}"
         return
@@ -43,6 +102,19 @@ def db_url(request, tmp_path):
         yield url
     finally:
         _drop_pg_schema(schema)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path, templates):
+    """A database at head (the store's schema as `db upgrade` leaves it), of its own."""
+    if request.param == "sqlite":
+        yield templates.sqlite_file(tmp_path / "airflow-gpu.db")
+        return
+    name, url = templates.pg_database()
+    try:
+        yield url
+    finally:
+        _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # two dgx-a100 hosts under one switch

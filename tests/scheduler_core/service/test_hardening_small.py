@@ -348,7 +348,8 @@ def test_every_time_column_reads_back_as_utc(db_url):
     assert loose == [], f"time columns without UtcDateTime: {loose}"
     url = db_url
     if url.startswith("postgresql"):
-        url += "%20-cTimeZone%3DAsia/Kolkata"     # answers in +05:30 unless converted
+        # answers in +05:30 unless converted
+        url += ("%20" if "options=" in url else "?options=") + "-cTimeZone%3DAsia/Kolkata"
     engine = make_engine(url)
     upgrade(engine)
     at = datetime.fromisoformat("2026-03-01T10:00:00+02:00")

@@ -45,7 +45,7 @@ def head_revision() -> str:
 
 
 def test_each_migration_is_named_after_its_revision_so_the_head_is_read_without_alembic(
-        db_url):
+        empty_db_url):
     from alembic.script import ScriptDirectory
 
     from airflow_gpu.scheduler_core.store import db
@@ -54,7 +54,7 @@ def test_each_migration_is_named_after_its_revision_so_the_head_is_read_without_
     for rev in scripts.walk_revisions():
         assert rev.path.rsplit("/", 1)[-1].split("_", 1)[0] == rev.revision, rev.path
     assert db.head_revision() == head_revision()
-    engine = make_engine(db_url)
+    engine = make_engine(empty_db_url)
     assert not db.at_revision(engine, head_revision())      # no schema yet
     upgrade(engine, "0013")
     assert not db.at_revision(engine, head_revision())
