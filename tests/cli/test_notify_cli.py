@@ -68,7 +68,7 @@ def test_team_webhook_job_notify_explain_and_the_admins_list(env, tmp_path):
 
         out = cli("team-set", "vision", "--webhook", "https://elsewhere.example/x",
                   env=as_admin)
-        assert out.returncode == 1 and "notifications.allowed_urls" in out.stderr
+        assert out.returncode == 2 and "notifications.allowed_urls" in out.stderr
         out = cli("team-set", "vision", "--webhook", "none", env=as_admin)
         assert out.returncode == 0 and hook.url not in out.stdout
     finally:

@@ -69,7 +69,7 @@ def test_reservations_from_the_command_line(server, tmp_path):  # noqa: F811
 
     # bad input: one line naming the field, nothing made
     out = run("reserve", "create", "x", "--hosts", "dgx-2", "--start", "now+90m",
-              "--duration", "1h", "--maint", rc=1)
+              "--duration", "1h", "--maint", rc=2)
     assert "hosts: dgx-2 is in reservation 'fw'" in out.stderr
     out = run("reserve", "create", "y", "--hosts", "dgx-1", "--gpus", "8", "--duration",
               "1h", "--maint", rc=2)

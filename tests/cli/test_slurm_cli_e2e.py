@@ -85,7 +85,7 @@ def test_slurm_habits_from_the_command_line(server, tmp_path):  # noqa: F811
     assert job["priority"] == 7
     assert [j["name"] for j in json.loads(run("prio", "--json").stdout)["jobs"]] == [
         "small", "urgent"]
-    out = run("update", "small", "--time-limit", "nonsense", rc=1)
+    out = run("update", "small", "--time-limit", "nonsense", rc=2)
     assert "422" in out.stderr and "time_limit" in out.stderr
 
     # drain with a reason: shown by cluster; resume clears it

@@ -37,4 +37,5 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INPUT
     except ApiError as exc:
         print(f"error: the scheduler answered {exc}", file=sys.stderr)
-        return EXIT_API
+        # a 422 is bad input the service caught (a field, a value): as bad input caught here
+        return EXIT_INPUT if exc.status == 422 else EXIT_API
