@@ -94,3 +94,20 @@ def test_a_rejection_names_the_host_that_really_is_the_largest():
                          "dgx-h-01 (dgx-h100) has 224 CPUs and 2TiB"), both
     wide = never_fits(job("j", {"name": "w", "gpus": 32}), empty, REG)
     assert "the largest host, dgx-2-01 (dgx-2), has 16 such GPUs" in wide, wide
+
+
+def test_a_job_kept_off_a_maintenance_window_expects_its_hosts_back_at_its_end():
+    """One host in a window from 1 h to 3 h, the other busy for 12 h: a 12-hour job
+    expects to start when the window ends (3 h), not when the busy job ends (12 h)."""
+    from airflow_gpu.scheduler_core.policy.windows import Window
+
+    state = make_state({"name": "a-[01-02]", "model": "dgx-a100", "switch": "s1"})
+    window = Window("fw", ("a-01",), 3600.0, 3 * 3600.0, maint=True)
+    out = plan(state, [job(name, {"name": "w", "gpus": 8}, expected_runtime=runtime)
+                       for name, runtime in (("busy", "12h"), ("long", "12h"))],
+               windows=[window])
+    started = {spec.name: placed.allocations[0].host.name for spec, placed in out.admitted}
+    assert started == {"busy": "a-02"}
+    ((spec, why),) = out.pending
+    assert (spec.name, why.code) == ("long", "ReservedForMaintenance"), why
+    assert why.eta == 3 * 3600.0, why

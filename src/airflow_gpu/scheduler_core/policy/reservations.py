@@ -34,6 +34,9 @@ class Reservation:
     # where `start` was moved up to the job's first promise (a job in its way overran):
     # when the walk expects it to start
     eta: float | None = None
+    # an admin's window (windows.WindowHold): its end is a time the walk tries, as a
+    # running job's end is (a job's own reservation ends only when that job does)
+    frees_hosts = False
 
     @property
     def planned_start(self) -> float:
@@ -241,12 +244,18 @@ class _Walk:
         self.ended = 0            # by_end[:ended] are over
 
     def times(self, now: float):
-        """Each distinct expected end after `now`, with the jobs ending then released."""
+        """Each distinct expected end after `now`, with the jobs ending then released, and
+        each admin's window's end (its hosts come back then, whatever else runs)."""
         state = self.state
         ends = running_ends(state, now)
+        back = sorted({r.end for r in self.reservations if r.frees_hosts and r.end > now})
         k = 0
         while k < len(ends):
             t = ends[k][0]
+            while back and back[0] <= t:
+                b = back.pop(0)
+                if b < t:
+                    yield b
             if t == math.inf:
                 return
             touched: set[int] = set()
@@ -260,7 +269,9 @@ class _Walk:
             self._regrab(touched)
             yield t
         if self.reservations:     # after every job: once the last reservation has ended
-            yield max(max(r.end for r in self.reservations), ends[-1][0] if ends else now)
+            last = max(max(r.end for r in self.reservations), ends[-1][0] if ends else now)
+            yield from (b for b in back if b < last)
+            yield last
 
     def hold_until(self, t: float, until: float) -> None:
         """Hold the reservations that start before `until` and have not ended by `t`."""

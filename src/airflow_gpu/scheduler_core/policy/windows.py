@@ -53,6 +53,7 @@ class Window:
 class WindowHold(Reservation):
     """A window as the pass holds it: the whole of its hosts, from its start to its end."""
     window: Window
+    frees_hosts = True
 
 
 def window_of(name: str) -> str | None:
