@@ -12,6 +12,7 @@ from sqlalchemy import bindparam, select, update
 
 from ..engine.nvlink_groups import nvlink_groups
 from ..errors import InputError
+from ..store.bulk import update_rows
 from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow, MigHoldRow, ReservationRow
 from .common import LIVE, UTILIZATION, Principal, _ts, utcnow
 from .errors import Forbidden, NotFound
@@ -24,8 +25,6 @@ _HOST_GPUS = (select(_HOSTS.c.registered_at, _HOSTS.c.reported_at, _GPUS.c.index
                      _GPUS.c.ecc_corrected_total, _GPUS.c.nvlink_errors_total)
               .select_from(_HOSTS).outerjoin(_GPUS, _GPUS.c.host == _HOSTS.c.name)
               .where(_HOSTS.c.name == bindparam("name")).order_by(_GPUS.c.index))
-_SET_GPU = update(_GPUS).where(_GPUS.c.host == bindparam("b_host"),
-                               _GPUS.c.index == bindparam("b_index"))
 _SET_HOST = update(_HOSTS).where(_HOSTS.c.name == bindparam("b_name"))
 
 
@@ -144,7 +143,7 @@ def _health(svc: Store, s, name: str, gpus: list[dict],
     counters = {r.index: SimpleNamespace(ecc_corrected_total=r.ecc_corrected_total,
                                          nvlink_errors_total=r.nvlink_errors_total)
                 for r in rows if r.index is not None}
-    groups: dict[tuple, list[dict]] = {}     # one executemany per set of columns
+    groups: dict[tuple, list[dict]] = {}     # one statement per set of columns
     for g in gpus:
         gpu = health.get(g["index"])
         if gpu is None:                      # no such row: nothing to update
@@ -157,13 +156,12 @@ def _health(svc: Store, s, name: str, gpus: list[dict],
                        host=name)
         gpu.healthy, gpu.health_reason = g["healthy"], g.get("reason")
         wear(counters[gpu.index], g, now)
-        values = {"healthy": gpu.healthy, "health_reason": gpu.health_reason,
-                  "reported_at": now, **{k: g[k] for k in UTILIZATION if k in g},
-                  **vars(counters[gpu.index])}
-        groups.setdefault(tuple(values), []).append(
-            {"b_host": name, "b_index": gpu.index, **values})
-    for params in groups.values():
-        conn.execute(_SET_GPU, params)
+        values = {"host": name, "index": gpu.index, "healthy": gpu.healthy,
+                  "health_reason": gpu.health_reason,
+                  **{k: g[k] for k in UTILIZATION if k in g}, **vars(counters[gpu.index])}
+        groups.setdefault(tuple(values), []).append(values)
+    for rows in groups.values():
+        update_rows(conn, _GPUS, ("host", "index"), rows, {"reported_at": now})
     conn.execute(_SET_HOST, {"b_name": name, "reported_at": now})
     return [health[i] for i in sorted(health)], changed
 
