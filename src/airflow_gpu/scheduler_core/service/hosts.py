@@ -26,6 +26,17 @@ _HOST_GPUS = (select(_HOSTS.c.registered_at, _HOSTS.c.reported_at, _GPUS.c.index
               .select_from(_HOSTS).outerjoin(_GPUS, _GPUS.c.host == _HOSTS.c.name)
               .where(_HOSTS.c.name == bindparam("name")).order_by(_GPUS.c.index))
 _SET_HOST = update(_HOSTS).where(_HOSTS.c.name == bindparam("b_name"))
+# PostgreSQL stamps the host in the same statement: the update returns the row as it
+# was (a self-join reads it before the update), which the read needs
+_OLD = _HOSTS.alias("old")
+_STAMPED = (update(_HOSTS).where(_HOSTS.c.name == _OLD.c.name,
+                                 _OLD.c.name == bindparam("b_name"))
+            .values(reported_at=bindparam("b_now"))
+            .returning(_OLD.c.name, _OLD.c.registered_at, _OLD.c.reported_at).cte("h"))
+_STAMP_HOST_GPUS = (select(_STAMPED.c.registered_at, _STAMPED.c.reported_at,
+                           *list(_HOST_GPUS.selected_columns)[2:])
+                    .select_from(_STAMPED).outerjoin(_GPUS, _GPUS.c.host == _STAMPED.c.name)
+                    .order_by(_GPUS.c.index))
 
 
 def sync_hosts(svc: Store) -> None:
@@ -132,7 +143,9 @@ def _health(svc: Store, s, name: str, gpus: list[dict],
     from .wear import wear
 
     conn = s.connection()
-    rows = conn.execute(_HOST_GPUS, {"name": name}).all()
+    stamped = conn.dialect.name == "postgresql"
+    rows = (conn.execute(_STAMP_HOST_GPUS, {"b_name": name, "b_now": now}) if stamped
+            else conn.execute(_HOST_GPUS, {"name": name})).all()
     changed = bool(rows) and not reachable(rows[0], svc.settings.host_timeout, _ts(now))
     if changed:
         svc._event(s, "host", f"host {name} is reachable again: its node agent "
@@ -162,7 +175,8 @@ def _health(svc: Store, s, name: str, gpus: list[dict],
         groups.setdefault(tuple(values), []).append(values)
     for rows in groups.values():
         update_rows(conn, _GPUS, ("host", "index"), rows, {"reported_at": now})
-    conn.execute(_SET_HOST, {"b_name": name, "reported_at": now})
+    if not stamped:
+        conn.execute(_SET_HOST, {"b_name": name, "reported_at": now})
     return [health[i] for i in sorted(health)], changed
 
 
