@@ -7,8 +7,8 @@ power integrated) and the time at zero utilization. Gaps longer than the host ti
 from the first report of each SERIES_STEP (UTC-aligned, as the series is read) per host.
 
 A report costs the same few statements however many jobs hold the host's GPUs: the
-holds with their jobs and today's usage rows, then one bulk update (and, where due, one
-insert of new rows and one of series points). A usage row's `last_at` (the job's
+holds with their jobs and today's usage rows, then one bulk update (store/bulk.py; and,
+where due, one insert of new rows and one of series points). A usage row's `last_at` (the job's
 previous report on the host) decides the series point, so job_samples, which grows all
 the job's life, is never read here."""
 
@@ -17,11 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, func, insert, or_, select
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from ..engine.mig import gpu_share
+from ..store.bulk import update_rows
 from ..store.models import AllocationRow, GpuHoldRow, JobRow, SampleRow, UsageRow
 from .common import LIVE, _ts
 
@@ -70,7 +71,6 @@ _USAGE_READ = {(newer, spread): _usage_read(newer, spread)
 _ROLES = select(_ALLOCS.c.job_id, _ALLOCS.c.role, _ALLOCS.c.replica, _ALLOCS.c.gpus).where(
     _ALLOCS.c.job_id.in_(_IDS), _ALLOCS.c.host == bindparam("host"),
     _ALLOCS.c.live.is_(True))
-_UPDATE_USAGE = update(_USAGE).where(_USAGE.c.id == bindparam("b_id"))
 _INSERT_USAGE, _INSERT_SAMPLES = insert(_USAGE), insert(_SAMPLES)
 
 
@@ -247,8 +247,8 @@ def record(svc, s: Session, host: str, gpus: list[dict], now: datetime) -> Attri
             changed[row.id] = row
         integrate(row, g, now, svc.settings.host_timeout, rules[job.id].threshold)
     if changed:
-        conn.execute(_UPDATE_USAGE, [{"b_id": r.id, **{k: getattr(r, k) for k in _INTEGRATED}}
-                                     for r in changed.values()])
+        update_rows(conn, _USAGE, ("id",), [
+            {"id": r.id, **{k: getattr(r, k) for k in _INTEGRATED}} for r in changed.values()])
     if fresh:
         _roles(conn, host, fresh)
         conn.execute(_INSERT_USAGE, [{k: getattr(r, k) for k in _COLUMNS} for r in fresh])

@@ -12,6 +12,7 @@ from sqlalchemy import bindparam, select, update
 
 from ..engine.nvlink_groups import nvlink_groups
 from ..errors import InputError
+from ..store.bulk import update_rows
 from ..store.models import GpuHoldRow, GpuRow, HostRow, JobRow, MigHoldRow, ReservationRow
 from .common import LIVE, UTILIZATION, Principal, _ts, utcnow
 from .errors import Forbidden, NotFound
@@ -24,9 +25,18 @@ _HOST_GPUS = (select(_HOSTS.c.registered_at, _HOSTS.c.reported_at, _GPUS.c.index
                      _GPUS.c.ecc_corrected_total, _GPUS.c.nvlink_errors_total)
               .select_from(_HOSTS).outerjoin(_GPUS, _GPUS.c.host == _HOSTS.c.name)
               .where(_HOSTS.c.name == bindparam("name")).order_by(_GPUS.c.index))
-_SET_GPU = update(_GPUS).where(_GPUS.c.host == bindparam("b_host"),
-                               _GPUS.c.index == bindparam("b_index"))
 _SET_HOST = update(_HOSTS).where(_HOSTS.c.name == bindparam("b_name"))
+# PostgreSQL stamps the host in the same statement: the update returns the row as it
+# was (a self-join reads it before the update), which the read needs
+_OLD = _HOSTS.alias("old")
+_STAMPED = (update(_HOSTS).where(_HOSTS.c.name == _OLD.c.name,
+                                 _OLD.c.name == bindparam("b_name"))
+            .values(reported_at=bindparam("b_now"))
+            .returning(_OLD.c.name, _OLD.c.registered_at, _OLD.c.reported_at).cte("h"))
+_STAMP_HOST_GPUS = (select(_STAMPED.c.registered_at, _STAMPED.c.reported_at,
+                           *list(_HOST_GPUS.selected_columns)[2:])
+                    .select_from(_STAMPED).outerjoin(_GPUS, _GPUS.c.host == _STAMPED.c.name)
+                    .order_by(_GPUS.c.index))
 
 
 def sync_hosts(svc: Store) -> None:
@@ -133,7 +143,9 @@ def _health(svc: Store, s, name: str, gpus: list[dict],
     from .wear import wear
 
     conn = s.connection()
-    rows = conn.execute(_HOST_GPUS, {"name": name}).all()
+    stamped = conn.dialect.name == "postgresql"
+    rows = (conn.execute(_STAMP_HOST_GPUS, {"b_name": name, "b_now": now}) if stamped
+            else conn.execute(_HOST_GPUS, {"name": name})).all()
     changed = bool(rows) and not reachable(rows[0], svc.settings.host_timeout, _ts(now))
     if changed:
         svc._event(s, "host", f"host {name} is reachable again: its node agent "
@@ -144,7 +156,7 @@ def _health(svc: Store, s, name: str, gpus: list[dict],
     counters = {r.index: SimpleNamespace(ecc_corrected_total=r.ecc_corrected_total,
                                          nvlink_errors_total=r.nvlink_errors_total)
                 for r in rows if r.index is not None}
-    groups: dict[tuple, list[dict]] = {}     # one executemany per set of columns
+    groups: dict[tuple, list[dict]] = {}     # one statement per set of columns
     for g in gpus:
         gpu = health.get(g["index"])
         if gpu is None:                      # no such row: nothing to update
@@ -157,14 +169,14 @@ def _health(svc: Store, s, name: str, gpus: list[dict],
                        host=name)
         gpu.healthy, gpu.health_reason = g["healthy"], g.get("reason")
         wear(counters[gpu.index], g, now)
-        values = {"healthy": gpu.healthy, "health_reason": gpu.health_reason,
-                  "reported_at": now, **{k: g[k] for k in UTILIZATION if k in g},
-                  **vars(counters[gpu.index])}
-        groups.setdefault(tuple(values), []).append(
-            {"b_host": name, "b_index": gpu.index, **values})
-    for params in groups.values():
-        conn.execute(_SET_GPU, params)
-    conn.execute(_SET_HOST, {"b_name": name, "reported_at": now})
+        values = {"host": name, "index": gpu.index, "healthy": gpu.healthy,
+                  "health_reason": gpu.health_reason,
+                  **{k: g[k] for k in UTILIZATION if k in g}, **vars(counters[gpu.index])}
+        groups.setdefault(tuple(values), []).append(values)
+    for rows in groups.values():
+        update_rows(conn, _GPUS, ("host", "index"), rows, {"reported_at": now})
+    if not stamped:
+        conn.execute(_SET_HOST, {"b_name": name, "reported_at": now})
     return [health[i] for i in sorted(health)], changed
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
@@ -12,6 +13,7 @@ from ..models.base import NAME
 from ..models.hosts import DrainRequest, GpuOut, HostOut, HostRegistration, HostReport
 
 router = APIRouter(route_class=DecodedOffLoop)
+reports = APIRouter(route_class=DecodedOffLoop)     # tried before the others (app.py)
 
 
 @router.post("/api/v1/hosts/{name}/drain", response_model=HostOut)
@@ -43,11 +45,15 @@ def forget(name: Annotated[str, Path(pattern=NAME, max_length=200)], p: Who,
     return Response(status_code=204)
 
 
-@router.post("/api/v1/hosts/{name}/report", response_model=list[GpuOut])
+@reports.post("/api/v1/hosts/{name}/report", response_model=list[GpuOut])
 def report(name: str, body: HostReport, p: HostAgent, service: Svc):
     """The host's heartbeat: its GPUs' health and utilization (the host's agent token,
     or an admin token)."""
     rows = service.report_gpus(name, p, [g.model_dump(exclude_unset=True)
                                          for g in body.gpus])
-    return [GpuOut(index=g.index, name=g.name, healthy=g.healthy,
-                   health_reason=g.health_reason) for g in rows]
+    # the answer written here, as FastAPI would write list[GpuOut], which it would
+    # otherwise build and check again
+    return Response(json.dumps([{"index": g.index, "name": g.name, "healthy": g.healthy,
+                                 "health_reason": g.health_reason} for g in rows],
+                               ensure_ascii=False, separators=(",", ":")),
+                    media_type="application/json")
