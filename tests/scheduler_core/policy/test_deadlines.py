@@ -74,3 +74,110 @@ def test_a_requeued_job_keeps_its_deadline_with_the_work_it_has_left():
     s.schedule(0.0)
     again = s.requeue("a", 1000.0, runtime=1800)
     assert again.deadline == 10_000.0 and again.latest_start == 10_000.0 - 1800 - 100
+
+
+def _order(s: Scheduler, now: float) -> list[str]:
+    return [j.name for j, _, _ in s.priorities(now)]
+
+
+def _queue(**policy) -> Scheduler:
+    """One busy host; band 0: small (the highest score), big, late (a deadline) and
+    relaxed (a far deadline); band 5: top."""
+    s = _scheduler(reserve_after=86400, fairshare_weight=0, **policy)
+    s.submit(job("busy", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+    s.schedule(0.0)
+    s.submit(job("small", *ROLES, expected_runtime=60), 10.0)
+    s.submit(job("big", {"name": "w", "gpus": 8}, expected_runtime=36_000), 10.0)
+    # latest start 20,000 - 3,600 - 3,600 = 12,800
+    s.submit(job("late", {"name": "w", "gpus": 4}, expected_runtime=3600, downstream=3600),
+             10.0, deadline=20_000.0)
+    s.submit(job("relaxed", {"name": "w", "gpus": 4}, expected_runtime=3600), 10.0,
+             deadline=200_000.0)
+    s.submit(job("top", {"name": "w", "gpus": 8}, expected_runtime=36_000, priority=5), 10.0)
+    return s
+
+
+def test_a_short_slack_job_goes_ahead_in_its_band_but_not_of_a_higher_band():
+    s = _queue()                                   # deadline_slack: 2h by default
+    # at 5,000 late's slack is 7,800 s: over 2h, the score order (small work first)
+    assert _order(s, 5000.0) == ["top", "small", "late", "relaxed", "big"]
+    # at 6,000 its slack is 6,800 s, under 2h: it overtakes small (a higher score), not
+    # top (a higher band); relaxed's long slack keeps its place
+    assert _order(s, 6000.0) == ["top", "late", "small", "relaxed", "big"]
+    # the pass tries them in that order
+    s.finish("busy", 6000.0)
+    started = [j.name for j, _ in s.schedule(6000.0).started]
+    assert started == ["top"]
+
+
+def test_urgent_jobs_go_least_slack_first():
+    s = _queue()
+    s.submit(job("later", *ROLES, expected_runtime=600), 10.0, deadline=15_000.0)  # 14,400
+    s.submit(job("sooner", {"name": "w", "gpus": 8}, expected_runtime=3600), 10.0,
+             deadline=15_000.0)                                                 # 11,400
+    assert _order(s, 10_000.0)[:5] == ["top", "sooner", "late", "later", "small"]
+
+
+def test_deadline_slack_off_gives_the_old_order_exactly():
+    for off in (0, "off", False):
+        s = _queue(deadline_slack=off)
+        assert s.config.deadline_slack == 0
+        plain = _scheduler(reserve_after=86400, fairshare_weight=0)
+        plain.submit(job("busy", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+        plain.schedule(0.0)
+        for name in ("small", "big", "late", "relaxed", "top"):
+            spec = s.queue.jobs[name].spec.model_copy(update={"downstream": 0})
+            plain.submit(spec, 10.0, runtime=s.queue.jobs[name].estimate)
+        for now in (5000.0, 6000.0, 13_000.0):
+            assert _order(s, now) == _order(plain, now) == [
+                "top", "small", "late", "relaxed", "big"]
+
+
+def test_the_protected_job_keeps_its_place_ahead_of_urgent_ones():
+    s = _queue(reserve_after_scale=1)
+    # at 90,000 every band-0 job has waited reserve_after: small (submitted first) is
+    # protected; late's slack ran out long ago, it comes next
+    order = _order(s, 90_000.0)
+    assert order[:3] == ["top", "small", "late"]
+    protected = [j.name for j, p, _ in s.priorities(90_000.0) if p]
+    assert "small" in protected
+
+
+def test_count_and_fifo_keep_the_plain_order():
+    for mode in ("count", "fifo"):
+        s = _queue(mode=mode)
+        assert s.urgent_before(6000.0) == -math.inf
+
+
+def test_queue_removes_deadline_jobs_cleanly():
+    s = _queue()
+    for name in ("late", "relaxed"):
+        s.finish(name, 100.0)                  # cancelled while pending
+    assert not s.queue._by_latest
+    assert _order(s, 6000.0) == ["top", "small", "big"]
+
+
+def test_policy_deadline_slack_and_on_deadline_rule_are_checked():
+    assert PolicyConfig(deadline_slack="30m").deadline_slack == 1800
+    with pytest.raises(InputError, match="deadline_slack"):
+        validate(PolicyConfig, {"deadline_slack": "soon"}, "policy.yaml")
+    rule = validate(PolicyConfig, {"preemption": {"rules": [
+        {"on_deadline": True, "preempts_below": 10}]}}, "p").preemption
+    assert rule.victims_below(0, None, late=True) == 0        # only lower bands
+    assert rule.victims_below(20, None, late=True) == 10
+    assert rule.victims_below(20, None, late=False) == -math.inf
+    with pytest.raises(InputError, match="on_deadline"):
+        validate(PolicyConfig, {"preemption": {"rules": [{"preempts_below": 10}]}}, "p")
+
+
+def test_a_job_whose_slack_ran_out_preempts_under_an_on_deadline_rule():
+    s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 10}],
+                               "min_run_time": 0, "min_saved_wait": 0})
+    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+    s.schedule(0.0)
+    # latest start 10,000 - 3,600 = 6,400
+    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600, priority=10), 10.0,
+             deadline=10_000.0)
+    assert not s.schedule(6000.0).preempted            # 400 s of slack left
+    got = s.schedule(6400.0).preempted
+    assert [(p.victim.name, p.by.name, p.reason) for p in got] == [("low", "etl", "priority")]

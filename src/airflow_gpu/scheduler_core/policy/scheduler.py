@@ -22,7 +22,7 @@ from .jobqueue import JobQueue
 from .onepass import Pass, PassResult
 from .quota import Quotas, need, over_quota
 from .reservations import Reservation
-from .slack import latest_start
+from .slack import latest_start, urgent_before
 from .timemodel import LocalityModel
 from .types import Pending, QueuedJob
 from .windows import Window, WindowHold, confined
@@ -257,6 +257,11 @@ class Scheduler:
         return now - self.config.reserve_after if self.config.mode == "backfill" \
             else -math.inf
 
+    def urgent_before(self, now: float) -> float:
+        """Jobs whose latest start is before this go ahead in their band (backfill)."""
+        return urgent_before(now, self.config.deadline_slack) \
+            if self.config.mode == "backfill" else -math.inf
+
     def priorities(self, now: float) -> list[tuple[QueuedJob, bool, dict[str, float]]]:
         """The queued jobs in the order the pass considers them (claimants of an earlier
         preemption first, then `JobQueue.ordered`), each with whether it is protected and
@@ -265,7 +270,8 @@ class Scheduler:
         first = [self.queue.jobs[n] for n in self.claims if n in self.queue.jobs]
         seen = {j.name for j in first}
         order = [(j, False) for j in first] + [
-            (j, protected) for j, protected in self.queue.ordered(fs, self.protect_before(now))
+            (j, protected) for j, protected in self.queue.ordered(
+                fs, self.protect_before(now), urgent_before=self.urgent_before(now))
             if j.name not in seen]
         return [(j, protected, self.queue.terms(j, fs.get(j.account, 0.0), now))
                 for j, protected in order]
@@ -284,7 +290,8 @@ class Scheduler:
             for name in list(self.claims):     # preemptors first: their victims stop for them
                 p.claimant(name)
             for job, protected in self.queue.ordered(
-                    fs, p.protect_before, None if explain else p.hopeless):
+                    fs, p.protect_before, None if explain else p.hopeless,
+                    self.urgent_before(now)):
                 if job.name in p.claimants:
                     continue
                 if p.result.tested >= cfg.max_jobs_tested:

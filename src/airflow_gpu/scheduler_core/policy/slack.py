@@ -12,6 +12,7 @@ order, kept sorted as jobs come and go (jobqueue.py), so a pass never sorts for 
 
 from __future__ import annotations
 
+import bisect
 import math
 
 
@@ -20,8 +21,34 @@ def latest_start(deadline: float, runtime: float, downstream: float) -> float:
     return deadline - (runtime + downstream)
 
 
+def urgent(job) -> bool:
+    """Whether the job may go ahead for its deadline: it has one, and it was not requeued
+    as idle (that keeps it at the back of its band, jobqueue.py)."""
+    return job.latest_start < math.inf and not job.behind
+
+
 def urgent_before(now: float, deadline_slack: float) -> float:
     """Jobs whose latest start is before this go ahead in their band (-inf: none, the
     setting is off)."""
     return now + deadline_slack if deadline_slack > 0 else -math.inf
 
+
+class ByLatestStart:
+    """One band's jobs with a deadline, earliest latest start first."""
+
+    def __init__(self):
+        self.entries: list[tuple] = []          # (latest_start, seq, job)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, job) -> None:
+        self.entries.insert(bisect.bisect_left(self.entries, (job.latest_start, job.seq)),
+                            (job.latest_start, job.seq, job))
+
+    def remove(self, job) -> None:
+        del self.entries[bisect.bisect_left(self.entries, (job.latest_start, job.seq))]
+
+    def before(self, t: float) -> list[tuple]:
+        """The entries whose latest start is before `t`, earliest first."""
+        return self.entries[:bisect.bisect_left(self.entries, (t, -math.inf))]
