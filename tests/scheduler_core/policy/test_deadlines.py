@@ -83,7 +83,8 @@ def _order(s: Scheduler, now: float) -> list[str]:
 def _queue(**policy) -> Scheduler:
     """One busy host; band 0: small (the highest score), big, late (a deadline) and
     relaxed (a far deadline); band 5: top."""
-    s = _scheduler(reserve_after=86400, fairshare_weight=0, **policy)
+    s = _scheduler(**{"reserve_after": 86400, "fairshare_weight": 0, "deadline_slack": "2h",
+                      **policy})
     s.submit(job("busy", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
     s.schedule(0.0)
     s.submit(job("small", *ROLES, expected_runtime=60), 10.0)
@@ -98,7 +99,7 @@ def _queue(**policy) -> Scheduler:
 
 
 def test_a_short_slack_job_goes_ahead_in_its_band_but_not_of_a_higher_band():
-    s = _queue()                                   # deadline_slack: 2h by default
+    s = _queue()                                   # deadline_slack: 2h
     # at 5,000 late's slack is 7,800 s: over 2h, the score order (small work first)
     assert _order(s, 5000.0) == ["top", "small", "late", "relaxed", "big"]
     # at 6,000 its slack is 6,800 s, under 2h: it overtakes small (a higher score), not
@@ -181,3 +182,34 @@ def test_a_job_whose_slack_ran_out_preempts_under_an_on_deadline_rule():
     assert not s.schedule(6000.0).preempted            # 400 s of slack left
     got = s.schedule(6400.0).preempted
     assert [(p.victim.name, p.by.name, p.reason) for p in got] == [("low", "etl", "priority")]
+
+
+TWO_HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
+
+
+def _gang_starts(**policy) -> dict[str, float]:
+    """Two hosts: A holds host 1 until 1000, B host 2 until 500. U (both hosts, due at
+    4700: latest start 1100) and C (one host, 2000 s: smaller work, a higher score)."""
+    s = Scheduler(ClusterState(make_cluster(*TWO_HOSTS)),
+                  PolicyConfig(locality_slowdown=(1.0, 1.0, 1.0), **policy))
+    eight = {"name": "w", "gpus": 8}
+    s.submit(job("A", eight, expected_runtime=1000), 0.0)
+    s.submit(job("B", eight, expected_runtime=500), 0.0)
+    s.schedule(0.0)
+    s.submit(job("U", {"name": "w", "replicas": 2, "gpus": 8}, expected_runtime=3600), 1.0,
+             deadline=4700.0)
+    s.submit(job("C", eight, expected_runtime=2000), 1.0)
+    got = {}
+    for now, ended in ((1.0, None), (500.0, "B"), (1000.0, "A"), (2500.0, "C")):
+        if ended:
+            s.finish(ended, now)
+        got.update({j.name: now for j, _ in s.schedule(now).started})
+    return got
+
+
+def test_an_urgent_gang_gets_a_reservation_so_smaller_work_cannot_take_its_hosts():
+    # urgent: U holds both hosts from 1000; C, which would end at 2500, cannot start on
+    # host 2 at 500 in front of it
+    assert _gang_starts(deadline_slack="2h") == {"U": 1000.0}       # C after it, at 4600
+    # priority only: C takes host 2 at 500, U waits for it until 2500 and misses
+    assert _gang_starts(deadline_slack=0) == {"C": 500.0, "U": 2500.0}

@@ -276,7 +276,7 @@ class PolicyConfig(_Spec):
         0.9, ge=0.5, le=0.99, description="the quantile of a team's observed ratios planned "
         "with (0.5: their mean; higher: fewer jobs overrun their plan)")
     deadline_slack: Duration = Field(
-        7200, ge=0, description="a job with a deadline whose slack (its latest start less "
+        4 * 3600, ge=0, description="a job with a deadline whose slack (its latest start less "
         "now) is under this goes ahead of its band's other jobs, least slack first; 0 or "
         "off: no deadline ordering")
     reservation_depth: int = Field(16, ge=0, le=10_000,

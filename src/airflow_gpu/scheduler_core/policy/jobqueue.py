@@ -176,6 +176,11 @@ class JobQueue:
         return sum(min(1, bisect.bisect_right(e, (protect_before, math.inf)))
                    for e in self._by_due.values())
 
+    def urgent(self, urgent_before: float) -> int:
+        """How many queued jobs have a latest start before `urgent_before` (slack.py)."""
+        return sum(len(b.before(urgent_before)) for b in self._by_latest.values()) \
+            if urgent_before > -math.inf else 0
+
     def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf,
                 skip_shapes: set | None = None, urgent_before: float = -math.inf
                 ) -> Iterator[tuple[QueuedJob, bool]]:
@@ -196,10 +201,9 @@ class JobQueue:
             skip = {seq for _, seq, _ in first}
             by_latest = self._by_latest.get(band)
             for _, seq, job in by_latest.before(urgent_before) if by_latest else ():
-                if seq not in skip:
+                if seq not in skip:        # tried whatever its shape: it may get a reservation
                     skip.add(seq)
-                    if skip_shapes is None or job.shape not in skip_shapes:
-                        yield job, False
+                    yield job, False
             # a k-way merge of the (account, shape, behind) lists, each offset by its
             # account's fair share; the lists of jobs requeued as idle after all others
             lists = [(entries, fairshare.get(acct, 0.0), shape, behind)
