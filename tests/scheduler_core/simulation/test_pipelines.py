@@ -140,3 +140,23 @@ def test_simulate_prints_the_deadline_table(tmp_path):
     got = json.loads(run("simulate", "--trace", path, "--hosts", "1", "--model", "dgx-a100",
                          "--json").stdout)
     assert got["pipelines_met"] == 1
+
+
+def test_nightly_pipelines_are_seeded_and_due_1_2_to_3_times_their_critical_path():
+    from airflow_gpu.scheduler_core.simulation.nightly import pipelines
+
+    jobs = pipelines(days=3, per_night=4, seed=7)
+    assert jobs == pipelines(days=3, per_night=4, seed=7)
+    assert jobs != pipelines(days=3, per_night=4, seed=8)
+    runs: dict[str, list] = {}
+    for t in jobs:
+        runs.setdefault(t.dag_run, []).append(t)
+    assert len(runs) == 12
+    bounds = earliest_ends(jobs)
+    for dag_run, ts in runs.items():
+        assert 3 <= len(ts) <= 5
+        start = ts[0].submit
+        assert all(t.submit == start and t.deadline == ts[0].deadline for t in ts)
+        assert all(u.startswith(dag_run + "-") for t in ts for u in t.upstream)
+        ratio = (ts[0].deadline - start) / (bounds[dag_run] - start)
+        assert 1.19 <= ratio <= 3.01
