@@ -21,7 +21,7 @@ from pydantic import (
 from .errors import InputError, load_yaml, validate
 from .jobarray import ArraySpec
 from .jobdeps import DependsOn, file_cycle
-from .units import Duration, Size, format_duration
+from .units import Deadline, Duration, Size, format_duration
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
 GiB = 2**30
@@ -294,6 +294,13 @@ class JobSpec(_Spec):
         None, gt=0, description="hard limit (Slurm's --time): at it the replicas get "
         "SIGTERM, then SIGKILL after the class's grace, and the job ends timeout; default: "
         "the job class's, else the queue policy's")
+    deadline: Deadline | None = Field(
+        None, description="when the whole pipeline (the DAG run) must be done, with its "
+        "time zone: 2026-12-05T06:00:00Z; its jobs go ahead in their band as the time left "
+        "runs short (docs/queue-policy.md, \"Deadlines\")")
+    downstream: Duration = Field(0, ge=0, description="with deadline: the work still to "
+                                 "run after this job (the longest path of the pipeline's "
+                                 "later GPU tasks, at their expected runtimes), e.g. 2h")
     roles: list[Role] = Field(min_length=1, max_length=MAX_ROLES,
                               description=f"at most {MAX_ROLES} roles, {MAX_REPLICAS} "
                               "replicas in all")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
@@ -139,3 +140,25 @@ def exact_size(n: int) -> str:
 Size = Annotated[int, BeforeValidator(parse_size), PlainSerializer(exact_size, return_type=str)]
 Duration = Annotated[int, BeforeValidator(parse_duration),
                      PlainSerializer(format_duration, return_type=str)]
+
+
+def parse_deadline(value: object) -> datetime:
+    """An aware datetime from one, or from an ISO 8601 string with its time zone: a
+    deadline without a zone would mean another time on every host that reads it."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value.strip().replace("z", "Z"))
+        except ValueError:
+            raise ValueError("expected a date and time with its time zone, such as "
+                             "2026-12-05T06:00:00Z or 2026-12-05T07:00:00+01:00") from None
+    if not isinstance(value, datetime):
+        raise ValueError("expected a date and time with its time zone, such as "
+                         "2026-12-05T06:00:00Z or 2026-12-05T07:00:00+01:00")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{value.isoformat()} has no time zone; add one, e.g. "
+                         f"{value.isoformat()}Z (UTC) or {value.isoformat()}+01:00")
+    return value
+
+
+# A deadline: an aware datetime (an ISO 8601 string in files and the API)
+Deadline = Annotated[datetime, BeforeValidator(parse_deadline)]

@@ -185,6 +185,8 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
                   "0s", "0s", format_duration(first["makespan_lower_bound_s"]), "", "", "")
     console = _console()
     console.print(t)
+    if "pipelines" in first:
+        console.print(_deadline_table(metrics))
     for m in metrics:
         if m["rejected"] or m["unfinished"]:
             console.print(f"{m['policy']}: {m['rejected']} jobs rejected (can never fit), "
@@ -202,6 +204,25 @@ def _print_simulation(metrics: list[dict], trace: str) -> None:
                           f"{m['lost_gpu_hours']:,.1f} GPU-hours lost "
                           f"({m['lost_fraction']:.2%} of {m['gpu_hours']:,.0f}); "
                           f"{m['borrowed_jobs']:,} jobs ran on borrowed quota")
+
+
+def _deadline_table(metrics: list[dict]) -> Table:
+    """Pipelines against their deadlines (trace columns dag_run, upstream, deadline)."""
+    t = Table(title="Deadlines (pipelines: a dag_run, or a job with a deadline alone)",
+              title_justify="left")
+    for col in ("policy", "pipelines", "met", "late p50", "late p95", "infeasible",
+                "background jobs", "background avg wait"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for m in metrics:
+        if "pipelines" not in m:
+            continue
+        t.add_row(m["policy"], f"{m['pipelines']:,}",
+                  f"{m['pipelines_met']:,} ({m['pipelines_met_frac']:.1%})",
+                  format_duration(m["pipelines_late_p50_s"]),
+                  format_duration(m["pipelines_late_p95_s"]),
+                  f"{m['pipelines_infeasible']:,}", f"{m['background_jobs']:,}",
+                  format_duration(m["background_avg_wait_s"]))
+    return t
 
 
 def _cmd_models(args: argparse.Namespace) -> int:
@@ -239,7 +260,8 @@ def add_commands(sub) -> None:
                    "times from now: docs/admin-guide.md, Reservations")
     s = sub.add_parser("simulate", help="replay a job trace through the scheduler",
                        description="Replay a trace (job_id,submit_time,duration,num_gpus"
-                       "[,team,priority,job_class,expected_runtime]) with a virtual clock.")
+                       "[,team,priority,job_class,expected_runtime,time_limit,reservation,"
+                       "dag_run,upstream,deadline]) with a virtual clock.")
     where = s.add_mutually_exclusive_group()
     where.add_argument("--cluster", help="cluster file or built-in cluster name")
     where.add_argument("--hosts", type=int, help="a synthetic cluster of this many hosts")

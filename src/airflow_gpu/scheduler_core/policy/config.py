@@ -128,18 +128,25 @@ class PreemptRule(_Spec):
     min_band: float | None = Field(None, description="preemptors: jobs of this band "
                                    "(priority + job-class weight) or higher")
     job_class: str | None = Field(None, description="preemptors: jobs of this class")
+    on_deadline: bool = Field(False, description="preemptors: only jobs whose slack has "
+                              "run out (their latest start to meet their deadline has come)")
     preempts_below: float = Field(description="victims: jobs of a band below this")
 
     @model_validator(mode="after")
     def _who(self) -> PreemptRule:
-        if (self.min_band is None) == (self.job_class is None):
-            raise ValueError("give exactly one of min_band or job_class (who may preempt), "
-                             "e.g. {min_band: 100, preempts_below: 50}")
+        if self.min_band is not None and self.job_class is not None or (
+                self.min_band is None and self.job_class is None and not self.on_deadline):
+            raise ValueError("give one of min_band or job_class (who may preempt), or "
+                             "on_deadline: true, e.g. {min_band: 100, preempts_below: 50} "
+                             "or {on_deadline: true, preempts_below: 10}")
         return self
 
-    def allows(self, band: float, job_class: str | None) -> bool:
+    def allows(self, band: float, job_class: str | None, late: bool = False) -> bool:
+        """`late`: the job's slack has run out (slack.py)."""
+        if self.on_deadline and not late:
+            return False
         return (band >= self.min_band if self.min_band is not None
-                else job_class == self.job_class)
+                else job_class == self.job_class if self.job_class is not None else True)
 
 
 class Preemption(_Spec):
@@ -155,10 +162,11 @@ class Preemption(_Spec):
     max_victims: int = Field(64, ge=1, le=10_000, description="the most jobs one "
                              "preemption may stop")
 
-    def victims_below(self, band: float, job_class: str | None) -> float:
-        """The band below which a job of `band` and `job_class` may preempt (-inf: none)."""
-        return min(max((r.preempts_below for r in self.rules if r.allows(band, job_class)),
-                       default=-math.inf), band)
+    def victims_below(self, band: float, job_class: str | None, late: bool = False) -> float:
+        """The band below which a job of `band` and `job_class` may preempt (-inf: none);
+        `late`: its slack has run out (rules `on_deadline`)."""
+        return min(max((r.preempts_below for r in self.rules
+                        if r.allows(band, job_class, late)), default=-math.inf), band)
 
 
 class IdlePolicy(_Spec):
@@ -267,6 +275,10 @@ class PolicyConfig(_Spec):
     estimate_quantile: float = Field(
         0.9, ge=0.5, le=0.99, description="the quantile of a team's observed ratios planned "
         "with (0.5: their mean; higher: fewer jobs overrun their plan)")
+    deadline_slack: Duration = Field(
+        4 * 3600, ge=0, description="a job with a deadline whose slack (its latest start less "
+        "now) is under this goes ahead of its band's other jobs, least slack first; 0 or "
+        "off: no deadline ordering")
     reservation_depth: int = Field(16, ge=0, le=10_000,
                                    description="at most this many reservations per pass: "
                                    "protected jobs and jobs waiting for locality")
@@ -280,6 +292,11 @@ class PolicyConfig(_Spec):
     notifications: Notifications = Field(default_factory=Notifications)
 
     _default_share = field_validator("default_share")(check_share)
+
+    @field_validator("deadline_slack", mode="before")
+    @classmethod
+    def _slack_off(cls, v):
+        return 0 if v in ("off", False) else v      # YAML reads a bare off as False
 
     @field_validator("locality_slowdown")
     @classmethod

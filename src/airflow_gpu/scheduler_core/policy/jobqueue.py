@@ -9,8 +9,10 @@ The order (docs/queue-policy.md):
    much of the cluster, so it is made later, once bursts of small work have passed. One
    at a time, by the time each became due, so the protected job never changes until it
    starts.
-3. Then the band's other jobs by score = age + fair share + job size (highest first).
-4. Behind all of those, the band's jobs the idle-GPU policy requeued (`behind`), by the
+3. Then the band's jobs whose deadline is near: slack (latest start - now) under
+   `deadline_slack`, least slack first (slack.py; backfill only).
+4. Then the band's other jobs by score = age + fair share + job size (highest first).
+5. Behind all of those, the band's jobs the idle-GPU policy requeued (`behind`), by the
    same rules among themselves: their submit is the requeue, so they neither come back
    first by age nor by size onto the GPUs they just left idle (service/idle.py).
 
@@ -33,6 +35,7 @@ from ..engine.need import Need
 from ..engine.placement import compile_needs
 from ..jobspec import JobSpec
 from .quota import spec_need
+from .slack import ByLatestStart, urgent
 from .types import QueuedJob
 
 # Job size: GPU-minutes of work from 1 (size factor 1) to 10^7 (size factor 0), log scale.
@@ -73,6 +76,7 @@ class JobQueue:
         # band -> [(due, seq, job)]: when each job became due for protection (protect_due)
         self._bands: dict[float, dict[tuple[str, tuple], list[tuple]]] = {}
         self._by_due: dict[float, list[tuple]] = {}
+        self._by_latest: dict[float, ByLatestStart] = {}    # band -> its deadline jobs
         self.jobs: dict[str, QueuedJob] = {}
         self.shapes: Counter = Counter()
         self._runtimes: dict[tuple, list[float]] = {}   # per shape, sorted
@@ -126,6 +130,8 @@ class JobQueue:
                       self._entry(job))
         bisect.insort(self._by_due.setdefault(job.base, []), (self.protect_due(job), job.seq,
                                                                job))
+        if urgent(job):
+            self._by_latest.setdefault(job.base, ByLatestStart()).add(job)
 
     def remove(self, name: str) -> QueuedJob:
         job = self.jobs.pop(name)
@@ -142,6 +148,11 @@ class JobQueue:
             del lists[job.account, job.shape, job.behind]
         by_due = self._by_due[job.base]
         del by_due[bisect.bisect_left(by_due, (self.protect_due(job), job.seq))]
+        if urgent(job):
+            by_latest = self._by_latest[job.base]
+            by_latest.remove(job)
+            if not by_latest:
+                del self._by_latest[job.base]
         if not lists:
             del self._bands[job.base], self._by_due[job.base]
         return job
@@ -165,10 +176,17 @@ class JobQueue:
         return sum(min(1, bisect.bisect_right(e, (protect_before, math.inf)))
                    for e in self._by_due.values())
 
+    def urgent(self, urgent_before: float) -> int:
+        """How many queued jobs have a latest start before `urgent_before` (slack.py)."""
+        return sum(len(b.before(urgent_before)) for b in self._by_latest.values()) \
+            if urgent_before > -math.inf else 0
+
     def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf,
-                skip_shapes: set | None = None) -> Iterator[tuple[QueuedJob, bool]]:
+                skip_shapes: set | None = None, urgent_before: float = -math.inf
+                ) -> Iterator[tuple[QueuedJob, bool]]:
         """(job, protected) in scheduling order: in each band, the job that became due
-        for protection first if that was at or before `protect_before`, then the others
+        for protection first if that was at or before `protect_before`, then the jobs
+        whose latest start is before `urgent_before` (earliest first), then the others
         by score.
 
         Lazy: remove jobs only after the iteration. Shapes that enter `skip_shapes`
@@ -181,6 +199,11 @@ class JobQueue:
             if len(first) == len(by_due):
                 continue
             skip = {seq for _, seq, _ in first}
+            by_latest = self._by_latest.get(band)
+            for _, seq, job in by_latest.before(urgent_before) if by_latest else ():
+                if seq not in skip:        # tried whatever its shape: it may get a reservation
+                    skip.add(seq)
+                    yield job, False
             # a k-way merge of the (account, shape, behind) lists, each offset by its
             # account's fair share; the lists of jobs requeued as idle after all others
             lists = [(entries, fairshare.get(acct, 0.0), shape, behind)

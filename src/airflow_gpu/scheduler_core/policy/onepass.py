@@ -51,6 +51,9 @@ class Pass:
         backfill = self.mode == "backfill"
         self.protect_before = sched.protect_before(now)
         self.protect_left = sched.queue.protected(self.protect_before) if backfill else 0
+        # jobs whose deadline is near get a reservation too (slack.py): those yet to come
+        self.urgent_before = sched.urgent_before(now)
+        self.urgent_left = sched.queue.urgent(self.urgent_before)
         self.failed: set[tuple] = set()                # (shape, holds) known not to fit
         self.hopeless: set[tuple] = set()              # shapes that fail even without holds
         self._failures = self._failures_seen = 0       # failures counted, and when done() ran
@@ -75,7 +78,7 @@ class Pass:
             return False
         if self.mode == "fifo":
             return self.head is not None
-        if self.protect_left > 0 and self.may_reserve():
+        if (self.protect_left > 0 or self.urgent_left > 0) and self.may_reserve():
             return False
         # holds kept beyond those the pass asked for only take GPUs: none usable with them
         # must be checked without them
@@ -95,8 +98,11 @@ class Pass:
             self.failed.clear()
         if job.spec.reservation is not None:
             return self.in_window(job)
+        near = job.latest_start < self.urgent_before
+        self.urgent_left -= near
+        urgent = near and not protected
         if job.shape in self.hopeless and not self.explain and not (
-                protected and self.may_reserve()):
+                (protected or urgent) and self.may_reserve()):
             return   # fails even without holds, and it gets no reservation
         why = s.quotas.wait(job)
         if why is not None:
@@ -151,6 +157,12 @@ class Pass:
             reserved = self.reserve(job)
             if reserved is not None and self.mode == "backfill":
                 reserved = self.keep_promise(reserved)
+                self.add(reserved)
+        elif urgent and self.may_reserve():
+            # resources held for it as they free up, or a big job near its deadline
+            # never finds them free at once; no promise: slack orders, not waits
+            reserved = self.reserve(job)
+            if reserved is not None:
                 self.add(reserved)
         if self.explain:       # holds stay taken: the reasons drop them where they place
             self.plan.let_go()

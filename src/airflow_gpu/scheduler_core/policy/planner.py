@@ -7,6 +7,7 @@ simulator and the service run.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from ..engine.placement import Placed
@@ -42,9 +43,12 @@ def plan(state: ClusterState, jobs: list[JobSpec], reg: Registry | None = None,
     sched = Scheduler(state, config, reg)
     sched.set_windows(list(windows))
     result = PlanResult()
+    wall = time.time()
     for spec in jobs:
         try:
-            sched.submit(spec, 0.0)
+            # time 0 is now: a deadline counts from the wall clock
+            sched.submit(spec, 0.0, deadline=None if spec.deadline is None
+                         else spec.deadline.timestamp() - wall)
         except Rejected as exc:
             result.rejected.append((spec, exc.reason))
     done = sched.schedule(0.0, explain=True)

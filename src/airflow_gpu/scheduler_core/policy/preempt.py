@@ -54,7 +54,8 @@ def preempt(p: PassView, job: QueuedJob, own_team: bool = False) -> Pending | No
     # what failed once fails again this pass for a job of the same kind that runs as
     # long or longer: preemptions only take candidates away (victims stopping) and add
     # holds, and a longer job overlaps more reservations
-    key = (job.shape, job.team, job.base, job.job_class, job.preempted_by, own_team)
+    key = (job.shape, job.team, job.base, job.job_class, job.preempted_by, own_team,
+           job.latest_start <= p.now)
     if job.runtime >= p.cannot_preempt.get(key, math.inf):
         return None
     cands = candidates(p, job, own_team)

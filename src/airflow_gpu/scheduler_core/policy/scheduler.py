@@ -22,6 +22,7 @@ from .jobqueue import JobQueue
 from .onepass import Pass, PassResult
 from .quota import Quotas, need, over_quota
 from .reservations import Reservation
+from .slack import latest_start, urgent_before
 from .timemodel import LocalityModel
 from .types import Pending, QueuedJob
 from .windows import Window, WindowHold, confined
@@ -83,15 +84,20 @@ class Scheduler:
 
     # -- what drivers call -----------------------------------------------------------------
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None,
-               preempted_by: frozenset[str] = frozenset(), behind: bool = False) -> QueuedJob:
+               preempted_by: frozenset[str] = frozenset(), behind: bool = False,
+               deadline: float | None = None) -> QueuedJob:
         """Queue a job; raises Rejected if it can never run (naming why), InputError for
         an unknown job class. `preempted_by`: the jobs that once preempted it; `behind`:
-        requeued as idle, it goes after its band's other jobs (jobqueue.py)."""
+        requeued as idle, it goes after its band's other jobs (jobqueue.py); `deadline`:
+        the spec's on this scheduler's clock (None: the spec's as Unix time, the
+        service's clock)."""
         spec = resolve(spec, self.reg.job_classes, defaults=self.config.defaults)
         if spec.name in self.queue or spec.name in self.running:
             raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
-        job = self._make(spec, now, runtime)
+        if deadline is None and spec.deadline is not None:
+            deadline = spec.deadline.timestamp()
+        job = self._make(spec, now, runtime, deadline)
         job.preempted_by, job.behind = frozenset(preempted_by), behind
         why = self.rejection(job)
         if why:
@@ -144,15 +150,18 @@ class Scheduler:
         if ahead:            # due for protection after them (1 ms: float rounding)
             submit = max(submit, max(ahead) - (self.queue.protect_due(job) - job.submit)
                          + 1e-3)
-        again = self._make(job.spec, submit, job.estimate if runtime is None else runtime)
+        again = self._make(job.spec, submit, job.estimate if runtime is None else runtime,
+                           job.deadline)
         again.preempted_by = job.preempted_by | ({by} if by else set())
         self.queue.add(again)
         return again
 
-    def _make(self, spec: JobSpec, submit: float, runtime: float | None) -> QueuedJob:
+    def _make(self, spec: JobSpec, submit: float, runtime: float | None,
+              deadline: float | None = None) -> QueuedJob:
         """A resolved spec as a queue entry; the runtime defaults to the spec's (or its
         class's), else the policy's, and is planned times its team's estimate factor
-        (correction.py), never past its time limit."""
+        (correction.py), never past its time limit. With a `deadline`, its latest start
+        is the deadline less that runtime and the spec's downstream work (slack.py)."""
         jc = self.reg.job_classes.get(spec.job_class or "")
         if runtime is None:
             runtime = planned_runtime(spec, self.config)
@@ -162,6 +171,9 @@ class Scheduler:
         job = self.queue.make(spec, submit, self._seq, min(float(runtime) * factor, limit),
                               jc.priority_weight if jc else 0)
         job.estimate, job.limit = float(runtime), limit
+        if deadline is not None:
+            job.deadline = float(deadline)
+            job.latest_start = latest_start(job.deadline, job.runtime, spec.downstream)
         job.grace = float(stop_grace(spec, self.reg.job_classes, self.config.defaults))
         (job.preemptible, job.preempt_signal, job.preempt_grace,
          job.checkpoint_interval) = preempt_options(jc, job.grace)
@@ -245,6 +257,11 @@ class Scheduler:
         return now - self.config.reserve_after if self.config.mode == "backfill" \
             else -math.inf
 
+    def urgent_before(self, now: float) -> float:
+        """Jobs whose latest start is before this go ahead in their band (backfill)."""
+        return urgent_before(now, self.config.deadline_slack) \
+            if self.config.mode == "backfill" else -math.inf
+
     def priorities(self, now: float) -> list[tuple[QueuedJob, bool, dict[str, float]]]:
         """The queued jobs in the order the pass considers them (claimants of an earlier
         preemption first, then `JobQueue.ordered`), each with whether it is protected and
@@ -253,7 +270,8 @@ class Scheduler:
         first = [self.queue.jobs[n] for n in self.claims if n in self.queue.jobs]
         seen = {j.name for j in first}
         order = [(j, False) for j in first] + [
-            (j, protected) for j, protected in self.queue.ordered(fs, self.protect_before(now))
+            (j, protected) for j, protected in self.queue.ordered(
+                fs, self.protect_before(now), urgent_before=self.urgent_before(now))
             if j.name not in seen]
         return [(j, protected, self.queue.terms(j, fs.get(j.account, 0.0), now))
                 for j, protected in order]
@@ -272,7 +290,8 @@ class Scheduler:
             for name in list(self.claims):     # preemptors first: their victims stop for them
                 p.claimant(name)
             for job, protected in self.queue.ordered(
-                    fs, p.protect_before, None if explain else p.hopeless):
+                    fs, p.protect_before, None if explain else p.hopeless,
+                    self.urgent_before(now)):
                 if job.name in p.claimants:
                     continue
                 if p.result.tested >= cfg.max_jobs_tested:

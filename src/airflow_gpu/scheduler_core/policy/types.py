@@ -54,6 +54,8 @@ class QueuedJob:
     preempt_grace: float = 0.0                   # seconds from the signal to SIGKILL
     checkpoint_interval: float | None = None     # seconds (what a preemption loses)
     behind: bool = False     # requeued as idle: at the back of its band (point 4 above)
+    deadline: float = math.inf       # when its pipeline must be done (the pass's clock)
+    latest_start: float = math.inf   # deadline - (runtime + downstream work): slack.py
     # the spec's, kept as plain attributes: a pass reads them tens of thousands of times
     name: str = field(init=False, repr=False)
     team: str = field(init=False, repr=False)
@@ -107,6 +109,8 @@ class SchedulerView(Protocol):
     def runtime(self, job: QueuedJob, tier: int) -> float: ...
 
     def protect_before(self, now: float) -> float: ...
+
+    def urgent_before(self, now: float) -> float: ...
 
     def plan_epoch(self) -> tuple[int, int]: ...
 

@@ -125,7 +125,7 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
     `victims`: this pool, not the pass's."""
     s = p.s
     cfg = s.config.preemption
-    below = cfg.victims_below(job.base, job.job_class)
+    below = cfg.victims_below(job.base, job.job_class, job.latest_start <= p.now)
     reclaim = reclaims(s, job, own_team)
     if below == -math.inf and not reclaim:
         return []

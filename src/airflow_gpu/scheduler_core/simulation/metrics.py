@@ -27,6 +27,8 @@ class JobRecord:
     held_gpu_s: float = 0.0           # GPU-seconds held, over every admission
     lost_gpu_s: float = 0.0           # of which lost to preemption (rerun or stopping)
     borrowed: bool = False            # it ran on borrowed quota at least once
+    dag_run: str | None = None        # its pipeline (pipelines.py)
+    deadline: float | None = None     # when its pipeline must be done
 
 
 @dataclass
@@ -43,6 +45,8 @@ class SimResult:
     passes: int = 0
     wall_s: float = 0.0
     high_priority: int = 100
+    # pipeline (dag_run, else a deadline job's id) -> the earliest it could end
+    pipeline_bounds: dict[str, float] = field(default_factory=dict)
 
     def write_records(self, path: str) -> None:
         """One CSV row per job: when it was submitted, started and ended, and where."""
@@ -130,6 +134,55 @@ def replay_metrics(res: SimResult) -> dict:
             max(r.submit + r.duration for r in accepted) - t0,
             sum(r.duration * r.gpus for r in accepted) / res.total_gpus)
         out["avg_jct_lower_bound_s"] = sum(r.duration for r in accepted) / len(accepted)
+    if res.pipeline_bounds:
+        out.update(deadline_metrics(res))
     out["passes"] = res.passes
     out["wall_s"] = round(res.wall_s, 3)
     return out
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+
+
+def deadline_metrics(res: SimResult) -> dict:
+    """Pipelines (a dag_run, or a lone job with a deadline) against their deadlines: met
+    when the last job ends by it. One whose deadline is before the earliest it could end
+    on an empty cluster (pipelines.earliest_ends) is infeasible, counted apart; one with a
+    job that never ran is missed. Background jobs: those of no pipeline."""
+    jobs: dict[str, list[JobRecord]] = {}
+    background = []
+    for r in res.records:
+        if r.dag_run is None and r.deadline is None:
+            background.append(r)
+        else:
+            jobs.setdefault(r.dag_run or r.job_id, []).append(r)
+    met = missed = infeasible = 0
+    late: list[float] = []
+    for key, rs in jobs.items():
+        deadlines = [r.deadline for r in rs if r.deadline is not None]
+        if not deadlines:
+            continue                  # a pipeline without a deadline
+        deadline = min(deadlines)
+        if deadline < res.pipeline_bounds.get(key, -math.inf) - 1e-6:
+            infeasible += 1
+            continue
+        ends = [r.end for r in rs]
+        end = math.inf if None in ends else max(ends)
+        if end <= deadline + 1e-6:
+            met += 1
+        else:
+            missed += 1
+            late.append(end - deadline)
+    late.sort()
+    done = [r.start - r.submit for r in background if r.end is not None]
+    finite = [x for x in late if x < math.inf]
+    return {"pipelines": met + missed, "pipelines_met": met,
+            "pipelines_met_frac": met / (met + missed) if met + missed else 1.0,
+            "pipelines_infeasible": infeasible,
+            "pipelines_unfinished": len(late) - len(finite),
+            "pipelines_late_p50_s": _quantile(finite, 0.5) if finite else 0.0,
+            "pipelines_late_p95_s": _quantile(finite, 0.95) if finite else 0.0,
+            "pipeline_jobs": sum(len(rs) for rs in jobs.values()),
+            "background_jobs": len(done),
+            "background_avg_wait_s": sum(done) / len(done) if done else 0.0}

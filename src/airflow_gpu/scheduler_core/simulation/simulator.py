@@ -33,6 +33,7 @@ from ..policy.config import PolicyConfig
 from ..policy.scheduler import PassResult, Rejected, Scheduler
 from ..policy.windows import Window, window_of
 from .metrics import JobRecord, SimResult
+from .pipelines import Gate, downstream, earliest_ends
 from .progress import Run, stop
 from .trace import TraceJob, job_spec
 
@@ -108,10 +109,21 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
     total = cluster.total_gpus
     mig = any(h.type.mig is not None for h in cluster.hosts)
     trace = sorted(trace, key=lambda t: t.submit)            # stable: file order on ties
-    records = {t.job_id: JobRecord(t.job_id, t.team, t.gpus, t.submit, t.duration, t.priority)
+    records = {t.job_id: JobRecord(t.job_id, t.team, t.gpus, t.submit, t.duration, t.priority,
+                                   dag_run=t.dag_run, deadline=t.deadline)
                for t in trace}
     result = SimResult(options.policy.mode, cluster.name, total, host_gpus,
                        list(records.values()), high_priority=options.high_priority)
+    # pipelines: jobs held until their upstream jobs end (pipelines.py)
+    piped = any(t.upstream or t.deadline is not None for t in trace)
+    gate = Gate(trace)
+    down = downstream(trace) if piped else {}
+    if piped:
+        result.pipeline_bounds = earliest_ends(trace)
+    order = {t.job_id: k for k, t in enumerate(trace)}
+    ready: list[tuple[float, int, TraceJob]] = []     # released: (submit, order, job)
+    if gate.waiting:
+        trace = [t for t in trace if not gate.held(t)]
     events = _Events()
     for w in options.windows:       # a pass as each starts (jobs yield) and ends (hosts back)
         events.wake(w.start)
@@ -136,7 +148,8 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
 
     i, n = 0, len(trace)
     while True:
-        now = min(trace[i].submit if i < n else math.inf, events.next_time())
+        now = min(trace[i].submit if i < n else math.inf, events.next_time(),
+                  ready[0][0] if ready else math.inf)
         if now == math.inf:
             break
         for name in events.pop_due(now):
@@ -145,6 +158,8 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             if run.signal is None:
                 sched.finish(name, now, completed=not rec.timeout)
                 rec.end = now
+                for t in gate.ended(rec.job_id):      # its last upstream job ended
+                    heapq.heappush(ready, (max(t.submit, now), order[t.job_id], t))
                 continue
             # a preempted or overrunning job stopped: it is queued again with the work it
             # had not saved
@@ -157,18 +172,29 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
                 rec.preemptions += 1
             again = sched.requeue(name, now, runtime=planned[name] * left / rec.duration)
             checkpoints(again)
+        arrivals = []
         while i < n and trace[i].submit == now:
-            t = trace[i]
+            arrivals.append(trace[i])
             i += 1
+        if ready and ready[0][0] == now:        # in trace order with the others
+            while ready and ready[0][0] == now:
+                arrivals.append(heapq.heappop(ready)[2])
+                records[arrivals[-1].job_id].submit = now
+            arrivals.sort(key=lambda t: order[t.job_id])
+        for t in arrivals:
             spec = (options.spec_of(t) if options.spec_of is not None else
                     job_spec(t, host_gpus, options.cpus_per_gpu, options.memory_per_gpu))
+            if t.deadline is not None:      # what the operators send: its work after it
+                spec = spec.model_copy(update={"downstream": math.ceil(down[t.job_id])})
             try:
-                checkpoints(sched.submit(spec, now, t.planned))
+                checkpoints(sched.submit(spec, now, t.planned, deadline=t.deadline))
                 ids[spec.name] = t.job_id
                 planned[spec.name] = t.planned
                 work[spec.name] = t.duration
             except Rejected as exc:
                 records[t.job_id].rejected = exc.reason
+                for after in gate.never(t.job_id):
+                    records[after.job_id].rejected = f"upstream job {t.job_id!r} was rejected"
         done = sched.schedule(now)
         result.passes += 1
         if observe is not None:

@@ -1,9 +1,12 @@
 """Job traces: `job_id,submit_time,duration,num_gpus[,team,priority,job_class,
-expected_runtime,time_limit,reservation]`.
+expected_runtime,time_limit,reservation,dag_run,upstream,deadline]`.
 
 Times are seconds (`submit_time` since the trace's start). `expected_runtime` is what the
 scheduler is told (an estimate: it never stops a job), `time_limit` a hard limit (a job
 still running at it ends `timeout`); where a job has neither, `estimates.py` derives them.
+Pipelines (pipelines.py): `dag_run` names the pipeline a job belongs to, `upstream` the
+jobs of the trace it starts after (ids separated by `;` or spaces), `deadline` when its
+pipeline must be done (seconds since the trace's start).
 A bad line is an error that names the file, the line, the column, the value and the fix.
 """
 
@@ -18,12 +21,13 @@ from pathlib import Path
 
 from ..errors import InputError, utf8_text, validate
 from ..jobspec import JobSpec
+from .pipelines import check_upstream
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
 OPTIONAL = ("team", "priority", "job_class", "expected_runtime", "time_limit",
-            "reservation")
+            "reservation", "dag_run", "upstream", "deadline")
 FORM = ("job_id,submit_time,duration,num_gpus[,team,priority,job_class,expected_runtime,"
-        "time_limit,reservation]")
+        "time_limit,reservation,dag_run,upstream,deadline]")
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class TraceJob:
     line: int = 0
     time_limit: float | None = None
     reservation: str | None = None     # the admin's reservation it runs in (--reservations)
+    dag_run: str | None = None         # its pipeline (pipelines.py)
+    upstream: tuple[str, ...] = ()     # the jobs it starts after
+    deadline: float | None = None      # when its pipeline must be done
 
     @property
     def planned(self) -> float:
@@ -94,6 +101,7 @@ def load_trace(path: str | Path, limit: int | None = None) -> list[TraceJob]:
                 raise InputError(f"{where}: {len(row)} values for {len(header)} columns "
                                  f"({', '.join(header)})")
             jobs.append(_row(row, col, where, lineno, seen))
+    check_upstream(jobs, path)
     return jobs
 
 
@@ -120,6 +128,7 @@ def _row(row: list[str], col: dict[str, int], where: str, lineno: int,
         values[name] = _number(raw, name, where, integer, positive)
     priority = get("priority")
     expected, limit = get("expected_runtime"), get("time_limit")
+    deadline = get("deadline")
     return TraceJob(
         job_id, values["submit_time"], values["duration"], int(values["num_gpus"]),
         get("team") or "default",
@@ -127,7 +136,9 @@ def _row(row: list[str], col: dict[str, int], where: str, lineno: int,
         get("job_class"),
         _number(expected, "expected_runtime", where, positive=True) if expected else None,
         lineno, _number(limit, "time_limit", where, positive=True) if limit else None,
-        get("reservation"))
+        get("reservation"), get("dag_run"),
+        tuple(u for u in (get("upstream") or "").replace(";", " ").split() if u),
+        _number(deadline, "deadline", where) if deadline else None)
 
 
 def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int) -> JobSpec:

@@ -1,0 +1,54 @@
+"""Deadlines: a job's slack, and the order of the jobs that run short of it.
+
+A job of a pipeline that must be done by a deadline (the spec's `deadline`, with
+`downstream`: the work still to run after it) must start by its latest start,
+deadline - (its planned runtime + downstream). Its slack is latest start - now. Within a
+band, the jobs whose slack is under the policy's `deadline_slack` go ahead of the band's
+other jobs (but behind the protected job: its promise stands), least slack first, as
+least-laxity-first schedulers do (Chronus, SoCC'21; ElasticFlow, ASPLOS'23). Since now
+moves for every job alike, least slack first is earliest latest start first: a static
+order, kept sorted as jobs come and go (jobqueue.py), so a pass never sorts for it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+
+def latest_start(deadline: float, runtime: float, downstream: float) -> float:
+    """When a job must start for its pipeline to end by `deadline`."""
+    return deadline - (runtime + downstream)
+
+
+def urgent(job) -> bool:
+    """Whether the job may go ahead for its deadline: it has one, and it was not requeued
+    as idle (that keeps it at the back of its band, jobqueue.py)."""
+    return job.latest_start < math.inf and not job.behind
+
+
+def urgent_before(now: float, deadline_slack: float) -> float:
+    """Jobs whose latest start is before this go ahead in their band (-inf: none, the
+    setting is off)."""
+    return now + deadline_slack if deadline_slack > 0 else -math.inf
+
+
+class ByLatestStart:
+    """One band's jobs with a deadline, earliest latest start first."""
+
+    def __init__(self):
+        self.entries: list[tuple] = []          # (latest_start, seq, job)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def add(self, job) -> None:
+        self.entries.insert(bisect.bisect_left(self.entries, (job.latest_start, job.seq)),
+                            (job.latest_start, job.seq, job))
+
+    def remove(self, job) -> None:
+        del self.entries[bisect.bisect_left(self.entries, (job.latest_start, job.seq))]
+
+    def before(self, t: float) -> list[tuple]:
+        """The entries whose latest start is before `t`, earliest first."""
+        return self.entries[:bisect.bisect_left(self.entries, (t, -math.inf))]

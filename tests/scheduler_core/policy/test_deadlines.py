@@ -1,0 +1,215 @@
+"""Deadlines: the spec's fields, a queued job's latest start."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import pytest
+
+from airflow_gpu.scheduler_core.engine.state import ClusterState
+from airflow_gpu.scheduler_core.errors import InputError, validate
+from airflow_gpu.scheduler_core.jobspec import JobSpec
+from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.policy.scheduler import Scheduler
+from tests.helpers import job, make_cluster
+
+ONE_HOST = ({"name": "dgx-1", "model": "dgx-a100"},)
+ROLES = [{"name": "w", "gpus": 1}]
+
+
+def _spec(**fields) -> JobSpec:
+    return validate(JobSpec, {"name": "j", "roles": ROLES, **fields}, "job.yaml")
+
+
+def test_spec_deadline_and_downstream():
+    spec = _spec(deadline="2026-12-05T06:00:00Z", downstream="2h")
+    assert spec.deadline == datetime(2026, 12, 5, 6, tzinfo=UTC)
+    assert spec.downstream == 7200
+    assert _spec(deadline="2026-12-05T07:00:00+01:00").deadline == spec.deadline
+    assert _spec(deadline=datetime(2026, 12, 5, 6, tzinfo=UTC)).deadline == spec.deadline
+    assert _spec(downstream=90).downstream == 90
+    plain = _spec()
+    assert plain.deadline is None and plain.downstream == 0
+    # stored as JSON and read back (the service's rows)
+    again = JobSpec.model_validate(spec.model_dump(mode="json"))
+    assert again.deadline == spec.deadline and again.downstream == 7200
+
+
+@pytest.mark.parametrize("fields,words", [
+    ({"deadline": "2026-12-05T06:00:00"}, ["deadline:", "2026-12-05T06:00:00", "no time zone",
+                                           "2026-12-05T06:00:00Z"]),
+    ({"deadline": "tomorrow"}, ["deadline:", "'tomorrow'", "2026-12-05T06:00:00Z"]),
+    ({"deadline": 5}, ["deadline:", "time zone"]),
+    ({"downstream": "-2h"}, ["downstream:", "'-2h'", "negative"]),
+    ({"downstream": "soon"}, ["downstream:", "'soon'", "90m"]),
+])
+def test_spec_deadline_errors_name_the_field_the_value_and_the_fix(fields, words):
+    with pytest.raises(InputError) as exc:
+        _spec(**fields)
+    for w in words:
+        assert w in str(exc.value)
+
+
+def _scheduler(**policy) -> Scheduler:
+    return Scheduler(ClusterState(make_cluster(*ONE_HOST)), PolicyConfig(**policy))
+
+
+def test_latest_start_is_the_deadline_less_runtime_and_downstream():
+    s = _scheduler()
+    a = s.submit(job("a", *ROLES, expected_runtime=3600, downstream="2h"), 0.0,
+                 deadline=20_000.0)
+    assert (a.deadline, a.latest_start) == (20_000.0, 20_000.0 - 3600 - 7200)
+    b = s.submit(job("b", *ROLES, expected_runtime=3600), 0.0)
+    assert b.deadline == math.inf and b.latest_start == math.inf
+    # without a clock of its own, the spec's deadline as Unix time (the service's clock)
+    when = datetime(2026, 12, 5, 6, tzinfo=UTC)
+    c = s.submit(job("c", *ROLES, expected_runtime=600, deadline=when.isoformat()), 0.0)
+    assert c.latest_start == when.timestamp() - 600
+
+
+def test_a_requeued_job_keeps_its_deadline_with_the_work_it_has_left():
+    s = _scheduler()
+    s.submit(job("a", *ROLES, expected_runtime=3600, downstream=100), 0.0, deadline=10_000.0)
+    s.schedule(0.0)
+    again = s.requeue("a", 1000.0, runtime=1800)
+    assert again.deadline == 10_000.0 and again.latest_start == 10_000.0 - 1800 - 100
+
+
+def _order(s: Scheduler, now: float) -> list[str]:
+    return [j.name for j, _, _ in s.priorities(now)]
+
+
+def _queue(**policy) -> Scheduler:
+    """One busy host; band 0: small (the highest score), big, late (a deadline) and
+    relaxed (a far deadline); band 5: top."""
+    s = _scheduler(**{"reserve_after": 86400, "fairshare_weight": 0, "deadline_slack": "2h",
+                      **policy})
+    s.submit(job("busy", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+    s.schedule(0.0)
+    s.submit(job("small", *ROLES, expected_runtime=60), 10.0)
+    s.submit(job("big", {"name": "w", "gpus": 8}, expected_runtime=36_000), 10.0)
+    # latest start 20,000 - 3,600 - 3,600 = 12,800
+    s.submit(job("late", {"name": "w", "gpus": 4}, expected_runtime=3600, downstream=3600),
+             10.0, deadline=20_000.0)
+    s.submit(job("relaxed", {"name": "w", "gpus": 4}, expected_runtime=3600), 10.0,
+             deadline=200_000.0)
+    s.submit(job("top", {"name": "w", "gpus": 8}, expected_runtime=36_000, priority=5), 10.0)
+    return s
+
+
+def test_a_short_slack_job_goes_ahead_in_its_band_but_not_of_a_higher_band():
+    s = _queue()                                   # deadline_slack: 2h
+    # at 5,000 late's slack is 7,800 s: over 2h, the score order (small work first)
+    assert _order(s, 5000.0) == ["top", "small", "late", "relaxed", "big"]
+    # at 6,000 its slack is 6,800 s, under 2h: it overtakes small (a higher score), not
+    # top (a higher band); relaxed's long slack keeps its place
+    assert _order(s, 6000.0) == ["top", "late", "small", "relaxed", "big"]
+    # the pass tries them in that order
+    s.finish("busy", 6000.0)
+    started = [j.name for j, _ in s.schedule(6000.0).started]
+    assert started == ["top"]
+
+
+def test_urgent_jobs_go_least_slack_first():
+    s = _queue()
+    s.submit(job("later", *ROLES, expected_runtime=600), 10.0, deadline=15_000.0)  # 14,400
+    s.submit(job("sooner", {"name": "w", "gpus": 8}, expected_runtime=3600), 10.0,
+             deadline=15_000.0)                                                 # 11,400
+    assert _order(s, 10_000.0)[:5] == ["top", "sooner", "late", "later", "small"]
+
+
+def test_deadline_slack_off_gives_the_old_order_exactly():
+    for off in (0, "off", False):
+        s = _queue(deadline_slack=off)
+        assert s.config.deadline_slack == 0
+        plain = _scheduler(reserve_after=86400, fairshare_weight=0)
+        plain.submit(job("busy", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+        plain.schedule(0.0)
+        for name in ("small", "big", "late", "relaxed", "top"):
+            spec = s.queue.jobs[name].spec.model_copy(update={"downstream": 0})
+            plain.submit(spec, 10.0, runtime=s.queue.jobs[name].estimate)
+        for now in (5000.0, 6000.0, 13_000.0):
+            assert _order(s, now) == _order(plain, now) == [
+                "top", "small", "late", "relaxed", "big"]
+
+
+def test_the_protected_job_keeps_its_place_ahead_of_urgent_ones():
+    s = _queue(reserve_after_scale=1)
+    # at 90,000 every band-0 job has waited reserve_after: small (submitted first) is
+    # protected; late's slack ran out long ago, it comes next
+    order = _order(s, 90_000.0)
+    assert order[:3] == ["top", "small", "late"]
+    protected = [j.name for j, p, _ in s.priorities(90_000.0) if p]
+    assert "small" in protected
+
+
+def test_count_and_fifo_keep_the_plain_order():
+    for mode in ("count", "fifo"):
+        s = _queue(mode=mode)
+        assert s.urgent_before(6000.0) == -math.inf
+
+
+def test_queue_removes_deadline_jobs_cleanly():
+    s = _queue()
+    for name in ("late", "relaxed"):
+        s.finish(name, 100.0)                  # cancelled while pending
+    assert not s.queue._by_latest
+    assert _order(s, 6000.0) == ["top", "small", "big"]
+
+
+def test_policy_deadline_slack_and_on_deadline_rule_are_checked():
+    assert PolicyConfig(deadline_slack="30m").deadline_slack == 1800
+    with pytest.raises(InputError, match="deadline_slack"):
+        validate(PolicyConfig, {"deadline_slack": "soon"}, "policy.yaml")
+    rule = validate(PolicyConfig, {"preemption": {"rules": [
+        {"on_deadline": True, "preempts_below": 10}]}}, "p").preemption
+    assert rule.victims_below(0, None, late=True) == 0        # only lower bands
+    assert rule.victims_below(20, None, late=True) == 10
+    assert rule.victims_below(20, None, late=False) == -math.inf
+    with pytest.raises(InputError, match="on_deadline"):
+        validate(PolicyConfig, {"preemption": {"rules": [{"preempts_below": 10}]}}, "p")
+
+
+def test_a_job_whose_slack_ran_out_preempts_under_an_on_deadline_rule():
+    s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 10}],
+                               "min_run_time": 0, "min_saved_wait": 0})
+    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+    s.schedule(0.0)
+    # latest start 10,000 - 3,600 = 6,400
+    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600, priority=10), 10.0,
+             deadline=10_000.0)
+    assert not s.schedule(6000.0).preempted            # 400 s of slack left
+    got = s.schedule(6400.0).preempted
+    assert [(p.victim.name, p.by.name, p.reason) for p in got] == [("low", "etl", "priority")]
+
+
+TWO_HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
+
+
+def _gang_starts(**policy) -> dict[str, float]:
+    """Two hosts: A holds host 1 until 1000, B host 2 until 500. U (both hosts, due at
+    4700: latest start 1100) and C (one host, 2000 s: smaller work, a higher score)."""
+    s = Scheduler(ClusterState(make_cluster(*TWO_HOSTS)),
+                  PolicyConfig(locality_slowdown=(1.0, 1.0, 1.0), **policy))
+    eight = {"name": "w", "gpus": 8}
+    s.submit(job("A", eight, expected_runtime=1000), 0.0)
+    s.submit(job("B", eight, expected_runtime=500), 0.0)
+    s.schedule(0.0)
+    s.submit(job("U", {"name": "w", "replicas": 2, "gpus": 8}, expected_runtime=3600), 1.0,
+             deadline=4700.0)
+    s.submit(job("C", eight, expected_runtime=2000), 1.0)
+    got = {}
+    for now, ended in ((1.0, None), (500.0, "B"), (1000.0, "A"), (2500.0, "C")):
+        if ended:
+            s.finish(ended, now)
+        got.update({j.name: now for j, _ in s.schedule(now).started})
+    return got
+
+
+def test_an_urgent_gang_gets_a_reservation_so_smaller_work_cannot_take_its_hosts():
+    # urgent: U holds both hosts from 1000; C, which would end at 2500, cannot start on
+    # host 2 at 500 in front of it
+    assert _gang_starts(deadline_slack="2h") == {"U": 1000.0}       # C after it, at 4600
+    # priority only: C takes host 2 at 500, U waits for it until 2500 and misses
+    assert _gang_starts(deadline_slack=0) == {"C": 500.0, "U": 2500.0}
