@@ -213,3 +213,36 @@ def test_an_urgent_gang_gets_a_reservation_so_smaller_work_cannot_take_its_hosts
     assert _gang_starts(deadline_slack="2h") == {"U": 1000.0}       # C after it, at 4600
     # priority only: C takes host 2 at 500, U waits for it until 2500 and misses
     assert _gang_starts(deadline_slack=0) == {"C": 500.0, "U": 2500.0}
+
+
+
+def test_a_waiting_job_that_cannot_meet_its_deadline_says_so_with_the_numbers():
+    """One 8-GPU host, busy for 2 h: a job due in 3 h with 1 h of its own and 30 min
+    after it should start within 1 h 30 min, is expected to start in 2 h: at risk, 30 min
+    late, its cause kept. One due in 5 h waits for the GPUs as usual; one whose latest
+    start has passed is at risk whatever its ETA."""
+    eight = {"name": "w", "gpus": 8}
+    for late_one in (False, True):
+        s = _scheduler()
+        s.submit(job("busy", eight, expected_runtime=7200), 0.0)
+        s.schedule(0.0)
+        s.submit(job("tight", eight, expected_runtime=3600, downstream="30m"), 0.0,
+                 deadline=3 * 3600.0)
+        s.submit(job("easy", eight, expected_runtime=3600), 0.0, deadline=5 * 3600.0)
+        if late_one:
+            s.submit(job("gone", eight, expected_runtime=600), 0.0, deadline=600.0)
+        pending = s.schedule(60.0, explain=True).pending
+        if late_one:
+            gone = pending["gone"]
+            assert gone.code == "DeadlineAtRisk" and "should have started 1m ago" in \
+                gone.message, gone
+            continue
+        tight = pending["tight"]
+        assert tight.code == "DeadlineAtRisk", tight
+        assert tight.details["cause"] in ("Resources", "Priority")
+        assert tight.details["latest_start"] == 3 * 3600 - 3600 - 1800
+        assert tight.details["expected_late_s"] == 7200 - (3 * 3600 - 3600 - 1800)
+        assert "deadline at risk: its pipeline is due in 2h59m" in tight.message, tight
+        assert "so it should start in 1h29m" in tight.message
+        assert "about 30m late" in tight.message
+        assert pending["easy"].code != "DeadlineAtRisk", pending["easy"]

@@ -16,6 +16,7 @@ from .passplan import PassPlan
 from .pending import Reasons, locality_wait
 from .preempt import Preemption, claimed, preempt
 from .reservations import Reservation, earliest_end, place_best
+from .slack import at_risk
 from .types import Pending, QueuedJob
 from .upcoming import upcoming
 from .windows import confined, full, waiting_for
@@ -282,4 +283,4 @@ class Pass:
 
     def wait(self, job: QueuedJob, why: Pending) -> None:
         if self.explain:
-            self.result.pending[job.name] = why
+            self.result.pending[job.name] = at_risk(job, why, self.now)

@@ -297,7 +297,7 @@ class Scheduler:
                 if p.result.tested >= cfg.max_jobs_tested:
                     if not explain:
                         break
-                    p.result.pending[job.name] = Pending("Priority", untested)   # p.wait
+                    p.wait(job, Pending("Priority", untested))
                     continue
                 p.result.tested += 1
                 p.protect_left -= protected

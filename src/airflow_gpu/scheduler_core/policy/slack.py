@@ -15,6 +15,9 @@ from __future__ import annotations
 import bisect
 import math
 
+from ..units import format_duration
+from .types import Pending
+
 
 def latest_start(deadline: float, runtime: float, downstream: float) -> float:
     """When a job must start for its pipeline to end by `deadline`."""
@@ -52,3 +55,31 @@ class ByLatestStart:
     def before(self, t: float) -> list[tuple]:
         """The entries whose latest start is before `t`, earliest first."""
         return self.entries[:bisect.bisect_left(self.entries, (t, -math.inf))]
+
+
+
+def at_risk(job, why, now: float):
+    """`why` as DeadlineAtRisk when the waiting job cannot meet its deadline: its latest
+    start has passed, or the pass expects it to start after it (its ETA). The cause stays
+    in the message and in `details["cause"]`; the times in details are the pass's clock."""
+    if job.latest_start == math.inf:
+        return why
+    start = now if why.eta is None else now + why.eta
+    late = start - job.latest_start
+    if late <= 0:
+        return why
+    def ago(t: float) -> str:
+        return (f"in {format_duration(t - now)}" if t > now
+                else f"{format_duration(now - t)} ago")
+
+    by = (f"should start {ago(job.latest_start)}" if job.latest_start > now
+          else f"should have started {ago(job.latest_start)}")
+    started = ("even if it started now" if why.eta is None or why.eta <= 0
+               else f"it is expected to start {ago(start)}")
+    message = (f"deadline at risk: its pipeline is due {ago(job.deadline)} and needs "
+               f"{format_duration(job.deadline - job.latest_start)} from this job's start "
+               f"(its own runtime and the work after it), so it {by}; {started}, about "
+               f"{format_duration(late)} late. Waiting for: {why.code}: {why.message}")
+    details = {**why.details, "cause": why.code, "deadline": job.deadline,
+               "latest_start": job.latest_start, "expected_late_s": round(late)}
+    return Pending("DeadlineAtRisk", message, details, why.eta)
