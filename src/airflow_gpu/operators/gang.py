@@ -16,7 +16,8 @@ from ..launch.local import local_host, refuse_other_hosts, start_command
 from ..launch.replica import Replica
 from ..launch.wiring import BY_CLASS, FRAMEWORKS, wiring
 from ..scheduler_core.client import ApiError
-from .base import HOLDING, GpuBaseOperator, split_role
+from .base import HOLDING, GpuBaseOperator
+from .request import split_role
 
 RUNNERS = ("docker", "local")
 
