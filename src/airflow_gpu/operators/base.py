@@ -24,6 +24,7 @@ from ..scheduler_core.errors import InputError, describe_validation_error
 from ..scheduler_core.jobclasses import timeout_message
 from ..scheduler_core.jobspec import JobSpec
 from ..triggers.admission import AdmissionTrigger
+from .background import Background
 from .links import GpuJobLink
 from .request import idempotency_key, job_name, runtime_from_history, split_role, task_user
 from .routing import pinned_refusal, worker_host
@@ -170,8 +171,8 @@ class GpuBaseOperator(BaseOperator):
         name = job_name(ti.dag_id, ti.task_id)
         client = self._scheduler()
         team = self.team or self._connection.extra_dejson.get("team")
-        host = self._worker_host(client)
-        spec = self._spec(name, team, self._runtime(client, name), host, task_user(context))
+        runtime, host = self._runtime_and_host(client, name)
+        spec = self._spec(name, team, runtime, host, task_user(context))
         try:
             job = client.submit(spec, idempotency_key(ti))
         except ApiError as exc:
@@ -180,26 +181,43 @@ class GpuBaseOperator(BaseOperator):
                                            f"the GPU scheduler refused the job: "
                                            f"{exc}") from None
             raise AirflowException(f"submitting the GPU job failed: {exc}") from None
-        ti.xcom_push(key="gpu_job_id", value=job["id"])
         self._job_id = job["id"]            # on_kill cancels it from here on
+        # the XCom goes while the scheduler admits the job and confirms its start
+        pushed = Background(ti.xcom_push, key="gpu_job_id", value=job["id"])
         self.log.info("GPU job %s submitted (%s)", job["id"], job["state"])
         since = time.time()
-        job = self._grace(client, job)
+        try:
+            job = self._grace(client, job)
+            if job["state"] in LIVE:
+                job = self._start(client, job["id"])
+        finally:
+            pushed.wait()        # before any other call to Airflow (dag.test's are serial)
+        if pushed.error is not None:
+            if job["state"] in LIVE:
+                self._finish(client, job["id"], job["attempt"], "failed", None)
+            raise pushed.error
         if job["state"] in LIVE:
-            return self._run(context, job["id"])
+            return self._run(context, job)
         if job["state"] != "pending":
             raise AirflowException(f"GPU job {job['id']} is already {job['state']}")
         self._defer(job, since)
 
-    def _worker_host(self, client) -> str | None:
-        """The local runner asks only for the host of the worker that runs the task (it
-        starts processes here); None: any host (the Docker runner, a simulated cluster)."""
-        if not self.starts_here:
-            return None
-        cluster = self._cluster(client)
-        here = local_host(conf.get("gpu_scheduler", "local_host", fallback=""))
-        return worker_host(here, [h["name"] for h in cluster["hosts"]],
-                           cluster.get("cluster", "?"), self.task_id, self.queue)
+    def _runtime_and_host(self, client, name: str) -> tuple[int | None, str | None]:
+        """The expected runtime from history, and for the local runner (it starts processes
+        here) the host of the worker that runs the task, None for any host (the Docker
+        runner, `local_host = *`); with both, their reads overlap."""
+        here = (local_host(conf.get("gpu_scheduler", "local_host", fallback=""))
+                if self.starts_here else None)
+        if here is None or not here.names:
+            return self._runtime(client, name), None
+        runtime = Background(self._runtime, client, name)
+        try:
+            cluster = self._cluster(client)
+            host = worker_host(here, [h["name"] for h in cluster["hosts"]],
+                               cluster.get("cluster", "?"), self.task_id, self.queue)
+        finally:
+            runtime.wait()
+        return runtime.result(), host
 
     def _grace(self, client, job: dict) -> dict:
         """On a cluster with room the next pass admits within a moment: wait that long
@@ -235,18 +253,22 @@ class GpuBaseOperator(BaseOperator):
             raise AirflowException(f"GPU job {event['job_id']}: {event['message']}")
         self.log.info("GPU job %s %s", event["job_id"], event["message"])
         try:
-            return self._run(context, event["job_id"])
+            return self._run(context, self._start(self._scheduler(), event["job_id"]))
         finally:
             self._close()
 
     # -- run ------------------------------------------------------------------------------
-    def _run(self, context: Context, job_id: str) -> Any:
+    def _start(self, client, job_id: str) -> dict:
+        """Confirm the start of the admitted job (its first heartbeat); the job as it is."""
         self._job_id = job_id
-        client = self._scheduler()
         try:
-            job = client.heartbeat(job_id)       # confirms the start
+            return client.heartbeat(job_id)
         except ApiError as exc:
             raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
+
+    def _run(self, context: Context, job: dict) -> Any:
+        job_id = job["id"]
+        client = self._scheduler()
         attempt = job["attempt"]             # the admission these replicas belong to
         hosts = ({h["name"]: h for h in self._cluster(client)["hosts"]}
                  if needs_cluster(job) else None)
