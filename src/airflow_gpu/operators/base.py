@@ -18,7 +18,7 @@ from ..launch.handle import Handle, LaunchError
 from ..launch.lease import Lease, beat_interval, monotonic_at
 from ..launch.local import local_host
 from ..launch.replica import Replica, needs_cluster, replicas_of
-from ..launch.supervise import Outcome, stop_all, supervise
+from ..launch.supervise import Outcome, settle, stop_all, supervise
 from ..scheduler_core.client import ApiError, Client
 from ..scheduler_core.errors import InputError, describe_validation_error
 from ..scheduler_core.jobclasses import timeout_message
@@ -287,12 +287,14 @@ class GpuBaseOperator(BaseOperator):
                             self._beat_interval(job), self._stop,
                             monotonic_at(job.get("deadline_at")),
                             float(job.get("stop_grace") or 0))
-        if outcome.timed_out:
-            self._finish(client, job_id, attempt, "timeout", None)
-            raise AirflowException(f"GPU job {job_id}: " + timeout_message(
-                job["time_limit_s"], job.get("stop_grace") or 0,
-                outcome.ended()))
-        return self._conclude(client, job_id, attempt, replicas, outcome)
+        try:            # the finish is reported while exited containers are removed
+            if outcome.timed_out:
+                self._finish(client, job_id, attempt, "timeout", None)
+                raise AirflowException(f"GPU job {job_id}: " + timeout_message(
+                    job["time_limit_s"], job.get("stop_grace") or 0, outcome.ended()))
+            return self._conclude(client, job_id, attempt, replicas, outcome)
+        finally:
+            settle(self._handles)
 
     def _conclude(self, client, job_id: str, attempt: int, replicas: list[Replica],
                   outcome: Outcome) -> Any:

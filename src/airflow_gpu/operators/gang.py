@@ -121,7 +121,7 @@ class GpuGangOperator(GpuBaseOperator):
                               gpu_mode=self.gpu_mode, runtime=self.docker_runtime,
                               network_mode=self.network_mode, mounts=self.mounts,
                               default_url=self.docker_url, labels=labels,
-                              connect=self._engines().client)
+                              connect=self._engines().client, remove_later=True)
 
     def _engines(self) -> DockerEngines:
         if getattr(self, "_docker_engines", None) is None:   # one connection lookup per host
