@@ -149,7 +149,9 @@ def reap_orphans(engine: docker.DockerClient, is_live, log, scheduler: str) -> N
     (their jobs are unknown here, not dead), and so are those that name no scheduler (a
     launcher used by hand, an older provider): only what is provably this scheduler's
     goes."""
-    for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"}):
+    # ignore_removed: a container another task removes meanwhile is no longer listed
+    for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"},
+                                    ignore_removed=True):
         job = c.labels["airflow-gpu.job"]
         if c.labels.get(SCHEDULER_LABEL) != scheduler:
             continue
