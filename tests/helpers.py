@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -11,6 +12,9 @@ from airflow_gpu.scheduler_core.jobspec import JobSpec
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+# for the processes the tests start: this checkout's code, even where the environment's
+# editable install points at another checkout
+PYTHONPATH = os.pathsep.join((str(REPO / "src"), str(REPO)))
 
 
 def make_cluster(*hosts: dict, name: str = "test"):

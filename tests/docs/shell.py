@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from airflow_gpu.demo.stack import free_port
-from tests.helpers import REPO, SHARED
+from tests.helpers import PYTHONPATH, REPO, SHARED
 
 HERE = Path(__file__).resolve().parent
 LINKED = (".venv", "examples", "bench", "dags_examples", "scripts")
@@ -68,7 +68,7 @@ class Shell:
         bins = [str(HERE / "bin"), str(REPO / ".venv" / "bin")]
         env.update(PATH=os.pathsep.join([*bins, env.get("PATH", "")]), COLUMNS="120",
                    TERM="dumb", NO_COLOR="1", DOCS_TESTS=str(HERE), DOCS_PORT=str(self.port),
-                   PYTHONPATH=str(REPO))
+                   PYTHONPATH=PYTHONPATH)
         return env
 
     def start(self) -> None:

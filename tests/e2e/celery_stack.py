@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 
 from airflow_gpu.demo.stack import free_port
-from tests.helpers import REPO, until
+from tests.helpers import PYTHONPATH, REPO, until
 
 PG = "postgresql+psycopg://postgres@127.0.0.1:5432"
 ROLES = ("api-server", "scheduler", "dag-processor", "triggerer")
@@ -45,7 +45,7 @@ class CeleryStack:
         self.env = {
             **{k: v for k, v in os.environ.items()
                if not k.startswith(("AIRFLOW__", "AIRFLOW_GPU_"))},
-            "AIRFLOW_HOME": str(self.home), "PYTHONPATH": str(REPO),
+            "AIRFLOW_HOME": str(self.home), "PYTHONPATH": PYTHONPATH,
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"{PG}/{self.db}",
             # psycopg 3 serves the async engine too (else Airflow wants asyncpg)

@@ -21,7 +21,7 @@ import yaml
 
 from airflow_gpu.scheduler_core.engine.topology import format_cpulist
 from tests.forks import ForkServer
-from tests.helpers import REPO, until
+from tests.helpers import PYTHONPATH, REPO, until
 from tests.servers import Server
 
 IMAGE = "airflow-gpu-test/busybox:1"
@@ -80,7 +80,7 @@ def airflow_env(home: Path, **extra: str) -> dict[str, str]:
             "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
             "AIRFLOW__GPU_SCHEDULER__LOCAL_HOST": "*",    # every simulated host is this one
-            "PYTHONPATH": str(REPO), **extra}
+            "PYTHONPATH": PYTHONPATH, **extra}
 
 
 def create_token(db: str, team: str, *flags: str) -> str:

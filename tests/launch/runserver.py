@@ -12,7 +12,7 @@ import httpx
 import yaml
 
 from tests.e2e.conftest import create_token, machine_model
-from tests.helpers import REPO
+from tests.helpers import PYTHONPATH
 from tests.servers import Server
 
 
@@ -38,7 +38,7 @@ def serve(tmp: Path, lease_ttl: float = 60, **policy) -> Iterator[dict]:
                         headers={"Authorization": f"Bearer {token}"})
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__GPU_SCHEDULER")}
     env.update(AIRFLOW_GPU_URL=srv.url, AIRFLOW_GPU_TOKEN=token,
-               AIRFLOW_GPU_LOCAL_HOST="host-1", PYTHONPATH=str(REPO))
+               AIRFLOW_GPU_LOCAL_HOST="host-1", PYTHONPATH=PYTHONPATH)
     try:
         yield {"env": env, "admin": admin, "team": team, "url": srv.url, "token": token,
                "tmp": tmp}

@@ -191,3 +191,4 @@ def test_the_operator_reaches_each_host_through_the_configured_pattern(
     assert op.docker_conn_id == "engines_{host}"
     handle = op._docker(None, op.command, {}).start(replica(host="dgx-t-02"), {})
     assert list(handle.lines()) == ["via the operator"] and handle.wait() == 0
+    handle.settle()              # the operator's handles remove the container on a thread

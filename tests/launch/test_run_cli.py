@@ -25,7 +25,7 @@ import yaml
 
 from airflow_gpu.scheduler_core.engine.topology import parse_cpulist
 from tests.e2e.conftest import create_token, machine_model
-from tests.helpers import REPO, until
+from tests.helpers import PYTHONPATH, REPO, until
 from tests.servers import Server
 
 LEASE = 4.0          # seconds: the commands below outlive it several times
@@ -47,7 +47,7 @@ def run_server(tmp: Path, lease: float, *args: str):
         "Authorization": f"Bearer {create_token(db, 'ops', '--admin')}"})
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__GPU_SCHEDULER")}
     env.update(AIRFLOW_GPU_URL=srv.url, AIRFLOW_GPU_TOKEN=create_token(db, "ml"),
-               AIRFLOW_GPU_LOCAL_HOST="host-1", PYTHONPATH=str(REPO))
+               AIRFLOW_GPU_LOCAL_HOST="host-1", PYTHONPATH=PYTHONPATH)
     try:
         yield {"env": env, "admin": admin, "tmp": tmp, "log": tmp / "server.log"}
     finally:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import create_token, machine_model
-from tests.helpers import REPO, until
+from tests.helpers import PYTHONPATH, until
 from tests.launch.test_run_cli import job, job_id_of, run, start
 from tests.servers import Server
 
@@ -33,7 +33,7 @@ def stack(tmp, cluster) -> dict:
         "Authorization": f"Bearer {create_token(db, 'ops', '--admin')}"})
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__GPU_SCHEDULER")}
     env.update(AIRFLOW_GPU_URL=srv.url, AIRFLOW_GPU_TOKEN=create_token(db, "ml"),
-               AIRFLOW_GPU_LOCAL_HOST="host-1", PYTHONPATH=str(REPO),
+               AIRFLOW_GPU_LOCAL_HOST="host-1", PYTHONPATH=PYTHONPATH,
                AIRFLOW_HOME=str(tmp / "no-airflow"))
     return {"env": env, "admin": admin, "tmp": tmp, "server": srv}
 

@@ -19,7 +19,7 @@ import yaml
 import airflow_gpu.scheduler_core.engine
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.db import make_engine, sessions
-from tests.helpers import REPO
+from tests.helpers import PYTHONPATH
 from tests.servers import Server, free_port
 
 HOST_MODELS = Path(airflow_gpu.scheduler_core.engine.__file__).parent / "hostmodels"
@@ -191,7 +191,7 @@ class AirflowApi:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.env = {
-            **os.environ, "AIRFLOW_HOME": str(self.home), "PYTHONPATH": str(REPO),
+            **os.environ, "AIRFLOW_HOME": str(self.home), "PYTHONPATH": PYTHONPATH,
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.home / "dags"),
             "AIRFLOW__CORE__UNIT_TEST_MODE": "False",

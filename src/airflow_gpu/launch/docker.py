@@ -5,6 +5,7 @@ NUMA memory nodes and memory limit from the placement, labels naming job, DAG an
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -68,6 +69,9 @@ class DockerLauncher:
     # the host's engine through its Airflow connection (hooks/docker_engine.py): TLS, SSH,
     # registry login; None: docker_url / default_url / DOCKER_HOST without credentials
     connect: Callable[[Replica], docker.DockerClient] | None = None
+    # the handles' wait() removes the exited container on a thread, which the caller
+    # joins with settle() (the Airflow task: while it reports the finish)
+    remove_later: bool = False
 
     def create(self, r: Replica, env: dict[str, str]):
         """The container for a replica, created but not started."""
@@ -113,7 +117,7 @@ class DockerLauncher:
         except APIError as exc:
             container.remove(force=True)
             raise LaunchError(self._start_error(r, str(exc.explanation or exc))) from None
-        return ContainerHandle(r.name, container)
+        return ContainerHandle(r.name, container, self.remove_later)
 
     def _start_error(self, r: Replica, why: str) -> str:
         msg = f"{r.name}: the container could not start on host {r.host}: {why}"
@@ -145,7 +149,9 @@ def reap_orphans(engine: docker.DockerClient, is_live, log, scheduler: str) -> N
     (their jobs are unknown here, not dead), and so are those that name no scheduler (a
     launcher used by hand, an older provider): only what is provably this scheduler's
     goes."""
-    for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"}):
+    # ignore_removed: a container another task removes meanwhile is no longer listed
+    for c in engine.containers.list(all=True, filters={"label": "airflow-gpu.job"},
+                                    ignore_removed=True):
         job = c.labels["airflow-gpu.job"]
         if c.labels.get(SCHEDULER_LABEL) != scheduler:
             continue
@@ -157,10 +163,12 @@ def reap_orphans(engine: docker.DockerClient, is_live, log, scheduler: str) -> N
 
 
 class ContainerHandle:
-    def __init__(self, name: str, container):
+    def __init__(self, name: str, container, remove_later: bool = False):
         self.name, self.container = name, container
         self.code: int | None = None     # known once stopped: wait() may find it removed
         self.killed = False              # a stop sent SIGKILL: it outlived the grace
+        self.remove_later = remove_later
+        self._removal: threading.Thread | None = None
 
     def lines(self) -> Iterator[str]:
         rest = b""
@@ -179,8 +187,18 @@ class ContainerHandle:
             if self.code is None:         # removed by someone else: it did not succeed
                 raise
             code = self.code              # stop() removed it after reading its code
-        self._remove()
+        if self.remove_later:
+            self._removal = threading.Thread(target=self._remove, daemon=True,
+                                             name=f"remove-{self.name}")
+            self._removal.start()
+        else:
+            self._remove()
         return code
+
+    def settle(self) -> None:
+        """Wait for the removal wait() left on a thread, if any."""
+        if self._removal is not None:
+            self._removal.join()
 
     def stop(self, grace: float | None = None, sig: str | None = None) -> None:
         grace = STOP_GRACE if grace is None else grace

@@ -70,6 +70,13 @@ def stop_all(handles: list[Handle], grace: float | None = None,
                           handles))
 
 
+def settle(handles: list[Handle]) -> None:
+    """Wait for what the handles still free on threads (a container's removal)."""
+    for h in handles:
+        if hasattr(h, "settle"):
+            h.settle()
+
+
 def supervise(handles: list[Handle], log: logging.Logger,
               heartbeat: Callable[[], None] | None = None, interval: float = 15.0,
               stop: threading.Event | None = None, deadline: float | None = None,

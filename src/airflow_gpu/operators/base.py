@@ -4,13 +4,9 @@ Subclasses only say how replicas start (containers, processes, a Python callable
 
 from __future__ import annotations
 
-import hashlib
-import re
-import statistics
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context, conf
@@ -22,56 +18,19 @@ from ..launch.handle import Handle, LaunchError
 from ..launch.lease import Lease, beat_interval, monotonic_at
 from ..launch.local import local_host
 from ..launch.replica import Replica, needs_cluster, replicas_of
-from ..launch.supervise import Outcome, stop_all, supervise
+from ..launch.supervise import Outcome, settle, stop_all, supervise
 from ..scheduler_core.client import ApiError, Client
 from ..scheduler_core.errors import InputError, describe_validation_error
 from ..scheduler_core.jobclasses import timeout_message
 from ..scheduler_core.jobspec import JobSpec
-from ..scheduler_core.units import parse_duration
 from ..triggers.admission import AdmissionTrigger
+from .background import Background
 from .links import GpuJobLink
+from .request import idempotency_key, job_name, runtime_from_history, split_role, task_user
 from .routing import pinned_refusal, worker_host
 
 LIVE = ("admitted", "running")
 HOLDING = (*LIVE, "preempting")   # states whose replicas may still run (stopping)
-HISTORY = 5             # successful runs averaged (median) for the expected runtime
-LAUNCH_KEYS = ("image", "command", "environment")
-
-
-def job_name(dag_id: str, task_id: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{dag_id}.{task_id}")
-    return name[:200]
-
-
-def idempotency_key(ti) -> str:
-    """One job per task try: a retry is a new job, a re-run of the same try is not."""
-    key = f"{ti.dag_id}/{ti.task_id}/{ti.run_id}/{ti.map_index}/{ti.try_number}"
-    if len(key) > 200:
-        key = key[:150] + "#" + hashlib.sha256(key.encode()).hexdigest()[:32]
-    return key
-
-
-def task_user(context) -> str | None:
-    """Whom a task's job is for: the user who triggered its DAG run, else the task's
-    owner (unless Airflow's default owner), as a user name the job spec takes."""
-    from airflow.sdk.definitions._internal.abstractoperator import DEFAULT_OWNER
-
-    run = context.get("dag_run")
-    task = context.get("task")
-    owner = getattr(task, "owner", None)
-    for name in (getattr(run, "triggering_user_name", None),
-                 owner if owner and owner != DEFAULT_OWNER else None):
-        if name:
-            clean = re.sub(r"[^A-Za-z0-9_.-]", "-", str(name)).lstrip("_.-")[:200]
-            if clean:
-                return clean
-    return None
-
-
-def split_role(role: dict) -> tuple[dict, dict]:
-    """A role as DAG authors write it: the scheduler's fields, and how it starts."""
-    return ({k: v for k, v in role.items() if k not in LAUNCH_KEYS},
-            {k: role[k] for k in LAUNCH_KEYS if k in role})
 
 
 class GpuBaseOperator(BaseOperator):
@@ -173,26 +132,9 @@ class GpuBaseOperator(BaseOperator):
 
     def _runtime(self, client, name: str) -> int | None:
         """Median of the last successful runs, where the job class allows it."""
-        from ..scheduler_core.plugins import default_registry
-
         if self.expected_runtime:
             return None
-        jc = default_registry().job_classes.get(self.job_class or "")
-        if jc is not None and not jc.runtime_from_history:
-            return None
-        runs = [j for j in client.jobs(state="succeeded", name=name, newest_first=True,
-                                       limit=HISTORY) if j["started_at"] and j["finished_at"]]
-        if not runs:
-            return None
-        took = statistics.median(
-            (datetime.fromisoformat(j["finished_at"]) - datetime.fromisoformat(j["started_at"]))
-            .total_seconds() for j in runs)
-        seconds = max(1, round(took))
-        if self.time_limit:             # it is stopped there: never plan longer
-            seconds = min(seconds, parse_duration(self.time_limit))
-        self.log.info("expected runtime %ss: median of the last %d successful runs",
-                      seconds, len(runs))
-        return seconds
+        return runtime_from_history(client, name, self.job_class, self.time_limit, self.log)
 
     # -- submit and wait ------------------------------------------------------------------
     @property
@@ -229,8 +171,8 @@ class GpuBaseOperator(BaseOperator):
         name = job_name(ti.dag_id, ti.task_id)
         client = self._scheduler()
         team = self.team or self._connection.extra_dejson.get("team")
-        host = self._worker_host(client)
-        spec = self._spec(name, team, self._runtime(client, name), host, task_user(context))
+        runtime, host = self._runtime_and_host(client, name)
+        spec = self._spec(name, team, runtime, host, task_user(context))
         try:
             job = client.submit(spec, idempotency_key(ti))
         except ApiError as exc:
@@ -239,26 +181,43 @@ class GpuBaseOperator(BaseOperator):
                                            f"the GPU scheduler refused the job: "
                                            f"{exc}") from None
             raise AirflowException(f"submitting the GPU job failed: {exc}") from None
-        ti.xcom_push(key="gpu_job_id", value=job["id"])
         self._job_id = job["id"]            # on_kill cancels it from here on
+        # the XCom goes while the scheduler admits the job and confirms its start
+        pushed = Background(ti.xcom_push, key="gpu_job_id", value=job["id"])
         self.log.info("GPU job %s submitted (%s)", job["id"], job["state"])
         since = time.time()
-        job = self._grace(client, job)
+        try:
+            job = self._grace(client, job)
+            if job["state"] in LIVE:
+                job = self._start(client, job["id"])
+        finally:
+            pushed.wait()        # before any other call to Airflow (dag.test's are serial)
+        if pushed.error is not None:
+            if job["state"] in LIVE:
+                self._finish(client, job["id"], job["attempt"], "failed", None)
+            raise pushed.error
         if job["state"] in LIVE:
-            return self._run(context, job["id"])
+            return self._run(context, job)
         if job["state"] != "pending":
             raise AirflowException(f"GPU job {job['id']} is already {job['state']}")
         self._defer(job, since)
 
-    def _worker_host(self, client) -> str | None:
-        """The local runner asks only for the host of the worker that runs the task (it
-        starts processes here); None: any host (the Docker runner, a simulated cluster)."""
-        if not self.starts_here:
-            return None
-        cluster = self._cluster(client)
-        here = local_host(conf.get("gpu_scheduler", "local_host", fallback=""))
-        return worker_host(here, [h["name"] for h in cluster["hosts"]],
-                           cluster.get("cluster", "?"), self.task_id, self.queue)
+    def _runtime_and_host(self, client, name: str) -> tuple[int | None, str | None]:
+        """The expected runtime from history, and for the local runner (it starts processes
+        here) the host of the worker that runs the task, None for any host (the Docker
+        runner, `local_host = *`); with both, their reads overlap."""
+        here = (local_host(conf.get("gpu_scheduler", "local_host", fallback=""))
+                if self.starts_here else None)
+        if here is None or not here.names:
+            return self._runtime(client, name), None
+        runtime = Background(self._runtime, client, name)
+        try:
+            cluster = self._cluster(client)
+            host = worker_host(here, [h["name"] for h in cluster["hosts"]],
+                               cluster.get("cluster", "?"), self.task_id, self.queue)
+        finally:
+            runtime.wait()
+        return runtime.result(), host
 
     def _grace(self, client, job: dict) -> dict:
         """On a cluster with room the next pass admits within a moment: wait that long
@@ -294,18 +253,22 @@ class GpuBaseOperator(BaseOperator):
             raise AirflowException(f"GPU job {event['job_id']}: {event['message']}")
         self.log.info("GPU job %s %s", event["job_id"], event["message"])
         try:
-            return self._run(context, event["job_id"])
+            return self._run(context, self._start(self._scheduler(), event["job_id"]))
         finally:
             self._close()
 
     # -- run ------------------------------------------------------------------------------
-    def _run(self, context: Context, job_id: str) -> Any:
+    def _start(self, client, job_id: str) -> dict:
+        """Confirm the start of the admitted job (its first heartbeat); the job as it is."""
         self._job_id = job_id
-        client = self._scheduler()
         try:
-            job = client.heartbeat(job_id)       # confirms the start
+            return client.heartbeat(job_id)
         except ApiError as exc:
             raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
+
+    def _run(self, context: Context, job: dict) -> Any:
+        job_id = job["id"]
+        client = self._scheduler()
         attempt = job["attempt"]             # the admission these replicas belong to
         hosts = ({h["name"]: h for h in self._cluster(client)["hosts"]}
                  if needs_cluster(job) else None)
@@ -324,12 +287,14 @@ class GpuBaseOperator(BaseOperator):
                             self._beat_interval(job), self._stop,
                             monotonic_at(job.get("deadline_at")),
                             float(job.get("stop_grace") or 0))
-        if outcome.timed_out:
-            self._finish(client, job_id, attempt, "timeout", None)
-            raise AirflowException(f"GPU job {job_id}: " + timeout_message(
-                job["time_limit_s"], job.get("stop_grace") or 0,
-                outcome.ended()))
-        return self._conclude(client, job_id, attempt, replicas, outcome)
+        try:            # the finish is reported while exited containers are removed
+            if outcome.timed_out:
+                self._finish(client, job_id, attempt, "timeout", None)
+                raise AirflowException(f"GPU job {job_id}: " + timeout_message(
+                    job["time_limit_s"], job.get("stop_grace") or 0, outcome.ended()))
+            return self._conclude(client, job_id, attempt, replicas, outcome)
+        finally:
+            settle(self._handles)
 
     def _conclude(self, client, job_id: str, attempt: int, replicas: list[Replica],
                   outcome: Outcome) -> Any:

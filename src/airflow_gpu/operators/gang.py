@@ -16,7 +16,8 @@ from ..launch.local import local_host, refuse_other_hosts, start_command
 from ..launch.replica import Replica
 from ..launch.wiring import BY_CLASS, FRAMEWORKS, wiring
 from ..scheduler_core.client import ApiError
-from .base import HOLDING, GpuBaseOperator, split_role
+from .base import HOLDING, GpuBaseOperator
+from .request import split_role
 
 RUNNERS = ("docker", "local")
 
@@ -120,7 +121,7 @@ class GpuGangOperator(GpuBaseOperator):
                               gpu_mode=self.gpu_mode, runtime=self.docker_runtime,
                               network_mode=self.network_mode, mounts=self.mounts,
                               default_url=self.docker_url, labels=labels,
-                              connect=self._engines().client)
+                              connect=self._engines().client, remove_later=True)
 
     def _engines(self) -> DockerEngines:
         if getattr(self, "_docker_engines", None) is None:   # one connection lookup per host
