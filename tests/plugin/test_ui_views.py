@@ -439,3 +439,22 @@ def test_the_cluster_page_shows_reservations_now_and_next():
     body = client(Reserved()).get("/cluster").text
     assert 'id="reservations"' in body and 'data-reservation="fw"' in body
     assert "next: demo (vision)" in body and "reserved: fw (maintenance) until" in body
+
+
+def test_a_deadline_at_risk_shows_on_the_queue_and_job_pages():
+    risky = pending("nightly", 0, 30, rank=1, code="DeadlineAtRisk",
+                    reason="deadline at risk: its pipeline is due in 2h ...")
+    risky["spec"]["deadline"] = (NOW + timedelta(hours=2)).isoformat()
+    (row,) = queue_page([risky], [], NOW)["pending"]
+    assert row["due"] == "pipeline due in 2h (06-01 14:00 UTC)"
+    explain = {"code": "DeadlineAtRisk", "reason": risky["pending"]["reason"],
+               "eta_seconds": 600, "details": {}, "events": []}
+    assert job_page(risky, explain, CLUSTER, LIVE, NOW)["due"] == row["due"]
+    html = client(FakeSource(pending=[risky])).get("/queue").text
+    assert '<span class="code risk">DeadlineAtRisk</span>' in html
+    assert "pipeline due " in html and "(06-01 14:00 UTC)" in html
+    plain = pending("plain", 0, 30, rank=1)
+    (row,) = queue_page([plain], [], NOW)["pending"]
+    assert row["due"] is None
+    assert '<span class="code">Resources</span>' in client(
+        FakeSource(pending=[plain])).get("/queue").text

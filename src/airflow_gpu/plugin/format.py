@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from ..scheduler_core.engine.topology import format_cpulist
 from ..scheduler_core.units import format_duration, format_size, parse_duration
 
-__all__ = ["age", "duration", "format_cpulist", "format_size", "parse_time", "seconds_of",
-           "team_color"]
+__all__ = ["age", "due", "duration", "format_cpulist", "format_size", "parse_time",
+           "seconds_of", "team_color"]
 
 
 def parse_time(value: str | None) -> datetime | None:
@@ -46,3 +46,13 @@ def team_color(team: str | None) -> str:
         return "transparent"
     hue = int(hashlib.sha1(team.encode()).hexdigest()[:4], 16) % 360
     return f"hsl({hue}, 55%, 42%)"
+
+
+def due(spec: dict, now: datetime) -> str | None:
+    """When a job's pipeline is due (the spec's deadline), as the pages say it."""
+    t = parse_time(spec.get("deadline"))
+    if t is None:
+        return None
+    left = (t - now).total_seconds()
+    when = f"in {format_duration(left)}" if left >= 0 else f"{format_duration(-left)} ago"
+    return f"pipeline due {when} ({t.astimezone(UTC):%m-%d %H:%M} UTC)"

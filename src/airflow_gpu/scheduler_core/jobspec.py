@@ -232,9 +232,10 @@ class Placement(_Spec):
 
 
 # what a job or a team may be notified of (docs/notifications.md)
-NOTIFY_EVENTS = ("start", "end", "failure", "preemption", "requeue", "idle", "reservation")
+NOTIFY_EVENTS = ("start", "end", "failure", "preemption", "requeue", "idle", "reservation",
+                 "deadline")
 NotifyEvent = Literal["start", "end", "failure", "preemption", "requeue", "idle",
-                      "reservation"]
+                      "reservation", "deadline"]
 DEFAULT_NOTIFY = ["end", "failure"]
 MAX_URL = 2000
 

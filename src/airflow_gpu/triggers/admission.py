@@ -123,9 +123,12 @@ class AdmissionTrigger(BaseTrigger):
             # said again when its code, blockers or placement change, not its countdowns
             if reason_key(job) != said:
                 eta = (job.get("pending") or {}).get("eta_seconds")
-                self.log.info("waiting for GPUs: %s%s", reason or "queued",
-                              f" (ETA {format_duration(eta)})" if eta is not None
-                              else "")
+                # a deadline at risk is a warning: the DAG run's own deadline callback
+                # fires only once it has passed
+                at_risk = (job.get("pending") or {}).get("code") == "DeadlineAtRisk"
+                (self.log.warning if at_risk else self.log.info)(
+                    "waiting for GPUs: %s%s", reason or "queued",
+                    f" (ETA {format_duration(eta)})" if eta is not None else "")
                 said = reason_key(job)
             if self._expired():
                 yield await self._time_out(reason)

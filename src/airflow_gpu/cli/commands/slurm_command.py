@@ -87,19 +87,32 @@ def prio_table(d: dict) -> Table:
               f"class weight (strict), then score = fair share (weight {w['fairshare']:g}) + "
               f"size (weight {w['size']:g}) + age (weight {w['age']:g}/h)",
               title_justify="left")
+    slack = any(j.get("slack_s") is not None for j in d["jobs"])    # a deadline job waits
     for col in ("#", "id", "name", "team/user", "priority", "class", "band", "fair share",
-                "size", "age", "score", "protected"):
+                "size", "age", "score", *(("slack",) if slack else ()), "protected"):
         t.add_column(col, justify="left" if col in ("id", "name", "team") else "right")
     for j in d["jobs"]:
         team = j["team"] + (f"/{j['user']}" if j.get("user") else "")
+        first = ("yes" if j["protected"] else "preempting" if j.get("preempting")
+                 else "deadline" if j.get("deadline_first") else "")
         t.add_row(str(j["rank"]), _short(j["id"]), j["name"], team, str(j["priority"]),
                   f"{j['class_weight']:+g}", f"{j['band']:g}", f"{j['fairshare']:.2f}",
                   f"{j['size']:.2f}", f"{j['age']:.2f}", f"{j['score']:.2f}",
-                  "yes" if j["protected"] else ("preempting" if j.get("preempting") else ""))
+                  *((_slack(j.get("slack_s")),) if slack else ()), first)
+    if slack:
+        t.caption = (f"slack: time left before a job must start for its pipeline's deadline; "
+                     f"under deadline_slack ({format_duration(d.get('deadline_slack_s') or 0)})"
+                     " a job goes ahead of its band's others (protected: deadline)")
     if d.get("not_queued"):
-        t.caption = "not considered: " + ", ".join(
+        t.caption = ((t.caption + "\n") if t.caption else "") + "not considered: " + ", ".join(
             f"{_short(j['id'])} {j['name']} ({j['code']})" for j in d["not_queued"])
     return t
+
+
+def _slack(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return format_duration(seconds) if seconds >= 0 else f"-{format_duration(-seconds)}"
 
 
 # -- share (sshare) -------------------------------------------------------------------------

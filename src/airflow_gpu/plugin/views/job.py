@@ -9,7 +9,16 @@ from typing import Any
 from urllib.parse import quote
 
 from ...scheduler_core.airflowkey import task_instance
-from ..format import age, duration, format_cpulist, format_size, parse_time, seconds_of, team_color
+from ..format import (
+    age,
+    due,
+    duration,
+    format_cpulist,
+    format_size,
+    parse_time,
+    seconds_of,
+    team_color,
+)
 from .queue import (
     LIVE_STATES,
     blockers,
@@ -192,7 +201,7 @@ def job_page(job: dict, explain: dict, cluster: dict, live: list[dict], now: dat
         "exit_code": job.get("exit_code"),
         "reason": with_names(explain.get("reason") or why.get("reason"), names),
         **blockers(explain.get("details") or {}, names),
-        "code": explain.get("code") or why.get("code"),
+        "code": explain.get("code") or why.get("code"), "due": due(job["spec"], now),
         "eta": None if explain.get("eta_seconds") is None
         else duration(explain["eta_seconds"]),
         "details": explain.get("details") or {},

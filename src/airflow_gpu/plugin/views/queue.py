@@ -8,7 +8,7 @@ from functools import cache
 from typing import Any
 
 from ...scheduler_core.plugins import default_registry
-from ..format import age, duration, format_cpulist, parse_time, seconds_of, team_color
+from ..format import age, due, duration, format_cpulist, parse_time, seconds_of, team_color
 
 BLOCKERS_SHOWN = 12
 LIVE_STATES = ("admitted", "running", "preempting")     # the states that hold resources
@@ -88,7 +88,7 @@ def pending_row(job: dict, now: datetime, names: dict[str, str]) -> dict[str, An
         "id": job["id"], "name": job["name"], "team": job["team"],
         "color": team_color(job["team"]), "priority": job["priority"],
         "job_class": job["spec"].get("job_class"), "gpus": job_gpus(job["spec"]),
-        "code": why.get("code"),
+        "code": why.get("code"), "due": due(job["spec"], now),
         "reason": with_names(why.get("reason"), names) or "waiting for the next pass",
         **blockers(details, names),
         "victims": victims(why.get("code"), details, names),

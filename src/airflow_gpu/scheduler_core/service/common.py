@@ -187,7 +187,7 @@ TOPICS = {"admitted": ("start",), "running": ("start",), "succeeded": ("end",),
           "cancelled": ("end",), "failed": ("failure", "end"), "timeout": ("failure", "end"),
           "lost": ("failure", "end"), "preempted": ("preemption",),
           "requeue": ("preemption",), "overrun": ("preemption",), "requeued": ("requeue",),
-          "reservation": ("reservation",)}
+          "reservation": ("reservation",), "deadline": ("deadline",)}
 OUTBOX = "airflow_gpu.notify"     # session.info: the events the commit notifies (notify.py)
 
 

@@ -143,11 +143,19 @@ def _queue_gauges(svc, hosts: dict):
                              labels=["team"])
     borrowed = GaugeMetricFamily("airflow_gpu_team_gpus_borrowed", "GPUs the team holds "
                                  "beyond its guarantee", labels=["team"])
+    # an alert's own series: 0 for a team with jobs waiting and none at risk
+    at_risk = GaugeMetricFamily("airflow_gpu_deadline_at_risk_jobs", "pending jobs per team "
+                                "that are expected to miss their pipeline's deadline "
+                                "(reason DeadlineAtRisk)", labels=["team"])
+    risky: dict[str, int] = {}
     with svc.reads() as s:
         for team, code, n in s.execute(select(JobRow.team, JobRow.reason_code, func.count())
                                        .where(JobRow.state == "pending")
                                        .group_by(JobRow.team, JobRow.reason_code)):
             pending.add_metric([team, code or "none"], n)
+            risky[team] = risky.get(team, 0) + (n if code == "DeadlineAtRisk" else 0)
+    for team, n in sorted(risky.items()):
+        at_risk.add_metric([team], n)
     for h in svc.cluster.hosts:
         row = hosts.get(h.name)
         drained.add_metric([h.name], float(bool(row and row.drained)))
@@ -156,7 +164,7 @@ def _queue_gauges(svc, hosts: dict):
             quota.add_metric([t["name"]], t["quota_gpus"])
         held.add_metric([t["name"]], t["held_gpus"])
         borrowed.add_metric([t["name"]], t["borrowed_gpus"])
-    yield from (pending, drained, quota, held, borrowed)
+    yield from (pending, at_risk, drained, quota, held, borrowed)
 
 
 # per-job gauges of the GPUs live jobs hold, labelled as dcgm-exporter labels its series

@@ -79,6 +79,7 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
     cfg = snap.sched.config
     rows = {r.id: r for r in snap.pending}
     out = []
+    urgent = snap.sched.urgent_before(snap.now)
     for rank, (job, protected, terms) in enumerate(snap.order(), 1):
         row = rows[job.name]
         if team and row.team != team or user and row.user != user:
@@ -95,7 +96,12 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
             "age": round(terms["age"], 6), "score": round(terms["score"], 6),
             "gpus": job.gpus, "expected_runtime_s": _num(job.runtime),
             "time_limit_s": _num(job.limit),
-            "submitted_at": row.submitted_at, "code": row.reason_code})
+            "submitted_at": row.submitted_at, "code": row.reason_code,
+            # its pipeline's deadline (slack.py): when it must start, and whether it goes
+            # ahead of its band for it now
+            "latest_start_at": _iso(job.latest_start) if job.latest_start < math.inf
+            else None, "slack_s": _num(job.latest_start - snap.now),
+            "deadline_first": job.latest_start < urgent})
     later = [{"rank": None, "id": r.id, "name": r.name, "team": r.team, "user": r.user,
               "priority": r.priority, "code": snap.skipped[r.id],
               "submitted_at": r.submitted_at}
@@ -105,7 +111,8 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
             "weights": {"fairshare": cfg.fairshare_weight, "size": cfg.size_weight
                         if cfg.mode == "backfill" else 0.0, "age": cfg.age_weight},
             "reserve_after_s": cfg.reserve_after,
-            "reserve_after_scale": cfg.reserve_after_scale, "jobs": out,
+            "reserve_after_scale": cfg.reserve_after_scale,
+            "deadline_slack_s": cfg.deadline_slack, "jobs": out,
             "not_queued": later}
 
 

@@ -147,10 +147,12 @@ def run_pass(svc: Store) -> list[str]:
             if (r.reason_code, r.reason, r.details, r.eta_at, r.promised_at) == (
                     why.code, why.message, why.details, eta_at, promised):
                 continue              # unchanged: no write (a pass must stay cheap)
-            s.execute(_update(JobRow).where(JobRow.id == job_id,
-                                            JobRow.state == PENDING, not_held()).values(
+            done = s.execute(_update(JobRow).where(JobRow.id == job_id,
+                                                   JobRow.state == PENDING, not_held()).values(
                 reason_code=why.code, reason=why.message, details=why.details,
                 eta_at=eta_at, promised_at=promised))
+            if why.code == "DeadlineAtRisk" and r.reason_code != why.code and done.rowcount:
+                svc._event(s, "deadline", why.message, job=job_id)    # once, as it turns
     svc._silent = silent
     for owner, why in said.items():        # the reasons now committed: not written again
         if why is None:
