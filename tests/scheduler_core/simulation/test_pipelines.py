@@ -160,3 +160,28 @@ def test_nightly_pipelines_are_seeded_and_due_1_2_to_3_times_their_critical_path
         assert all(u.startswith(dag_run + "-") for t in ts for u in t.upstream)
         ratio = (ts[0].deadline - start) / (bounds[dag_run] - start)
         assert 1.19 <= ratio <= 3.01
+
+
+def test_a_miss_is_avoidable_only_if_the_gpus_were_free_at_the_latest_start():
+    """Pipeline p: its job a (8 GPUs) must start by 100. At 100 the cluster (16 GPUs) had
+    8 free (avoidable) or 4 free (the load's); a job that came after its latest start
+    is never the policy's miss."""
+    from array import array
+
+    from airflow_gpu.scheduler_core.simulation.metrics import JobRecord, SimResult
+
+    def missed(busy_at_100: float, submit: float = 0.0) -> int:
+        a = JobRecord("a", "t", 8, submit, 50.0, dag_run="p", deadline=150.0)
+        a.start, a.end = 300.0, 350.0
+        bg = JobRecord("bg", "t", 8, 0.0, 400.0)
+        bg.start, bg.end = 0.0, 400.0
+        res = SimResult("backfill", "c", 16, 8, [a, bg], times=array("d", [0, 90, 300]),
+                        busy=array("d", [8, busy_at_100, 16]))
+        res.pipeline_bounds, res.latest_starts = {"p": 50.0}, {"a": 100.0}
+        m = res.metrics()
+        assert (m["pipelines_met"], m["pipelines"]) == (0, 1)
+        return m["pipelines_missed_avoidable"]
+
+    assert missed(8) == 1
+    assert missed(12) == 0
+    assert missed(8, submit=120.0) == 0

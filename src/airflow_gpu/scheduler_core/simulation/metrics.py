@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from array import array
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ class SimResult:
     high_priority: int = 100
     # pipeline (dag_run, else a deadline job's id) -> the earliest it could end
     pipeline_bounds: dict[str, float] = field(default_factory=dict)
+    # a deadline job -> its latest start as the scheduler computed it (the last submit)
+    latest_starts: dict[str, float] = field(default_factory=dict)
 
     def write_records(self, path: str) -> None:
         """One CSV row per job: when it was submitted, started and ended, and where."""
@@ -157,7 +160,7 @@ def deadline_metrics(res: SimResult) -> dict:
             background.append(r)
         else:
             jobs.setdefault(r.dag_run or r.job_id, []).append(r)
-    met = missed = infeasible = 0
+    met = missed = infeasible = avoidable = 0
     late: list[float] = []
     for key, rs in jobs.items():
         deadlines = [r.deadline for r in rs if r.deadline is not None]
@@ -174,15 +177,34 @@ def deadline_metrics(res: SimResult) -> dict:
         else:
             missed += 1
             late.append(end - deadline)
+            avoidable += _avoidable(res, rs)
     late.sort()
     done = [r.start - r.submit for r in background if r.end is not None]
     finite = [x for x in late if x < math.inf]
     return {"pipelines": met + missed, "pipelines_met": met,
             "pipelines_met_frac": met / (met + missed) if met + missed else 1.0,
             "pipelines_infeasible": infeasible,
+            "pipelines_missed_avoidable": avoidable,
             "pipelines_unfinished": len(late) - len(finite),
             "pipelines_late_p50_s": _quantile(finite, 0.5) if finite else 0.0,
             "pipelines_late_p95_s": _quantile(finite, 0.95) if finite else 0.0,
             "pipeline_jobs": sum(len(rs) for rs in jobs.values()),
             "background_jobs": len(done),
             "background_avg_wait_s": sum(done) / len(done) if done else 0.0}
+
+
+def _avoidable(res: SimResult, rs: list[JobRecord]) -> int:
+    """1 if the missed pipeline's first job to start past its latest start was waiting
+    then while the cluster had as many GPUs free as it needs (the pass's state at that
+    time): starting it at its latest start was possible by GPU counts (placement may
+    still have differed), so the miss is the policy's, not the load's."""
+    late = [(res.latest_starts[r.job_id], r) for r in rs if r.job_id in res.latest_starts
+            and (r.start is None or r.start > res.latest_starts[r.job_id] + 1e-6)]
+    if not late:
+        return 0
+    at, r = min(late, key=lambda x: x[0])
+    if r.submit > at or at == -math.inf:
+        return 0                      # it came too late to start by then
+    k = bisect.bisect_right(res.times, at) - 1
+    free = res.total_gpus - (res.busy[k] if k >= 0 else 0.0)
+    return int(free >= r.gpus)

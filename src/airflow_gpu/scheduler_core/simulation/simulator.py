@@ -187,7 +187,10 @@ def simulate(cluster: Cluster, trace: list[TraceJob], options: SimOptions | None
             if t.deadline is not None:      # what the operators send: its work after it
                 spec = spec.model_copy(update={"downstream": math.ceil(down[t.job_id])})
             try:
-                checkpoints(sched.submit(spec, now, t.planned, deadline=t.deadline))
+                queued = sched.submit(spec, now, t.planned, deadline=t.deadline)
+                checkpoints(queued)
+                if t.deadline is not None:
+                    result.latest_starts[t.job_id] = queued.latest_start
                 ids[spec.name] = t.job_id
                 planned[spec.name] = t.planned
                 work[spec.name] = t.duration
