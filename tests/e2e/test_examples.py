@@ -26,6 +26,10 @@ def test_example_dags_import_without_errors():
     assert dag.task_dict["train_pytorch"].framework == "pytorch"
     assert set(dag.task_dict["validate"].upstream_task_ids) == {"train_tensorflow",
                                                                "train_pytorch"}
+    nightly = bag.dags["gpu_nightly_deadline"]
+    assert [type(a.reference).__name__ for a in nightly.deadline] == [
+        "DagRunQueuedAtDeadline"]
+    assert nightly.task_dict["validate"].deadline.total_seconds() == 5.5 * 3600
 
 
 def test_demo_dags_import_without_errors():

@@ -24,7 +24,8 @@ class GpuPythonOperator(GpuBaseOperator):
     isolation; its return value is the task's return value (XCom). A replica granted on
     another host than this machine (`[gpu_scheduler] local_host`) fails the task."""
 
-    template_fields: Sequence[str] = ("op_args", "op_kwargs", "expected_runtime", "time_limit")
+    template_fields: Sequence[str] = ("op_args", "op_kwargs", "expected_runtime", "time_limit",
+                                      "deadline")
     starts_here = True
 
     def __init__(self, *, python_callable: Callable, op_args: Sequence | None = None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context, conf
@@ -25,6 +26,7 @@ from ..scheduler_core.jobclasses import timeout_message
 from ..scheduler_core.jobspec import JobSpec
 from ..triggers.admission import AdmissionTrigger
 from .background import Background
+from .deadlines import Downstream, add_deadline, check_deadline, due_of, estimate
 from .links import GpuJobLink
 from .request import idempotency_key, job_name, runtime_from_history, split_role, task_user
 from .routing import pinned_refusal, worker_host
@@ -64,9 +66,13 @@ class GpuBaseOperator(BaseOperator):
         team's secret: a URL (events end and failure), or {"url": ..., "events": [start,
         end, failure, preemption, requeue, idle, reservation]} (the job spec's `notify`;
         docs/notifications.md). The task log shows those of preemption, requeue and idle.
+    :param deadline: when the DAG run must be done, if earlier than the DAG's DeadlineAlerts
+        say: an aware datetime or ISO string, or a duration after the run was queued ("2h",
+        a timedelta); sent with the GPU work still to run after this task (docs/airflow.md,
+        "Deadlines").
     """
 
-    template_fields: Sequence[str] = ("expected_runtime", "time_limit")
+    template_fields: Sequence[str] = ("expected_runtime", "time_limit", "deadline")
     ui_color = "#76b900"
     starts_here = False     # the local runner: replicas start on the worker's machine
     operator_extra_links = (GpuJobLink(),)
@@ -83,7 +89,7 @@ class GpuBaseOperator(BaseOperator):
                  admission_grace: float = 1.0, roles: list[dict] | None = None,
                  mig: str | dict | None = None, reservation: str | None = None,
                  user: str | None = None, notify: str | dict | None = None,
-                 **kwargs) -> None:
+                 deadline: datetime | timedelta | str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         gpu = {k: v for k, v in (("model", gpu_model), ("min_memory", gpu_memory),
                                  ("mig", mig)) if v}
@@ -97,6 +103,8 @@ class GpuBaseOperator(BaseOperator):
         self.poll_interval, self.admission_timeout = poll_interval, admission_timeout
         self.admission_grace = admission_grace
         self.notify = {"url": notify} if isinstance(notify, str) else notify
+        check_deadline(deadline)
+        self.deadline = deadline
         self._spec("check")            # a DAG with a bad request fails when it is parsed
         self._job_id: str | None = None
         self._deferred = False         # raised TaskDeferred: a trigger now waits in-process
@@ -171,8 +179,13 @@ class GpuBaseOperator(BaseOperator):
         name = job_name(ti.dag_id, ti.task_id)
         client = self._scheduler()
         team = self.team or self._connection.extra_dejson.get("team")
+        due = due_of(self, context, self.log)     # no call to anything without a deadline
+        later = Downstream(self, client, ti.dag_id, self.log) if due else None
         runtime, host = self._runtime_and_host(client, name)
         spec = self._spec(name, team, runtime, host, task_user(context))
+        if due:
+            spec = add_deadline(spec, due, later.result(), estimate(spec, None, name),
+                                self.log)
         try:
             job = client.submit(spec, idempotency_key(ti))
         except ApiError as exc:

@@ -50,7 +50,7 @@ class GpuGangOperator(GpuBaseOperator):
     """
 
     template_fields: Sequence[str] = ("roles", "image", "command", "environment",
-                                      "expected_runtime", "time_limit")
+                                      "expected_runtime", "time_limit", "deadline")
 
     def __init__(self, *, roles: list[dict] | None = None, runner: str = "docker",
                  image: str | None = None, command: str | list[str] | None = None,
