@@ -64,7 +64,7 @@ class GpuBaseOperator(BaseOperator):
         it is Airflow's default owner.
     :param notify: a webhook the scheduler POSTs the job's events to, signed with the
         team's secret: a URL (events end and failure), or {"url": ..., "events": [start,
-        end, failure, preemption, requeue, idle, reservation]} (the job spec's `notify`;
+        end, failure, preemption, requeue, idle, reservation, deadline]} (the job spec's `notify`;
         docs/notifications.md). The task log shows those of preemption, requeue and idle.
     :param deadline: when the DAG run must be done, if earlier than the DAG's DeadlineAlerts
         say: an aware datetime or ISO string, or a duration after the run was queued ("2h",
