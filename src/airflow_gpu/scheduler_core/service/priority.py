@@ -46,10 +46,13 @@ def snapshot(svc: Service) -> Snapshot:
     policy = svc._policy()
     sched = Scheduler(ClusterState(svc.cluster), policy, svc.reg, now=t_now)
     with svc.reads() as s:
-        live = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
+        # one statement: read apart, a job admitted in between (PostgreSQL reads each
+        # statement's own snapshot) would be in neither list
+        rows = list(s.scalars(select(JobRow).where(JobRow.state.in_((*LIVE, PENDING)))
+                              .order_by(JobRow.submitted_at, JobRow.id)))
+        live = [r for r in rows if r.state != PENDING]
         past_usage(svc, s, sched.fairshare, t_now, live)
-        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING)
-                                 .order_by(JobRow.submitted_at, JobRow.id)))
+    pending = [r for r in rows if r.state == PENDING]
     snap = Snapshot(t_now, sched, pending, live)
     for row in pending:
         if row.reason_code in HELD or row.blocked:   # as the pass, which never sees them
