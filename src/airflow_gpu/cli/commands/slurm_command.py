@@ -44,7 +44,7 @@ def _at(at: str | datetime | None) -> str:
 def queue_table(jobs: list[dict]) -> Table:
     t = Table(title="Queue: live jobs by start, then pending jobs in the scheduler's order",
               title_justify="left")
-    for col in ("#", "id", "name", "team", "state", "prio", "elapsed", "time limit",
+    for col in ("#", "id", "name", "team/user", "state", "prio", "elapsed", "time limit",
                 "ETA (UTC)", "in", "hosts / reason"):
         t.add_column(col, overflow="fold")
     for j in jobs:
@@ -59,8 +59,9 @@ def queue_table(jobs: list[dict]) -> Table:
             ident, name = _short(j["array_id"]), f"{j['name']}_[{j['array_tasks']}]"
         else:
             ident, name = _short(j["id"]), label(j)
+        who = j["team"] + (f"/{j['user']}" if j.get("user") else "")    # squeue's USER
         t.add_row(str(j["rank"]) if j.get("rank") else "-", ident, name,
-                  j["team"], j["state"], f"{j['band']:g}" if j.get("band") is not None
+                  who, j["state"], f"{j['band']:g}" if j.get("band") is not None
                   else str(j["priority"]), _dur(j.get("elapsed_s")),
                   _dur(j.get("time_limit_s")) if j.get("time_limit_s") else "none",
                   _at(j.get("eta_at")), _dur(j.get("eta_s")) if j.get("eta_s") is not None
