@@ -57,7 +57,6 @@ class ByLatestStart:
         return self.entries[:bisect.bisect_left(self.entries, (t, -math.inf))]
 
 
-
 def at_risk(job, why, now: float):
     """`why` as DeadlineAtRisk when the waiting job cannot meet its deadline: its latest
     start has passed, or the pass expects it to start after it (its ETA). The cause stays
@@ -68,6 +67,7 @@ def at_risk(job, why, now: float):
     late = start - job.latest_start
     if late <= 0:
         return why
+
     def ago(t: float) -> str:
         return (f"in {format_duration(t - now)}" if t > now
                 else f"{format_duration(now - t)} ago")
@@ -76,7 +76,8 @@ def at_risk(job, why, now: float):
           else f"should have started {ago(job.latest_start)}")
     started = ("even if it started now" if why.eta is None or why.eta <= 0
                else f"it is expected to start {ago(start)}")
-    message = (f"deadline at risk: its pipeline is due {ago(job.deadline)} and needs "
+    due = "is due" if job.deadline > now else "was due"
+    message = (f"deadline at risk: its pipeline {due} {ago(job.deadline)} and needs "
                f"{format_duration(job.deadline - job.latest_start)} from this job's start "
                f"(its own runtime and the work after it), so it {by}; {started}, about "
                f"{format_duration(late)} late. Waiting for: {why.code}: {why.message}")
