@@ -113,7 +113,8 @@ def test_acct_equals_the_integral_of_the_fed_samples_and_an_idle_job_is_requeued
     assert team.job(jobs["train"]["id"])["idle_flagged_at"] is None
     team.finish(nb["id"], "preempted", None, nb["attempt"])    # the launcher stopped it
     nb = team.job(nb["id"])
-    assert (nb["state"], nb["requeue_reason"]) == ("pending", "idle")
+    # requeued; the service's loop may have admitted it again already (nothing else waits)
+    assert nb["state"] in ("pending", "admitted") and nb["requeue_reason"] == "idle", nb
     events = [e["message"] for e in team.explain(nb["id"])["events"]]
     assert any("under 5 % utilization" in m for m in events)
 
