@@ -130,9 +130,11 @@ def test_bad_arrays_and_dependencies_are_one_line_and_exit_2(server, tmp_path): 
 def test_cancel_by_filters_asks_first_and_sees_only_its_team(server, tmp_path):  # noqa: F811
     vision, nlp, admin = tokens(server)
     run = runner(vision)
-    for name, env in (("train", vision), ("eval", vision), ("train", nlp)):
-        runner(env)("submit", write(tmp_path, f"{name}.yaml", job(name, 16)))
-    # vision's train holds all 16 GPUs: its eval and nlp's train pend
+    ids = [runner(env)("submit", write(tmp_path, f"{name}.yaml", job(name, 16))).stdout.strip()
+           for name, env in (("train", vision), ("eval", vision), ("train", nlp))]
+    # vision's train holds all 16 GPUs (once a pass admitted it): its eval and nlp's train pend
+    until(lambda: json.loads(run("status", ids[0], "--json").stdout)["state"] == "admitted",
+          "vision's train admitted")
     err = run("cancel", "--state", "pending", rc=2).stderr
     assert "1 job match: eval (" in err and "1 job would be cancelled" in err and \
         "add --yes" in err
