@@ -73,6 +73,7 @@ class GpuBaseOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("expected_runtime", "time_limit", "deadline")
+    gpu_task = True     # counts on another task's downstream path (deadlines.gpu_fields)
     ui_color = "#76b900"
     starts_here = False     # the local runner: replicas start on the worker's machine
     operator_extra_links = (GpuJobLink(),)

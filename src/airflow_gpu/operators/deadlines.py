@@ -160,14 +160,12 @@ def due_of(task, context, log) -> Due | None:
 # -- the work after this task -------------------------------------------------------------
 def gpu_fields(task) -> dict[str, Any] | None:
     """A GPU task's estimate fields (mapped tasks: their partial arguments); None for
-    other tasks."""
-    from .base import GpuBaseOperator
-
-    if isinstance(task, GpuBaseOperator):
+    other tasks. A GPU operator's class says it is one (`gpu_task`, base.py)."""
+    if getattr(type(task), "gpu_task", False):
         return {k: getattr(task, k, None) for k in ("expected_runtime", "job_class",
                                                      "time_limit")}
     cls = getattr(task, "operator_class", None)
-    if isinstance(cls, type) and issubclass(cls, GpuBaseOperator):
+    if isinstance(cls, type) and getattr(cls, "gpu_task", False):
         kwargs = getattr(task, "partial_kwargs", {}) or {}
         return {k: kwargs.get(k) for k in ("expected_runtime", "job_class", "time_limit")}
     return None

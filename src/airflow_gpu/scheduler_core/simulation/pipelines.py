@@ -6,6 +6,7 @@ ended (`Gate`), and tells the scheduler its `downstream` work as the operators w
 longest path of the jobs after it, at their planned runtimes (`downstream`). The
 metrics judge each pipeline against the earliest it could end on an empty cluster
 (`earliest_ends`): a deadline before that is infeasible, not the policy's miss.
+trace.py checks the upstream ids when it loads a trace: they name jobs, with no cycle.
 """
 
 from __future__ import annotations
@@ -13,47 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import InputError
-
 if TYPE_CHECKING:
     from .trace import TraceJob
 
 
-def check_upstream(jobs: list[TraceJob], path: str) -> None:
-    """Every upstream id names another job of the trace, and no job waits for itself
-    through a cycle."""
-    ids = {t.job_id: t for t in jobs}
-    for t in jobs:
-        for u in t.upstream:
-            if u not in ids:
-                raise InputError(f"{path}: line {t.line}: column 'upstream': {u!r} is not a "
-                                 "job of the trace (give the job_id of an earlier line)")
-            if u == t.job_id:
-                raise InputError(f"{path}: line {t.line}: column 'upstream': job {u!r} "
-                                 "cannot wait for itself")
-    state: dict[str, int] = {}            # 1: on the path walked, 2: done
-    for root in jobs:
-        stack = [(root.job_id, iter(root.upstream))]
-        state[root.job_id] = state.get(root.job_id, 0) or 1
-        if state[root.job_id] == 2:
-            continue
-        while stack:
-            jid, it = stack[-1]
-            nxt = next(it, None)
-            if nxt is None:
-                state[jid] = 2
-                stack.pop()
-            elif state.get(nxt) == 1:
-                raise InputError(f"{path}: line {ids[nxt].line}: column 'upstream': job "
-                                 f"{nxt!r} waits for itself through "
-                                 f"{' -> '.join(j for j, _ in stack)}; remove one of them")
-            elif not state.get(nxt):
-                state[nxt] = 1
-                stack.append((nxt, iter(ids[nxt].upstream)))
-
-
 def _topological(jobs: Iterable[TraceJob]) -> list[TraceJob]:
-    """Upstream jobs before their downstream ones (check_upstream refused cycles)."""
+    """Upstream jobs before their downstream ones (trace.check_upstream refused cycles)."""
     jobs = list(jobs)
     ids = {t.job_id: t for t in jobs}
     done: set[str] = set()

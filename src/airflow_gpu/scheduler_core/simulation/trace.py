@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import InputError, utf8_text, validate
+from ..jobdeps import cycle
 from ..jobspec import JobSpec
-from .pipelines import check_upstream
 
 REQUIRED = ("job_id", "submit_time", "duration", "num_gpus")
 OPTIONAL = ("team", "priority", "job_class", "expected_runtime", "time_limit",
@@ -159,3 +159,22 @@ def job_spec(t: TraceJob, host_gpus: int, cpus_per_gpu: int, memory_per_gpu: int
     return validate(JobSpec, {"name": name, "team": t.team, "priority": t.priority,
                               "job_class": t.job_class, "roles": roles, **limit},
                     f"trace line {t.line} (job {t.job_id!r})")
+
+
+def check_upstream(jobs: list[TraceJob], path: str) -> None:
+    """Every upstream id names another job of the trace, and no job waits for itself
+    through a cycle (jobdeps.cycle, as for a job file's dependencies)."""
+    ids = {t.job_id: t for t in jobs}
+    for t in jobs:
+        for u in t.upstream:
+            if u not in ids:
+                raise InputError(f"{path}: line {t.line}: column 'upstream': {u!r} is not a "
+                                 "job of the trace (give the job_id of an earlier line)")
+            if u == t.job_id:
+                raise InputError(f"{path}: line {t.line}: column 'upstream': job {u!r} "
+                                 "cannot wait for itself")
+    found = cycle({t.job_id: list(t.upstream) for t in jobs})
+    if found is not None:
+        raise InputError(f"{path}: line {ids[found[0]].line}: column 'upstream': job "
+                         f"{found[0]!r} waits for itself through {' -> '.join(found)}; "
+                         "remove one of them")
