@@ -117,6 +117,11 @@ def test_urgent_jobs_go_least_slack_first():
     s.submit(job("sooner", {"name": "w", "gpus": 8}, expected_runtime=3600), 10.0,
              deadline=15_000.0)                                                 # 11,400
     assert _order(s, 10_000.0)[:5] == ["top", "sooner", "late", "later", "small"]
+    # a lost cause (its latest start, 4,400, has passed) comes after those that can still
+    # meet their deadlines, ahead of the band's others
+    s.submit(job("lost", *ROLES, expected_runtime=600), 10.0, deadline=5000.0)
+    assert _order(s, 10_000.0)[:6] == ["top", "sooner", "late", "later", "lost", "small"]
+    assert _order(s, 4000.0)[:2] == ["top", "lost"]     # at 4,000 it still could
 
 
 def test_deadline_slack_off_gives_the_old_order_exactly():
@@ -134,14 +139,18 @@ def test_deadline_slack_off_gives_the_old_order_exactly():
                 "top", "small", "late", "relaxed", "big"]
 
 
-def test_the_protected_job_keeps_its_place_ahead_of_urgent_ones():
+def test_urgent_jobs_reserve_before_a_new_protected_job_whose_promise_then_stands():
     s = _queue(reserve_after_scale=1)
     # at 90,000 every band-0 job has waited reserve_after: small (submitted first) is
-    # protected; late's slack ran out long ago, it comes next
-    order = _order(s, 90_000.0)
-    assert order[:3] == ["top", "small", "late"]
+    # protected, but no pass has promised it a start yet: late, whose slack ran out long
+    # ago, reserves first and small's promise is made behind it
+    assert _order(s, 90_000.0)[:3] == ["top", "late", "small"]
     protected = [j.name for j, p, _ in s.priorities(90_000.0) if p]
     assert "small" in protected
+    s.schedule(90_000.0)
+    assert "small" in s.promised
+    # once promised, it keeps its place ahead of the urgent ones
+    assert _order(s, 90_001.0)[:3] == ["top", "small", "late"]
 
 
 def test_count_and_fifo_keep_the_plain_order():
@@ -164,27 +173,98 @@ def test_policy_deadline_slack_and_on_deadline_rule_are_checked():
         validate(PolicyConfig, {"deadline_slack": "soon"}, "policy.yaml")
     rule = validate(PolicyConfig, {"preemption": {"rules": [
         {"on_deadline": True, "preempts_below": 10}]}}, "p").preemption
-    assert rule.victims_below(0, None, late=True) == 0        # only lower bands
+    below = rule.victims_below(0, None, late=True)            # its own band, none higher
+    assert 0 < below <= math.nextafter(0, math.inf)
     assert rule.victims_below(20, None, late=True) == 10
     assert rule.victims_below(20, None, late=False) == -math.inf
     with pytest.raises(InputError, match="on_deadline"):
         validate(PolicyConfig, {"preemption": {"rules": [{"preempts_below": 10}]}}, "p")
 
 
-def test_a_job_whose_slack_ran_out_preempts_under_an_on_deadline_rule():
+def _at_risk(low_runtime: float, etl_priority: int = 10, **low) -> Scheduler:
+    """One host, `low` on it; etl (8 GPUs, 1 h, due at 10,000: latest start 6,400) waits."""
     s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 10}],
                                "min_run_time": 0, "min_saved_wait": 0})
-    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=low_runtime, **low), 0.0)
     s.schedule(0.0)
-    # latest start 10,000 - 3,600 = 6,400
-    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600, priority=10), 10.0,
-             deadline=10_000.0)
-    assert not s.schedule(6000.0).preempted            # 400 s of slack left
+    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600,
+                 priority=etl_priority), 10.0, deadline=10_000.0)
+    return s
+
+
+def test_a_job_preempts_under_an_on_deadline_rule_once_waiting_would_miss():
+    # low is expected to end at 6,000: etl can wait for it and still start by 6,400
+    s = _at_risk(6000)
+    assert not s.schedule(5000.0).preempted
+    # low overruns its estimate: at 6,400 etl's slack has run out
     got = s.schedule(6400.0).preempted
     assert [(p.victim.name, p.by.name, p.reason) for p in got] == [("low", "etl", "priority")]
+    # low runs until 99,999: waiting would miss, so etl preempts at once, 1,400 s of
+    # slack still left
+    s = _at_risk(99_999)
+    got = s.schedule(5000.0).preempted
+    assert [(p.victim.name, p.by.name) for p in got] == [("low", "etl")]
+
+
+def test_an_on_deadline_rule_stops_own_band_work_without_a_deadline_only():
+    # etl and low in band 0 (below the rule's 10): low has no deadline, etl stops it
+    s = _at_risk(99_999, etl_priority=0)
+    assert [p.victim.name for p in s.schedule(5000.0).preempted] == ["low"]
+    # low has a deadline of its own (far off): never stopped for another's
+    s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 10}],
+                               "min_run_time": 0, "min_saved_wait": 0})
+    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0,
+             deadline=500_000.0)
+    s.schedule(0.0)
+    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600), 10.0,
+             deadline=10_000.0)
+    assert not s.schedule(5000.0).preempted
+    # a higher band is never stopped, whatever preempts_below says
+    s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 100}],
+                               "min_run_time": 0, "min_saved_wait": 0})
+    s.submit(job("high", {"name": "w", "gpus": 8}, expected_runtime=99_999, priority=50),
+             0.0)
+    s.schedule(0.0)
+    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600, priority=10), 10.0,
+             deadline=10_000.0)
+    assert not s.schedule(6400.0).preempted
+    # and without the rule, no late job stops anything
+    s = _scheduler()
+    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
+    s.schedule(0.0)
+    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600, priority=10), 10.0,
+             deadline=10_000.0)
+    assert not s.schedule(6400.0).preempted
 
 
 TWO_HOSTS = ({"name": "dgx-[1-2]", "model": "dgx-a100", "rack": "r1", "switch": "s1"},)
+
+
+def test_a_gangs_latest_start_counts_its_slowdown_across_hosts():
+    s = Scheduler(ClusterState(make_cluster(*TWO_HOSTS)),
+                  PolicyConfig(locality_slowdown=(1.0, 1.1, 1.3)))
+    gang = s.submit(job("gang", {"name": "w", "replicas": 2, "gpus": 8},
+                        expected_runtime=1000), 0.0, deadline=10_000.0)
+    one = s.submit(job("one", {"name": "w", "gpus": 8}, expected_runtime=1000), 0.0,
+                   deadline=10_000.0)
+    assert gang.latest_start == 10_000.0 - 1100      # two hosts on one switch: x 1.1
+    assert one.latest_start == 10_000.0 - 1000
+
+
+def test_an_urgent_jobs_reservation_does_not_hold_back_one_with_less_slack():
+    """dgx-1 free, dgx-2 busy until 1000. B (both hosts, latest start 1400) reserves
+    them from 1000. A (one host, 2000 s, latest start 500) comes at 10: it goes first
+    and takes dgx-1 now; B's reservation is not kept in its way."""
+    s = Scheduler(ClusterState(make_cluster(*TWO_HOSTS)),
+                  PolicyConfig(locality_slowdown=(1.0, 1.0, 1.0)))
+    eight = {"name": "w", "gpus": 8}
+    s.submit(job("busy", eight, expected_runtime=1000, placement={"hosts": "dgx-2"}), 0.0)
+    s.schedule(0.0)
+    s.submit(job("B", {"name": "w", "replicas": 2, "gpus": 8}, expected_runtime=3600), 1.0,
+             deadline=5000.0)
+    assert not s.schedule(1.0).started
+    s.submit(job("A", eight, expected_runtime=2000), 10.0, deadline=2500.0)
+    assert [j.name for j, _ in s.schedule(10.0).started] == ["A"]
 
 
 def _gang_starts(**policy) -> dict[str, float]:

@@ -99,3 +99,40 @@ def test_prio_shows_each_jobs_slack_and_who_goes_first_for_a_deadline(api):
     assert "slack" in text and "deadline_slack (4h)" in text
     line = next(x for x in text.splitlines() if " soon " in x)
     assert "1h59m" in line and line.rstrip(" │").endswith("deadline"), line
+
+
+@pytest.fixture
+def rule_api(db_url):
+    """One host; a rule on_deadline: a job whose deadline is at risk stops band-0 work
+    without a deadline (its own band included)."""
+    policy = PolicyConfig.model_validate({"preemption": {
+        "rules": [{"on_deadline": True, "preempts_below": 1}], "min_run_time": 0}})
+    yield from serve(db_url, policy=policy, hosts=ONE_HOST)
+
+
+def test_a_job_whose_deadline_is_at_risk_preempts_work_of_its_band_under_a_rule(rule_api):
+    api = rule_api
+    busy = submit(api, "nlp", "busy", expected_runtime="5h")
+    api.tick()
+    # due in 3 h with 1 h of work: it can wait 2 h, not the 5 h busy holds the host for
+    tight = submit(api, "vision", "tight", deadline=(utcnow() + timedelta(hours=3)).isoformat())
+    assert api.tick() == []
+    b = job(api, busy["id"])
+    assert b["state"] == "preempting" and b["preempted_by"] == tight["id"], b
+    assert "its deadline is at risk: it must start by now + 1h59m" in b["preempt_reason"]
+    assert "a rule on_deadline lets its band 0 preempt band 0 work without a deadline" \
+        in b["preempt_reason"]
+    assert job(api, tight["id"])["pending"]["code"] == "Preempting"
+    r = api.post(f"/api/v1/jobs/{busy['id']}/finish", headers={
+        "Authorization": f"Bearer {api.tokens['nlp']}"},
+        json={"outcome": "preempted", "attempt": b["attempt"]})
+    assert r.status_code == 200, r.text
+    assert api.tick() == [tight["id"]]
+    assert job(api, busy["id"])["requeue_reason"] == "preempted"
+
+    # a job with a deadline of its own is never stopped for another's in its band
+    later = submit(api, "vision", "later", expected_runtime="30m",
+                   deadline=(utcnow() + timedelta(hours=1)).isoformat())
+    api.tick()
+    assert job(api, tight["id"])["state"] == "admitted"
+    assert job(api, later["id"])["pending"]["code"] == "DeadlineAtRisk"

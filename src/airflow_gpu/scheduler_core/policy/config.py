@@ -165,8 +165,9 @@ class Preemption(_Spec):
     def victims_below(self, band: float, job_class: str | None, late: bool = False) -> float:
         """The band below which a job of `band` and `job_class` may preempt (-inf: none);
         `late`: its slack has run out (rules `on_deadline`)."""
-        return min(max((r.preempts_below for r in self.rules
-                        if r.allows(band, job_class, late)), default=-math.inf), band)
+        return max((min(r.preempts_below, math.nextafter(band, math.inf) if r.on_deadline
+                         else band) for r in self.rules if r.allows(band, job_class, late)),
+                   default=-math.inf)
 
 
 class IdlePolicy(_Spec):

@@ -29,7 +29,7 @@ import bisect
 import heapq
 import math
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 from ..engine.need import Need
 from ..engine.placement import compile_needs
@@ -182,28 +182,36 @@ class JobQueue:
             if urgent_before > -math.inf else 0
 
     def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf,
-                skip_shapes: set | None = None, urgent_before: float = -math.inf
+                skip_shapes: set | None = None, urgent_before: float = -math.inf,
+                promised: Container[str] = (), now: float = -math.inf
                 ) -> Iterator[tuple[QueuedJob, bool]]:
         """(job, protected) in scheduling order: in each band, the job that became due
         for protection first if that was at or before `protect_before`, then the jobs
-        whose latest start is before `urgent_before` (earliest first), then the others
-        by score.
+        whose latest start is before `urgent_before` (earliest first; those whose latest
+        start is before `now` after the others, slack.py), then the others by score.
+        A protected job not yet `promised` a start comes after the urgent jobs: they
+        reserve first and its promise is made behind them; once made, a promise stands
+        and the protected job goes first.
 
         Lazy: remove jobs only after the iteration. Shapes that enter `skip_shapes`
         meanwhile yield no more jobs (the band's other jobs keep their order)."""
         for band in sorted(self._bands, reverse=True):
             by_due = self._by_due[band]
             first = by_due[:min(1, bisect.bisect_right(by_due, (protect_before, math.inf)))]
-            for *_, job in first:
-                yield job, True
+            protected = [(job, True) for *_, job in first]
+            promised_first = bool(first) and first[0][2].name in promised
+            if promised_first or len(first) == len(by_due):
+                yield from protected
             if len(first) == len(by_due):
                 continue
             skip = {seq for _, seq, _ in first}
             by_latest = self._by_latest.get(band)
-            for _, seq, job in by_latest.before(urgent_before) if by_latest else ():
+            for _, seq, job in by_latest.before(urgent_before, now) if by_latest else ():
                 if seq not in skip:        # tried whatever its shape: it may get a reservation
                     skip.add(seq)
                     yield job, False
+            if not promised_first:
+                yield from protected
             # a k-way merge of the (account, shape, behind) lists, each offset by its
             # account's fair share; the lists of jobs requeued as idle after all others
             lists = [(entries, fairshare.get(acct, 0.0), shape, behind)

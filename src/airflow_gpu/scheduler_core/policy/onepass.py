@@ -63,6 +63,9 @@ class Pass:
         self.claimants: set[str] = set()              # considered first (see claimant)
         self.cannot_preempt: dict[tuple, float] = {}  # kinds of jobs no preemption helps
         self.victim_pool: list | None = None          # victims.pool, made when first needed
+        # rules `on_deadline` look at a job's slack: job -> whether it is late (see late)
+        self._late: dict[str, bool] | None = {} if any(
+            r.on_deadline for r in sched.config.preemption.rules) else None
 
     @property
     def reservations(self) -> list[Reservation]:
@@ -164,6 +167,7 @@ class Pass:
             # never finds them free at once; no promise: slack orders, not waits
             reserved = self.reserve(job)
             if reserved is not None:
+                reserved.carry = False
                 self.add(reserved)
         if self.explain:       # holds stay taken: the reasons drop them where they place
             self.plan.let_go()
@@ -185,6 +189,22 @@ class Pass:
                 got.allocations, end, ignore=self.plan.windows.get(w.name)):
             return self.wait(job, full(w, s.runtime(job, s.best_tier(job)), end, self.now))
         self.start(job, got, until=w.end)
+
+    def late(self, job: QueuedJob) -> bool:
+        """Whether the job's deadline is at risk unless it preempts (rules `on_deadline`):
+        its latest start has come, or its earliest start without preempting (a walk past
+        the pass's reservations so far) is after it. Once per job and pass."""
+        if self._late is None or job.latest_start == math.inf:
+            return False
+        if job.name not in self._late:
+            r = None
+            if job.latest_start > self.now:
+                s = self.s
+                self.plan.hold_first(0)
+                r = earliest_end(job, s.state, s.reg, self.now, self.reservations,
+                                 lambda tier: s.runtime(job, tier), s.best_tier(job))
+            self._late[job.name] = r is None or r.start > job.latest_start
+        return self._late[job.name]
 
     def keep_promise(self, r: Reservation) -> Reservation:
         """A protected reservation holds from the earliest start promised to its job: if a

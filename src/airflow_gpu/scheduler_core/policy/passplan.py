@@ -24,7 +24,8 @@ class PassPlan:
         self.planned = {r.job.name: r for r in stood}  # the last pass's, by job
         # a job waiting for locality keeps its reservation until it is considered again,
         # so that smaller jobs ahead of it in this pass do not take it
-        self.carried = {r.job.name: r for r in stood if not r.protected and r.start > now}
+        self.carried = {r.job.name: r for r in stood
+                        if not r.protected and r.carry and r.start > now}
         self.had_carried = bool(self.carried)
         # the admins' reservations that have not ended hold their hosts (windows.py)
         self.windows = {w.name: window_hold(w, sched.state) for w in sched.windows.values()

@@ -55,7 +55,7 @@ def preempt(p: PassView, job: QueuedJob, own_team: bool = False) -> Pending | No
     # long or longer: preemptions only take candidates away (victims stopping) and add
     # holds, and a longer job overlaps more reservations
     key = (job.shape, job.team, job.base, job.job_class, job.preempted_by, own_team,
-           job.latest_start <= p.now)
+           p.late(job))
     if job.runtime >= p.cannot_preempt.get(key, math.inf):
         return None
     cands = candidates(p, job, own_team)
@@ -101,6 +101,10 @@ def _team_frees(p: PassView, job: QueuedJob) -> float | None:
     return min(ends) - p.now if ends else None
 
 
+def _when(dt: float) -> str:
+    return f"{format_duration(-dt)} ago" if dt < 0 else f"now + {format_duration(dt)}"
+
+
 def stop_for(p: PassView, job: QueuedJob, chosen, placed: Placed,
              wait: float | None) -> Pending:
     s, now = p.s, p.now
@@ -111,6 +115,12 @@ def stop_for(p: PassView, job: QueuedJob, chosen, placed: Placed,
         lost = lost_seconds(v, s.state.started[v.name], now)
         why = ("reclaims its team's guaranteed GPUs from borrowed work" if reason == "reclaim"
                else f"priority band {job.base:g} preempts band {v.base:g}")
+        if reason != "reclaim" and s.config.preemption.victims_below(
+                job.base, job.job_class) <= v.base:       # only a rule on_deadline allows it
+            why = (f"its deadline is at risk: it must start by "
+                   f"{_when(job.latest_start - now)} to end its pipeline in time, and a rule "
+                   f"on_deadline lets its band {job.base:g} preempt band {v.base:g} work "
+                   "without a deadline")
         note = broken.get(v.name, "")
         msg = (f"preempted by job {job.name} ({reason}: {why}{f'; {note}' if note else ''}"
                f"); {v.preempt_signal}, then SIGKILL after {v.preempt_grace:g}s; about "

@@ -31,6 +31,9 @@ class Reservation:
     allocations: list[ReplicaAllocation]
     tier: int = 0                       # 0 one host, 1 one switch, 2 across switches
     protected: bool = False             # the wait guarantee's (else: waits for locality)
+    # not protected: held in the next pass until its job is considered again (a wait for
+    # locality); not an urgent job's (slack.py): only jobs with less slack come before it
+    carry: bool = True
     # where `start` was moved up to the job's first promise (a job in its way overran):
     # when the walk expects it to start
     eta: float | None = None

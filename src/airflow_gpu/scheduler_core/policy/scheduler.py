@@ -111,9 +111,12 @@ class Scheduler:
                 stopping: tuple[str, float] | None = None) -> None:
         """A job that already holds resources (a driver rebuilding from its store);
         `deadline`: when it is stopped, if it was cut (else start + its time limit);
-        `stopping`: (the preemptor, when it is gone) for a job being preempted."""
+        `stopping`: (the preemptor, when it is gone) for a job being preempted. Its
+        spec's deadline stays its pipeline's (a job with one is no victim of a rule
+        on_deadline in its own band)."""
         job = self._make(resolve(spec, self.reg.job_classes, defaults=self.config.defaults),
-                         start, runtime)
+                         start, runtime,
+                         None if spec.deadline is None else spec.deadline.timestamp())
         job.borrowed, job.preempted_by = borrowed, frozenset(preempted_by)
         self._start(job, allocations, start, deadline)
         if stopping is not None:
@@ -161,7 +164,8 @@ class Scheduler:
         """A resolved spec as a queue entry; the runtime defaults to the spec's (or its
         class's), else the policy's, and is planned times its team's estimate factor
         (correction.py), never past its time limit. With a `deadline`, its latest start
-        is the deadline less that runtime and the spec's downstream work (slack.py)."""
+        is the deadline less that runtime on its best placement (a gang of hosts runs
+        slower than on one) and the spec's downstream work (slack.py)."""
         jc = self.reg.job_classes.get(spec.job_class or "")
         if runtime is None:
             runtime = planned_runtime(spec, self.config)
@@ -173,7 +177,8 @@ class Scheduler:
         job.estimate, job.limit = float(runtime), limit
         if deadline is not None:
             job.deadline = float(deadline)
-            job.latest_start = latest_start(job.deadline, job.runtime, spec.downstream)
+            job.latest_start = latest_start(
+                job.deadline, self.runtime(job, self.best_tier(job)), spec.downstream)
         job.grace = float(stop_grace(spec, self.reg.job_classes, self.config.defaults))
         (job.preemptible, job.preempt_signal, job.preempt_grace,
          job.checkpoint_interval) = preempt_options(jc, job.grace)
@@ -271,7 +276,8 @@ class Scheduler:
         seen = {j.name for j in first}
         order = [(j, False) for j in first] + [
             (j, protected) for j, protected in self.queue.ordered(
-                fs, self.protect_before(now), urgent_before=self.urgent_before(now))
+                fs, self.protect_before(now), urgent_before=self.urgent_before(now),
+                promised=self.promised, now=now)
             if j.name not in seen]
         return [(j, protected, self.queue.terms(j, fs.get(j.account, 0.0), now))
                 for j, protected in order]
@@ -291,7 +297,7 @@ class Scheduler:
                 p.claimant(name)
             for job, protected in self.queue.ordered(
                     fs, p.protect_before, None if explain else p.hopeless,
-                    self.urgent_before(now)):
+                    self.urgent_before(now), self.promised, now):
                 if job.name in p.claimants:
                     continue
                 if p.result.tested >= cfg.max_jobs_tested:

@@ -5,9 +5,12 @@ A job of a pipeline that must be done by a deadline (the spec's `deadline`, with
 deadline - (its planned runtime + downstream). Its slack is latest start - now. Within a
 band, the jobs whose slack is under the policy's `deadline_slack` go ahead of the band's
 other jobs (but behind the protected job: its promise stands), least slack first, as
-least-laxity-first schedulers do (Chronus, SoCC'21; ElasticFlow, ASPLOS'23). Since now
-moves for every job alike, least slack first is earliest latest start first: a static
-order, kept sorted as jobs come and go (jobqueue.py), so a pass never sorts for it.
+least-laxity-first schedulers do (Chronus, SoCC'21; ElasticFlow, ASPLOS'23), except
+that the jobs whose latest start has passed come after those that can still meet their
+deadlines (least laxity first alone lets a lost cause hold the GPUs of one that is not).
+Since now moves for every job alike, least slack first is earliest latest start first:
+a static order, kept sorted as jobs come and go (jobqueue.py), so a pass never sorts
+for it.
 """
 
 from __future__ import annotations
@@ -52,9 +55,13 @@ class ByLatestStart:
     def remove(self, job) -> None:
         del self.entries[bisect.bisect_left(self.entries, (job.latest_start, job.seq))]
 
-    def before(self, t: float) -> list[tuple]:
-        """The entries whose latest start is before `t`, earliest first."""
-        return self.entries[:bisect.bisect_left(self.entries, (t, -math.inf))]
+    def before(self, t: float, now: float = -math.inf) -> list[tuple]:
+        """The entries whose latest start is before `t`, earliest first, but those whose
+        latest start has passed (before `now`: they miss whatever happens) after the
+        others: one that has missed never holds the resources of one that still can."""
+        k = bisect.bisect_left(self.entries, (t, -math.inf))
+        gone = bisect.bisect_left(self.entries, (min(now, t), -math.inf))
+        return self.entries[gone:k] + self.entries[:gone]
 
 
 def at_risk(job, why, now: float):

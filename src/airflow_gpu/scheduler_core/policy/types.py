@@ -136,3 +136,5 @@ class PassView(Protocol):
     def reservations(self) -> list: ...     # of reservations.Reservation
 
     def add(self, r: Any) -> None: ...      # a reservations.Reservation
+
+    def late(self, job: QueuedJob) -> bool: ...   # its deadline is at risk (onepass.py)

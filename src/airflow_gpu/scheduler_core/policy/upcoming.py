@@ -34,7 +34,7 @@ def upcoming(p: PassView, job: QueuedJob, why: Pending, own_team: bool = False) 
     # a kind of job that finds no victims to come finds none again this pass, if it
     # runs as long or longer (see preempt.preempt)
     key = (job.shape, job.team, job.base, job.job_class, job.preempted_by, own_team,
-           job.latest_start <= p.now)
+           p.late(job))
     if job.runtime >= r.no_victims_soon.get(key, math.inf):
         return why
     if r.soon_pool is None:

@@ -125,7 +125,8 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
     `victims`: this pool, not the pass's."""
     s = p.s
     cfg = s.config.preemption
-    below = cfg.victims_below(job.base, job.job_class, job.latest_start <= p.now)
+    late = p.late(job)
+    below = cfg.victims_below(job.base, job.job_class, late)
     reclaim = reclaims(s, job, own_team)
     if below == -math.inf and not reclaim:
         return []
@@ -161,7 +162,8 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
         borrowed = borrowed and over[team]
         if reclaim and borrowed and team != mine:
             reason = "reclaim"
-        elif base < below and (team == mine or borrowed or not guaranteed[team]):
+        elif base < below and (team == mine or borrowed or not guaranteed[team]) and (
+                base < job.base or v.latest_start == math.inf):   # own band: see config
             reason = "priority"
         else:
             continue
