@@ -162,26 +162,30 @@ def test_nightly_pipelines_are_seeded_and_due_1_2_to_3_times_their_critical_path
         assert 1.19 <= ratio <= 3.01
 
 
-def test_a_miss_is_avoidable_only_if_the_gpus_were_free_at_the_latest_start():
-    """Pipeline p: its job a (8 GPUs) must start by 100. At 100 the cluster (16 GPUs) had
-    8 free (avoidable) or 4 free (the load's); a job that came after its latest start
-    is never the policy's miss."""
-    from array import array
+TWO_HOSTS = make_cluster({"name": "dgx-[1-2]", "model": "dgx-a100"})
 
-    from airflow_gpu.scheduler_core.simulation.metrics import JobRecord, SimResult
 
-    def missed(busy_at_100: float, submit: float = 0.0) -> int:
-        a = JobRecord("a", "t", 8, submit, 50.0, dag_run="p", deadline=150.0)
-        a.start, a.end = 300.0, 350.0
-        bg = JobRecord("bg", "t", 8, 0.0, 400.0)
-        bg.start, bg.end = 0.0, 400.0
-        res = SimResult("backfill", "c", 16, 8, [a, bg], times=array("d", [0, 90, 300]),
-                        busy=array("d", [8, busy_at_100, 16]))
-        res.pipeline_bounds, res.latest_starts = {"p": 50.0}, {"a": 100.0}
-        m = res.metrics()
-        assert (m["pipelines_met"], m["pipelines"]) == (0, 1)
-        return m["pipelines_missed_avoidable"]
-
-    assert missed(8) == 1
-    assert missed(12) == 0
-    assert missed(8, submit=120.0) == 0
+@pytest.mark.parametrize("running, deadline, avoidable", [
+    # dgx-2 is free at a's latest start (100): fifo keeps a behind big, the policy's miss
+    ("bg1,0,400,8,,,\n", 150, 1),
+    # dgx-2 busy too: the load's miss
+    ("bg1,0,400,8,,,\nbg2,0,400,8,,,\n", 150, 0),
+    # 7 GPUs free by count, 2 on dgx-1 and 5 on dgx-2: a (7 GPUs on one host) could not
+    # have started
+    ("bg1,0,400,6,,,\nbg2,0,400,3,,,\n", 150, 0),
+])
+def test_a_miss_is_avoidable_only_if_the_job_could_have_started_at_its_latest_start(
+        tmp_path, running, deadline, avoidable):
+    """Two 8-GPU hosts, fifo: `running` until 400; big (16 GPUs) waits for it at the head
+    of the queue, and a (7 GPUs, 50 s, one host) behind big."""
+    text = HEAD + running + f"big,1,100,16,,,\na,2,50,7,p,,{deadline}\n"
+    cfg = PolicyConfig(mode="fifo", locality_slowdown=EXACT)
+    res = simulate(TWO_HOSTS, load_trace(write(tmp_path, text)), SimOptions(cfg, EXACT))
+    assert {r.job_id: r for r in res.records}["a"].start >= 500.0     # after big
+    m = res.metrics()
+    assert (m["pipelines_met"], m["pipelines"], m["pipelines_infeasible"]) == (0, 1, 0)
+    assert m["pipelines_missed_avoidable"] == avoidable
+    # a job that came after its latest start (its upstream ran late) is never the
+    # policy's miss, whatever was free
+    res.records[-1].submit = res.latest_starts["a"] + 1
+    assert res.metrics()["pipelines_missed_avoidable"] == 0

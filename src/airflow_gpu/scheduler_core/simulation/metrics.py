@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import bisect
 import math
 from array import array
 from dataclasses import dataclass, field
@@ -50,6 +49,9 @@ class SimResult:
     pipeline_bounds: dict[str, float] = field(default_factory=dict)
     # a deadline job -> its latest start as the scheduler computed it (the last submit)
     latest_starts: dict[str, float] = field(default_factory=dict)
+    # a deadline job waiting at its latest start -> whether it could have been placed
+    # then on the resources free (holds aside)
+    could_start: dict[str, bool] = field(default_factory=dict)
 
     def write_records(self, path: str) -> None:
         """One CSV row per job: when it was submitted, started and ended, and where."""
@@ -180,6 +182,8 @@ def deadline_metrics(res: SimResult) -> dict:
             avoidable += _avoidable(res, rs)
     late.sort()
     done = [r.start - r.submit for r in background if r.end is not None]
+    # submit to end: the wait, and the work preemption made them run again
+    jct = [r.end - r.submit for r in background if r.end is not None]
     finite = [x for x in late if x < math.inf]
     return {"pipelines": met + missed, "pipelines_met": met,
             "pipelines_met_frac": met / (met + missed) if met + missed else 1.0,
@@ -190,14 +194,16 @@ def deadline_metrics(res: SimResult) -> dict:
             "pipelines_late_p95_s": _quantile(finite, 0.95) if finite else 0.0,
             "pipeline_jobs": sum(len(rs) for rs in jobs.values()),
             "background_jobs": len(done),
-            "background_avg_wait_s": sum(done) / len(done) if done else 0.0}
+            "background_avg_wait_s": sum(done) / len(done) if done else 0.0,
+            "background_avg_jct_s": sum(jct) / len(jct) if jct else 0.0,
+            "background_preempted": sum(r.preemptions > 0 for r in background)}
 
 
 def _avoidable(res: SimResult, rs: list[JobRecord]) -> int:
     """1 if the missed pipeline's first job to start past its latest start was waiting
-    then while the cluster had as many GPUs free as it needs (the pass's state at that
-    time): starting it at its latest start was possible by GPU counts (placement may
-    still have differed), so the miss is the policy's, not the load's."""
+    then while it could have been placed on the resources free at that moment (holds
+    of reservations aside; the simulator tries it then): starting it at its latest start
+    was possible, so the miss is the policy's, not the load's."""
     late = [(res.latest_starts[r.job_id], r) for r in rs if r.job_id in res.latest_starts
             and (r.start is None or r.start > res.latest_starts[r.job_id] + 1e-6)]
     if not late:
@@ -205,6 +211,4 @@ def _avoidable(res: SimResult, rs: list[JobRecord]) -> int:
     at, r = min(late, key=lambda x: x[0])
     if r.submit > at or at == -math.inf:
         return 0                      # it came too late to start by then
-    k = bisect.bisect_right(res.times, at) - 1
-    free = res.total_gpus - (res.busy[k] if k >= 0 else 0.0)
-    return int(free >= r.gpus)
+    return int(res.could_start.get(r.job_id, False))
