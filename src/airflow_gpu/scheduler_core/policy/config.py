@@ -123,13 +123,17 @@ class TeamPolicy(_Spec):
 class PreemptRule(_Spec):
     """Which jobs may preempt which (Slurm's QOS Preempt=, by band): the preemptors are
     jobs whose band is at least `min_band`, or jobs of `job_class`; the victims, jobs
-    whose band is below `preempts_below` and below the preemptor's own."""
+    whose band is below `preempts_below` and below the preemptor's own. With
+    `on_deadline`, only jobs whose deadline is at risk preempt, and the victims may be of
+    their own band too (never higher), if they have no deadline themselves."""
 
     min_band: float | None = Field(None, description="preemptors: jobs of this band "
                                    "(priority + job-class weight) or higher")
     job_class: str | None = Field(None, description="preemptors: jobs of this class")
-    on_deadline: bool = Field(False, description="preemptors: only jobs whose slack has "
-                              "run out (their latest start to meet their deadline has come)")
+    on_deadline: bool = Field(False, description="preemptors: only jobs whose deadline is "
+                              "at risk (their latest start has come, or they would start "
+                              "after it by waiting); victims: of their own band too, if "
+                              "without a deadline")
     preempts_below: float = Field(description="victims: jobs of a band below this")
 
     @model_validator(mode="after")
@@ -142,7 +146,7 @@ class PreemptRule(_Spec):
         return self
 
     def allows(self, band: float, job_class: str | None, late: bool = False) -> bool:
-        """`late`: the job's slack has run out (slack.py)."""
+        """`late`: the job's deadline is at risk (onepass.Pass.late)."""
         if self.on_deadline and not late:
             return False
         return (band >= self.min_band if self.min_band is not None
@@ -164,7 +168,7 @@ class Preemption(_Spec):
 
     def victims_below(self, band: float, job_class: str | None, late: bool = False) -> float:
         """The band below which a job of `band` and `job_class` may preempt (-inf: none);
-        `late`: its slack has run out (rules `on_deadline`)."""
+        `late`: its deadline is at risk (rules `on_deadline`: its own band too)."""
         return max((min(r.preempts_below, math.nextafter(band, math.inf) if r.on_deadline
                          else band) for r in self.rules if r.allows(band, job_class, late)),
                    default=-math.inf)

@@ -14,6 +14,7 @@ the job's life, is never read here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -209,10 +210,10 @@ def integrate(row: Usage, g: dict, now: datetime, max_gap: float,
     row.last_at, row.last_util, row.last_power, row.last_energy = now, util, power, energy
 
 
-def record(svc, s: Session, host: str, gpus: list[dict], now: datetime) -> Attributed:
-    """Attribute a report of `host` to the live jobs holding its GPUs."""
-    from .idle import rule_of
-
+def record(svc, s: Session, host: str, gpus: list[dict], now: datetime,
+           rule_of: Callable[[object, dict], object]) -> Attributed:
+    """Attribute a report of `host` to the live jobs holding its GPUs; `rule_of(svc,
+    spec)`: a job's idle rule (idle.rule_of, passed in: idle reads what this returns)."""
     today, conn = day_of(now), s.connection()
     jobs = _held(conn, host, today)
     if not jobs:

@@ -103,7 +103,7 @@ def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list
     every GPU of the host, by index."""
     from .accounting import record
     from .faults import handle_gpu_faults
-    from .idle import evaluate
+    from .idle import evaluate, rule_of
 
     if not who.admin:
         raise Forbidden("only a node agent's token (airflow-gpu token create --agent --host "
@@ -125,7 +125,7 @@ def report_gpus(svc: Store, name: str, who: Principal, gpus: list[dict]) -> list
         # only an unhealthy GPU can have jobs to act on
         if not all(g.healthy for g in stored) and handle_gpu_faults(svc, s, now, host=name):
             changed = True
-        if evaluate(svc, s, record(svc, s, name, gpus, now), now):
+        if evaluate(svc, s, record(svc, s, name, gpus, now, rule_of), now):
             changed = True
     # passes read health, reachability and jobs' states, not utilization: a routine
     # report leaves the loop to its interval (a fleet's reports would keep it passing)
