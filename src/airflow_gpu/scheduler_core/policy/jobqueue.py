@@ -10,7 +10,9 @@ The order (docs/queue-policy.md):
    at a time, by the time each became due, so the protected job never changes until it
    starts.
 3. Then the band's jobs whose deadline is near: slack (latest start - now) under
-   `deadline_slack`, least slack first (slack.py; backfill only).
+   `deadline_slack`, least slack first, those whose latest start has passed last
+   (slack.py; backfill only). A protected job that no pass has promised a start yet
+   comes after them.
 4. Then the band's other jobs by score = age + fair share + job size (highest first).
 5. Behind all of those, the band's jobs the idle-GPU policy requeued (`behind`), by the
    same rules among themselves: their submit is the requeue, so they neither come back

@@ -4,7 +4,8 @@ A job of a pipeline that must be done by a deadline (the spec's `deadline`, with
 `downstream`: the work still to run after it) must start by its latest start,
 deadline - (its planned runtime + downstream). Its slack is latest start - now. Within a
 band, the jobs whose slack is under the policy's `deadline_slack` go ahead of the band's
-other jobs (but behind the protected job: its promise stands), least slack first, as
+other jobs (but behind a protected job promised a start: its promise stands; one not
+yet promised comes after them, jobqueue.py), least slack first, as
 least-laxity-first schedulers do (Chronus, SoCC'21; ElasticFlow, ASPLOS'23), except
 that the jobs whose latest start has passed come after those that can still meet their
 deadlines (least laxity first alone lets a lost cause hold the GPUs of one that is not).

@@ -125,8 +125,7 @@ def candidates(p: PassView, job: QueuedJob, own_team: bool = False,
     `victims`: this pool, not the pass's."""
     s = p.s
     cfg = s.config.preemption
-    late = p.late(job)
-    below = cfg.victims_below(job.base, job.job_class, late)
+    below = cfg.victims_below(job.base, job.job_class, p.late(job))
     reclaim = reclaims(s, job, own_team)
     if below == -math.inf and not reclaim:
         return []
