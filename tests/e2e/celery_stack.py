@@ -157,7 +157,7 @@ class CeleryStack:
         for _, proc in reversed(self.procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, 15)
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 5      # what is left then is killed: nothing to keep
         for _, proc in self.procs:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))

@@ -42,7 +42,7 @@ def test_no_server_errors(fuzz_server):
 
 def _fuzz(op, headers: dict, log) -> None:
     @given(case=op.as_strategy())
-    @settings(max_examples=30, deadline=None, database=None,
+    @settings(max_examples=20, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     def no_5xx(case):
         response = case.call(headers=headers, timeout=30)

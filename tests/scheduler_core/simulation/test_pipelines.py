@@ -140,6 +140,9 @@ def test_simulate_prints_the_deadline_table(tmp_path):
     got = json.loads(run("simulate", "--trace", path, "--hosts", "1", "--model", "dgx-a100",
                          "--json").stdout)
     assert got["pipelines_met"] == 1
+    # bg1, the background, runs 0-1000 at once: its wait 0, its submit-to-end 1000
+    assert (got["background_avg_wait_s"], got["background_avg_jct_s"]) == (0, 1000)
+    assert got["background_preempted"] == 0
 
 
 def test_nightly_pipelines_are_seeded_and_due_1_2_to_3_times_their_critical_path():

@@ -121,7 +121,7 @@ def sqlite_server(tmp_path):
 
 
 def test_sqlite_recovers_within_seconds_after_its_files_were_read_only(sqlite_server):
-    """The database file, its WAL and its folder read-only for 12s (root ignores chmod, so
+    """The database file, its WAL and its folder read-only for 7s (root ignores chmod, so
     the immutable flag; the -shm file is left alone: SQLite maps it, and a mapping that can
     no longer write kills the process). Requests that must write get 503 meanwhile,
     connections opened then are read-only, /readyz is 503 and /livez 200; once writable
@@ -137,21 +137,21 @@ def test_sqlite_recovers_within_seconds_after_its_files_were_read_only(sqlite_se
         time.sleep(1)
         live = httpx.get(f"{server.url}/livez")
         ready_ro = httpx.get(f"{server.url}/readyz", timeout=10)
-        time.sleep(11)
+        time.sleep(6)
         load.clients = 4         # fewer clients than the pool holds: nothing churns it
         _immutable(files, False)
         t_rw = time.monotonic()
-        time.sleep(15)
+        time.sleep(10)
         ready_rw = httpx.get(f"{server.url}/readyz", timeout=10)
     finally:
         load.close()
     during = load.between(t_ro, t_rw)
     assert any(r[1] == 503 for r in during), collections.Counter(r[1] for r in during)
     # a few seconds to recover, then every request succeeds
-    after = load.between(t_rw + 3, t_rw + 15)
+    after = load.between(t_rw + 3, t_rw + 10)
     failed = [r for r in after if r[1] not in (200, 201)]
     assert len(after) > 100 and not failed, (
-        f"{len(failed)} of {len(after)} requests failed 3-15s after the files were writable "
+        f"{len(failed)} of {len(after)} requests failed 3-10s after the files were writable "
         f"again: {collections.Counter(r[1] for r in failed)}, e.g. {failed[:2]}")
     assert live.status_code == 200
     assert ready_ro.status_code == 503, ready_ro.text
@@ -352,7 +352,7 @@ def test_three_replicas_fit_max_connections_and_leave_room(postgres, tmp_path):
         os.environ.update(env)
     load = Load([s.url for s in servers], token, clients=60)
     try:
-        peak, fourth = postgres.watch(12)
+        peak, fourth = postgres.watch(7)
     finally:
         load.close()
         for s in servers:

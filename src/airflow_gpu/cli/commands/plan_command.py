@@ -211,7 +211,8 @@ def _deadline_table(metrics: list[dict]) -> Table:
     t = Table(title="Deadlines (pipelines: a dag_run, or a job with a deadline alone)",
               title_justify="left")
     for col in ("policy", "pipelines", "met", "late p50", "late p95", "infeasible",
-                "missed, avoidable", "background jobs", "background avg wait"):
+                "missed, avoidable", "background jobs", "background avg wait",
+                "background avg JCT"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     for m in metrics:
         if "pipelines" not in m:
@@ -222,7 +223,8 @@ def _deadline_table(metrics: list[dict]) -> Table:
                   format_duration(m["pipelines_late_p95_s"]),
                   f"{m['pipelines_infeasible']:,}", f"{m['pipelines_missed_avoidable']:,}",
                   f"{m['background_jobs']:,}",
-                  format_duration(m["background_avg_wait_s"]))
+                  format_duration(m["background_avg_wait_s"]),
+                  format_duration(m["background_avg_jct_s"]))
     return t
 
 
