@@ -3,7 +3,7 @@
 Run it with `make bench`, or directly:
 
     .venv/bin/python bench/scheduling_pass.py [--hosts 1024] [--pending 5000] [--passes 50]
-                                              [--seed 1] [--repeat 1]
+                                              [--seed 1] [--repeat 1] [--deadlines 0]
                                               [--out bench/results/pass.json]
 
 The cluster (dgx-a100 hosts, 16 per leaf switch) is filled with running jobs whose
@@ -21,6 +21,11 @@ core:
 - the explained cold pass again with four teams, each guaranteed a quarter of the GPUs
   and free to borrow, one of them holding most of the cluster, 5 % of the pending jobs
   in an urgent band that may preempt: the pass that reclaims and preempts.
+
+`--deadlines F`: a share F of the pending jobs are pipelines' jobs with a deadline, their
+latest starts spread from an hour ago to six hours ahead (so some are urgent, some lost
+causes, some not yet urgent), and the preempting policy gains the rule
+`{on_deadline: true, preempts_below: 1}`: what deadlines add to each pass.
 
 What the scenario's build left is frozen (gc.freeze) before each timed pass. Results go
 to `bench/results/pass.json` (git-ignored) and a short table is printed.
@@ -69,19 +74,22 @@ def spec(name: str, gpus: int, host_gpus: int):
 TEAMS = "abcd"
 
 
-def preempting_policy(hosts: int) -> PolicyConfig:
+def preempting_policy(hosts: int, deadlines: bool = False) -> PolicyConfig:
     quarter = hosts * 8 // len(TEAMS)
+    rules = [{"min_band": 100, "preempts_below": 100}]
     return PolicyConfig.model_validate({
         "teams": {t: {"quota_gpus": quarter, "borrow_gpus": None} for t in TEAMS},
-        "preemption": {"rules": [{"min_band": 100, "preempts_below": 100}]}})
+        "preemption": {"rules": rules + ([{"on_deadline": True, "preempts_below": 1}]
+                                         if deadlines else [])}})
 
 
-def build(hosts: int, pending: int, seed: int, now: float, teams: bool = False
-          ) -> Scheduler:
+def build(hosts: int, pending: int, seed: int, now: float, teams: bool = False,
+          deadlines: float = 0.0) -> Scheduler:
     """A scheduler at `now`: the cluster as full as the size mix lets it be, `pending`
-    waiting; `teams`: with preempting_policy, most running work team a's (borrowed)."""
+    waiting (a share `deadlines` of them with a deadline); `teams`: with
+    preempting_policy, most running work team a's (borrowed)."""
     cluster = synthetic_cluster(hosts, "dgx-a100")
-    policy = preempting_policy(hosts) if teams else PolicyConfig()
+    policy = preempting_policy(hosts, deadlines > 0) if teams else PolicyConfig()
     sched = Scheduler(ClusterState(cluster), policy, now=now - 5 * 86400)
     rng = random.Random(seed)
     host_gpus = cluster.max_host_gpus
@@ -110,10 +118,14 @@ def build(hosts: int, pending: int, seed: int, now: float, teams: bool = False
     # the oldest, 8 days old, waits for 64 whole hosts: due for protection before the
     # others (a gang of its size after 1.3 days), the pass protects it with a reservation
     sched.submit(make("wait-oldest", 512, False), now - 8 * 86400, 86400)
+    due = random.Random(seed + 1)       # the same jobs with and without deadlines
     for k in range(pending - 1):
         submit = now - rng.uniform(0, 5 * 86400)
-        sched.submit(make(f"wait-{k}", draw_size(rng), False), submit,
-                     rng.uniform(600, 2 * 86400))
+        s = make(f"wait-{k}", draw_size(rng), False)
+        runtime = rng.uniform(600, 2 * 86400)
+        deadline = (now + due.uniform(-3600, 6 * 3600) + runtime
+                    if due.random() < deadlines else None)
+        sched.submit(s, submit, runtime, deadline=deadline)
     return sched
 
 
@@ -136,19 +148,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--repeat", type=int, default=1,
                     help="preempting passes, each on a fresh build (median and best kept)")
+    ap.add_argument("--deadlines", type=float, default=0.0,
+                    help="share of the pending jobs with a deadline (0-1)")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     cpu = pin_to_one_core()
     now = 10 * 86400.0
-    sched, build_s = timed(lambda: build(args.hosts, args.pending, args.seed, now))
+    dl = args.deadlines
+    sched, build_s = timed(lambda: build(args.hosts, args.pending, args.seed, now,
+                                         deadlines=dl))
     free = sched.state.usable_total
     cold, cold_s = timed(lambda: sched.schedule(now))
     # the same cold pass again, explained (what the service runs): a fresh scheduler
-    explained = build(args.hosts, args.pending, args.seed, now)
+    explained = build(args.hosts, args.pending, args.seed, now, deadlines=dl)
     _, explain_s = timed(lambda: explained.schedule(now, explain=True))
     walls, cpus = [], []
     for _ in range(args.repeat):
-        teams = build(args.hosts, args.pending, args.seed, now, teams=True)
+        teams = build(args.hosts, args.pending, args.seed, now, teams=True, deadlines=dl)
         preempting, wall = timed(lambda teams=teams: teams.schedule(now, explain=True), cpus)
         walls.append(wall)
         del teams
@@ -168,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine_commit": engine_commit(), "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "python": sys.version.split()[0], "machine": platform.machine(), "pinned_cpu": cpu,
         "hosts": args.hosts, "gpus": sched.state.cluster.total_gpus, "pending": args.pending,
+        "deadlines": dl,
         "running": len(sched.running), "free_gpus_before": free, "build_s": round(build_s, 2),
         "cold_pass_ms": round(cold_s * 1e3, 1), "cold_pass_explained_ms": round(explain_s * 1e3, 1),
         "cold_started": len(cold.started), "cold_reservations": len(cold.reservations),

@@ -66,6 +66,9 @@ class Pass:
         # rules `on_deadline` look at a job's slack: job -> whether it is late (see late)
         self._late: dict[str, bool] | None = {} if any(
             r.on_deadline for r in sched.config.preemption.rules) else None
+        # the walk late() made, for reserve() to reuse: (job, reservations' version, walk)
+        self._walk: tuple[str, int, Reservation | None] | None = None
+        self._version = 0                              # reservations added or dropped
 
     @property
     def reservations(self) -> list[Reservation]:
@@ -99,6 +102,7 @@ class Pass:
     def consider(self, job: QueuedJob, protected: bool) -> None:
         s = self.s
         if self.plan.drop_carried(job):   # it waited for locality: it decides again
+            self._version += 1
             self.failed.clear()
         if job.spec.reservation is not None:
             return self.in_window(job)
@@ -192,17 +196,25 @@ class Pass:
 
     def late(self, job: QueuedJob) -> bool:
         """Whether the job's deadline is at risk unless it preempts (rules `on_deadline`):
-        its latest start has come, or its earliest start without preempting (a walk past
-        the pass's reservations so far) is after it. Once per job and pass."""
-        if self._late is None or job.latest_start == math.inf:
+        its latest start has come, or it is urgent (slack under deadline_slack) and its
+        earliest start without preempting (the walk its reservation would make, past the
+        pass's reservations so far) is after its latest start. Once per job and pass,
+        and walked only while the pass still makes reservations (reservation_depth); a
+        job with more slack waits (what runs may end sooner than planned)."""
+        if self._late is None:
+            return False
+        if job.latest_start <= self.now:
+            return True
+        if job.latest_start >= self.urgent_before:
             return False
         if job.name not in self._late:
-            r = None
-            if job.latest_start > self.now:
-                s = self.s
-                self.plan.hold_first(0)
-                r = earliest_end(job, s.state, s.reg, self.now, self.reservations,
-                                 lambda tier: s.runtime(job, tier), s.best_tier(job))
+            if not self.may_reserve():
+                return False                # the pass plans no further ahead
+            s = self.s
+            self.plan.hold_first(0)
+            r = earliest_end(job, s.state, s.reg, self.now, self.reservations,
+                             lambda tier: s.runtime(job, tier), s.best_tier(job))
+            self._walk = (job.name, self._version, r)
             self._late[job.name] = r is None or r.start > job.latest_start
         return self._late[job.name]
 
@@ -219,6 +231,7 @@ class Pass:
 
     def add(self, r: Reservation) -> None:
         self.plan.add(r)
+        self._version += 1
         self.failed.clear()            # the holds' positions moved
 
     def reserve(self, job: QueuedJob, candidate: Reservation | None = None
@@ -229,6 +242,9 @@ class Pass:
         if r is not None and (candidate is None or r.end < candidate.end):
             return r
         s = self.s
+        if (candidate is None and job.name not in s.promised and self._walk is not None
+                and self._walk[:2] == (job.name, self._version)):
+            return self._walk[2]        # late() walked for it around the same reservations
         self.plan.hold_first(0)
         return earliest_end(job, s.state, s.reg, self.now, self.reservations,
                             lambda tier: s.runtime(job, tier), s.best_tier(job), candidate,
