@@ -101,8 +101,9 @@ def _team_frees(p: PassView, job: QueuedJob) -> float | None:
     return min(ends) - p.now if ends else None
 
 
-def _when(dt: float) -> str:
-    return f"{format_duration(-dt)} ago" if dt < 0 else f"now + {format_duration(dt)}"
+def _must_start(dt: float) -> str:
+    return (f"it should have started {format_duration(-dt)} ago" if dt < 0
+            else f"it must start within {format_duration(dt)}")
 
 
 def stop_for(p: PassView, job: QueuedJob, chosen, placed: Placed,
@@ -117,10 +118,9 @@ def stop_for(p: PassView, job: QueuedJob, chosen, placed: Placed,
                else f"priority band {job.base:g} preempts band {v.base:g}")
         if reason != "reclaim" and s.config.preemption.victims_below(
                 job.base, job.job_class) <= v.base:       # only a rule on_deadline allows it
-            why = (f"its deadline is at risk: it must start by "
-                   f"{_when(job.latest_start - now)} to end its pipeline in time, and a rule "
-                   f"on_deadline lets its band {job.base:g} preempt band {v.base:g} work "
-                   "without a deadline")
+            why = (f"its deadline is at risk: {_must_start(job.latest_start - now)} to end "
+                   f"its pipeline in time, and a rule on_deadline lets its band "
+                   f"{job.base:g} preempt band {v.base:g} work without a deadline")
         note = broken.get(v.name, "")
         msg = (f"preempted by job {job.name} ({reason}: {why}{f'; {note}' if note else ''}"
                f"); {v.preempt_signal}, then SIGKILL after {v.preempt_grace:g}s; about "
