@@ -96,7 +96,7 @@ def test_unfit_numbers_and_strings_in_any_body_field_are_422_naming_it(fuzz_serv
 
 def _unfit_in(op, client, log, sent: list[str]) -> None:
     @given(case=op.as_strategy())
-    @settings(max_examples=25, deadline=None, database=None,
+    @settings(max_examples=15, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     def named_422(case):
         # bodies with leaves (optional fields may all be left out): the first three count

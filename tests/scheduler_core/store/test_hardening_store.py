@@ -350,7 +350,7 @@ def test_three_replicas_fit_max_connections_and_leave_room(postgres, tmp_path):
     finally:
         os.environ.clear()
         os.environ.update(env)
-    load = Load([s.url for s in servers], token, clients=60)
+    load = Load([s.url for s in servers], token, clients=40)
     try:
         peak, fourth = postgres.watch(7)
     finally:
@@ -360,6 +360,6 @@ def test_three_replicas_fit_max_connections_and_leave_room(postgres, tmp_path):
     results = list(load.results)
     no_failed_requests(results, 300)
     assert all(f == 1 for f in fourth), [f for f in fourth if f != 1][:3]
-    # the requests filled what their pools give them (60 clients on 3 x (6 - the loop's
+    # the requests filled what their pools give them (40 clients on 3 x (6 - the loop's
     # LOOP_THREADS) connections) and everything stayed within the budget
     assert 3 * (pool - LOOP_THREADS) <= peak <= 3 * (pool + 1) + 1, peak
