@@ -6,7 +6,7 @@ import hashlib
 from datetime import UTC, datetime
 
 from ..scheduler_core.engine.topology import format_cpulist
-from ..scheduler_core.units import format_duration, format_size, parse_duration
+from ..scheduler_core.units import format_duration, format_size, parse_duration, relative
 
 __all__ = ["age", "due", "duration", "format_cpulist", "format_size", "parse_time",
            "seconds_of", "team_color"]
@@ -53,6 +53,5 @@ def due(spec: dict, now: datetime) -> str | None:
     t = parse_time(spec.get("deadline"))
     if t is None:
         return None
-    left = (t - now).total_seconds()
-    when = f"in {format_duration(left)}" if left >= 0 else f"{format_duration(-left)} ago"
-    return f"pipeline due {when} ({t.astimezone(UTC):%m-%d %H:%M} UTC)"
+    return (f"pipeline due {relative((t - now).total_seconds())} "
+            f"({t.astimezone(UTC):%m-%d %H:%M} UTC)")

@@ -127,6 +127,12 @@ def format_duration(s: int | float) -> str:
     return "".join(parts)
 
 
+def relative(seconds: float) -> str:
+    """A time `seconds` from now: "in 2h" ahead, "2h ago" past."""
+    return (f"in {format_duration(seconds)}" if seconds > 0
+            else f"{format_duration(-seconds)} ago")
+
+
 def exact_size(n: int) -> str:
     """A size as a spec stores it: the largest unit that holds it whole (48GB stays
     48GB), so reading it back gives the same bytes; format_size is for people."""

@@ -180,7 +180,7 @@ class JobQueue:
 
     def urgent(self, urgent_before: float) -> int:
         """How many queued jobs have a latest start before `urgent_before` (slack.py)."""
-        return sum(len(b.before(urgent_before)) for b in self._by_latest.values()) \
+        return sum(b.count_before(urgent_before) for b in self._by_latest.values()) \
             if urgent_before > -math.inf else 0
 
     def ordered(self, fairshare: dict[str, float], protect_before: float = -math.inf,

@@ -89,14 +89,11 @@ class Scheduler:
         """Queue a job; raises Rejected if it can never run (naming why), InputError for
         an unknown job class. `preempted_by`: the jobs that once preempted it; `behind`:
         requeued as idle, it goes after its band's other jobs (jobqueue.py); `deadline`:
-        the spec's on this scheduler's clock (None: the spec's as Unix time, the
-        service's clock)."""
+        the spec's on this scheduler's clock (see _make)."""
         spec = resolve(spec, self.reg.job_classes, defaults=self.config.defaults)
         if spec.name in self.queue or spec.name in self.running:
             raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
-        if deadline is None and spec.deadline is not None:
-            deadline = spec.deadline.timestamp()
         job = self._make(spec, now, runtime, deadline)
         job.preempted_by, job.behind = frozenset(preempted_by), behind
         why = self.rejection(job)
@@ -115,8 +112,7 @@ class Scheduler:
         spec's deadline stays its pipeline's (a job with one is no victim of a rule
         on_deadline in its own band)."""
         job = self._make(resolve(spec, self.reg.job_classes, defaults=self.config.defaults),
-                         start, runtime,
-                         None if spec.deadline is None else spec.deadline.timestamp())
+                         start, runtime)
         job.borrowed, job.preempted_by = borrowed, frozenset(preempted_by)
         self._start(job, allocations, start, deadline)
         if stopping is not None:
@@ -163,9 +159,10 @@ class Scheduler:
               deadline: float | None = None) -> QueuedJob:
         """A resolved spec as a queue entry; the runtime defaults to the spec's (or its
         class's), else the policy's, and is planned times its team's estimate factor
-        (correction.py), never past its time limit. With a `deadline`, its latest start
-        is the deadline less that runtime on its best placement (a gang of hosts runs
-        slower than on one) and the spec's downstream work (slack.py)."""
+        (correction.py), never past its time limit. With a deadline (`deadline`, on this
+        scheduler's clock, else the spec's as Unix time: the service's clock), its latest
+        start is the deadline less that runtime on its best placement (a gang of hosts
+        runs slower than on one) and the spec's downstream work (slack.py)."""
         jc = self.reg.job_classes.get(spec.job_class or "")
         if runtime is None:
             runtime = planned_runtime(spec, self.config)
@@ -175,7 +172,9 @@ class Scheduler:
         job = self.queue.make(spec, submit, self._seq, min(float(runtime) * factor, limit),
                               jc.priority_weight if jc else 0)
         job.estimate, job.limit = float(runtime), limit
-        if deadline is not None:
+        if deadline is None and spec.deadline is not None:
+            deadline = spec.deadline.timestamp()
+        if deadline is not None and deadline < math.inf:
             job.deadline = float(deadline)
             job.latest_start = latest_start(
                 job.deadline, self.runtime(job, self.best_tier(job)), spec.downstream)

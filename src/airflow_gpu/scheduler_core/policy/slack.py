@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import math
 
-from ..units import format_duration
+from ..units import format_duration, relative
 from .types import Pending
 
 
@@ -56,12 +56,15 @@ class ByLatestStart:
     def remove(self, job) -> None:
         del self.entries[bisect.bisect_left(self.entries, (job.latest_start, job.seq))]
 
+    def count_before(self, t: float) -> int:
+        """How many entries have a latest start before `t`."""
+        return bisect.bisect_left(self.entries, (t, -math.inf))
+
     def before(self, t: float, now: float = -math.inf) -> list[tuple]:
         """The entries whose latest start is before `t`, earliest first, but those whose
         latest start has passed (before `now`: they miss whatever happens) after the
         others: one that has missed never holds the resources of one that still can."""
-        k = bisect.bisect_left(self.entries, (t, -math.inf))
-        gone = bisect.bisect_left(self.entries, (min(now, t), -math.inf))
+        k, gone = self.count_before(t), self.count_before(min(now, t))
         return self.entries[gone:k] + self.entries[:gone]
 
 
@@ -76,16 +79,12 @@ def at_risk(job, why, now: float):
     if late <= 0:
         return why
 
-    def ago(t: float) -> str:
-        return (f"in {format_duration(t - now)}" if t > now
-                else f"{format_duration(now - t)} ago")
-
-    by = (f"should start {ago(job.latest_start)}" if job.latest_start > now
-          else f"should have started {ago(job.latest_start)}")
+    by = (f"should start {relative(job.latest_start - now)}" if job.latest_start > now
+          else f"should have started {relative(job.latest_start - now)}")
     started = ("even if it started now" if why.eta is None or why.eta <= 0
-               else f"it is expected to start {ago(start)}")
+               else f"it is expected to start {relative(start - now)}")
     due = "is due" if job.deadline > now else "was due"
-    message = (f"deadline at risk: its pipeline {due} {ago(job.deadline)} and needs "
+    message = (f"deadline at risk: its pipeline {due} {relative(job.deadline - now)} and needs "
                f"{format_duration(job.deadline - job.latest_start)} from this job's start "
                f"(its own runtime and the work after it), so it {by}; {started}, about "
                f"{format_duration(late)} late. Waiting for: {why.code}: {why.message}")
