@@ -12,6 +12,7 @@ trace.py checks the upstream ids when it loads a trace: they name jobs, with no 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from graphlib import TopologicalSorter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -20,25 +21,9 @@ if TYPE_CHECKING:
 
 def _topological(jobs: Iterable[TraceJob]) -> list[TraceJob]:
     """Upstream jobs before their downstream ones (trace.check_upstream refused cycles)."""
-    jobs = list(jobs)
     ids = {t.job_id: t for t in jobs}
-    done: set[str] = set()
-    out: list[TraceJob] = []
-    for root in jobs:
-        stack = [(root, iter(root.upstream))]
-        while stack:
-            t, it = stack[-1]
-            if t.job_id in done:
-                stack.pop()
-                continue
-            nxt = next(it, None)
-            if nxt is None:
-                done.add(t.job_id)
-                out.append(t)
-                stack.pop()
-            elif nxt not in done:
-                stack.append((ids[nxt], iter(ids[nxt].upstream)))
-    return out
+    return [ids[j] for j in TopologicalSorter(
+        {t.job_id: t.upstream for t in ids.values()}).static_order()]
 
 
 def downstream(jobs: list[TraceJob]) -> dict[str, float]:
