@@ -258,10 +258,11 @@ def heartbeat(svc: Store, job_id: str, who: Principal, attempt: int | None = Non
     With `attempt`, only that admission counts: a launcher that missed a requeue and
     re-admission hears 409 instead of confirming placements it never started."""
     svc._owned(job_id, who)
-    now = utcnow()
-    lease = now + timedelta(seconds=svc.settings.lease_ttl)
     same = _same_attempt(attempt)
     with svc.sessions.begin() as s:
+        s.connection()        # begun (on SQLite: the write lock held) before the clock is
+        now = utcnow()        # read: a wait for a busy database does not shorten the lease
+        lease = now + timedelta(seconds=svc.settings.lease_ttl)
         started = s.execute(_update(JobRow).where(
             JobRow.id == job_id, JobRow.state == "admitted", *same).values(
             state="running", started_at=now, lease_expires_at=lease))

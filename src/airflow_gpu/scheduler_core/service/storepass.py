@@ -109,7 +109,11 @@ def run_pass(svc: Store) -> list[str]:
         svc._specs = specs
         result = sched.schedule(t_now, explain=True)
         passerrors.finish(svc, s, {**svc.policy_errors, **sched.fairshare.errors})
-        lease = now + timedelta(seconds=svc.settings.lease_ttl)
+        # stamped after the reads, not at `now`: a finish that freed these GPUs may have
+        # committed while this pass waited for the database, and no job may be admitted
+        # before the one it replaces ended (accounting, sacct's overlap)
+        stamp = max(now, utcnow())
+        lease = stamp + timedelta(seconds=svc.settings.lease_ttl)
         admitted = []
         for job, placed in result.started:
             # its own limit stops it (deadline_at); a cut only makes it yield (overrun.py)
@@ -118,7 +122,7 @@ def run_pass(svc: Store) -> list[str]:
             deadline = min(t_now + job.limit, result.until.get(job.name, math.inf))
             done = s.execute(_update(JobRow).where(
                 JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
-                state="admitted", admitted_at=now, lease_expires_at=lease,
+                state="admitted", admitted_at=stamp, lease_expires_at=lease,
                 attempt=JobRow.attempt + 1,
                 reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
                 deadline_at=None if deadline == math.inf else
@@ -128,7 +132,7 @@ def run_pass(svc: Store) -> list[str]:
                 yield_reservation=window, borrowed=job.borrowed))
             if done.rowcount != 1:
                 continue              # cancelled or held meanwhile
-            _write_allocations(s, job.name, placed.allocations, now)
+            _write_allocations(s, job.name, placed.allocations, stamp)
             hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
             svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
                        + limit_note(job.limit, (cut_at or t_now) - t_now, cut_by,
