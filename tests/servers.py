@@ -17,7 +17,7 @@ from tests.helpers import REPO
 
 class Server:
     def __init__(self, db_url: str, cluster_file, lease_ttl: float = 60, log=None,
-                 interval: float = 0.1, args: tuple[str, ...] = ()):
+                 interval: float = 0.25, args: tuple[str, ...] = ()):
         self.db, self.port, self.log = db_url, free_port(), log
         self.url = f"http://127.0.0.1:{self.port}"
         out = os.open(os.devnull, os.O_WRONLY)
