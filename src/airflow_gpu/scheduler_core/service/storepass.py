@@ -119,7 +119,7 @@ def run_pass(svc: Store) -> list[str]:
             # its own limit stops it (deadline_at); a cut only makes it yield (overrun.py)
             cut_at, cut_by = result.cut.get(job.name, (None, None))
             window = window_of(cut_by) if cut_by else None
-            deadline = min(t_now + job.limit, result.until.get(job.name, math.inf))
+            deadline = min(_ts(stamp) + job.limit, result.until.get(job.name, math.inf))
             done = s.execute(_update(JobRow).where(
                 JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
                 state="admitted", admitted_at=stamp, lease_expires_at=lease,
