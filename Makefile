@@ -4,8 +4,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Test processes (pytest-xdist): one per core (`TEST_WORKERS=0`: one process). Three on
-# two cores end ~2 minutes sooner but load the machine enough that tests with short
-# leases and grace periods fail now and then. How they are dealt out: tests/conftest.py
+# two cores end 1-2 minutes sooner, not on every run, and load the machine enough that
+# tests with short leases and grace periods fail now and then. How they are dealt out: tests/conftest.py
 # (pytest_xdist_make_scheduler).
 TEST_WORKERS ?= 2
 
