@@ -210,10 +210,7 @@ class Pass:
         if job.name not in self._late:
             if not self.may_reserve():
                 return False                # the pass plans no further ahead
-            s = self.s
-            self.plan.hold_first(0)
-            r = earliest_end(job, s.state, s.reg, self.now, self.reservations,
-                             lambda tier: s.runtime(job, tier), s.best_tier(job))
+            r = self.walk(job)
             self._walk = (job.name, self._version, r)
             self._late[job.name] = r is None or r.start > job.latest_start
         return self._late[job.name]
@@ -241,14 +238,22 @@ class Pass:
         r = self.plan.still_standing(job, self.result.started)
         if r is not None and (candidate is None or r.end < candidate.end):
             return r
-        s = self.s
-        if (candidate is None and job.name not in s.promised and self._walk is not None
+        promised = self.s.promised.get(job.name)
+        if (candidate is None and promised is None and self._walk is not None
                 and self._walk[:2] == (job.name, self._version)):
             return self._walk[2]        # late() walked for it around the same reservations
+        return self.walk(job, candidate, math.inf if promised is None
+                         else promised + job.grace)
+
+    def walk(self, job: QueuedJob, candidate: Reservation | None = None,
+             start_by: float = math.inf) -> Reservation | None:
+        """The placement with the earliest expected end around the pass's reservations
+        (reservations.earliest_end, which counts them itself: none is held meanwhile)."""
+        s = self.s
         self.plan.hold_first(0)
         return earliest_end(job, s.state, s.reg, self.now, self.reservations,
                             lambda tier: s.runtime(job, tier), s.best_tier(job), candidate,
-                            start_by=s.promised.get(job.name, math.inf) + job.grace)
+                            start_by=start_by)
 
     def try_now(self, job: QueuedJob) -> Placed | None:
         """A placement now that touches no reservation starting before the job would end
