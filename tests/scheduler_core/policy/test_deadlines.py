@@ -181,11 +181,15 @@ def test_policy_deadline_slack_and_on_deadline_rule_are_checked():
         validate(PolicyConfig, {"preemption": {"rules": [{"preempts_below": 10}]}}, "p")
 
 
-def _at_risk(low_runtime: float, etl_priority: int = 10, **low) -> Scheduler:
-    """One host, `low` on it; etl (8 GPUs, 1 h, due at 10,000: latest start 6,400) waits."""
-    s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 10}],
-                               "min_run_time": 0, "min_saved_wait": 0})
-    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=low_runtime, **low), 0.0)
+def _at_risk(low_runtime: float, etl_priority: int = 10, rule: float | None = 10,
+             low_deadline: float | None = None, **low) -> Scheduler:
+    """One host, `low` on it; etl (8 GPUs, 1 h, due at 10,000: latest start 6,400) waits.
+    `rule`: the preempts_below of a rule on_deadline (None: no preemption settings)."""
+    s = _scheduler() if rule is None else _scheduler(preemption={
+        "rules": [{"on_deadline": True, "preempts_below": rule}],
+        "min_run_time": 0, "min_saved_wait": 0})
+    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=low_runtime, **low), 0.0,
+             deadline=low_deadline)
     s.schedule(0.0)
     s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600,
                  priority=etl_priority), 10.0, deadline=10_000.0)
@@ -211,29 +215,13 @@ def test_an_on_deadline_rule_stops_own_band_work_without_a_deadline_only():
     s = _at_risk(99_999, etl_priority=0)
     assert [p.victim.name for p in s.schedule(5000.0).preempted] == ["low"]
     # low has a deadline of its own (far off): never stopped for another's
-    s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 10}],
-                               "min_run_time": 0, "min_saved_wait": 0})
-    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0,
-             deadline=500_000.0)
-    s.schedule(0.0)
-    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600), 10.0,
-             deadline=10_000.0)
+    s = _at_risk(99_999, etl_priority=0, low_deadline=500_000.0)
     assert not s.schedule(5000.0).preempted
     # a higher band is never stopped, whatever preempts_below says
-    s = _scheduler(preemption={"rules": [{"on_deadline": True, "preempts_below": 100}],
-                               "min_run_time": 0, "min_saved_wait": 0})
-    s.submit(job("high", {"name": "w", "gpus": 8}, expected_runtime=99_999, priority=50),
-             0.0)
-    s.schedule(0.0)
-    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600, priority=10), 10.0,
-             deadline=10_000.0)
+    s = _at_risk(99_999, rule=100, priority=50)
     assert not s.schedule(6400.0).preempted
     # and without the rule, no late job stops anything
-    s = _scheduler()
-    s.submit(job("low", {"name": "w", "gpus": 8}, expected_runtime=99_999), 0.0)
-    s.schedule(0.0)
-    s.submit(job("etl", {"name": "w", "gpus": 8}, expected_runtime=3600, priority=10), 10.0,
-             deadline=10_000.0)
+    s = _at_risk(99_999, rule=None)
     assert not s.schedule(6400.0).preempted
 
 
