@@ -224,7 +224,7 @@ def test_a_pass_reads_no_job_that_waits_for_its_turn_or_a_dependency(api):
         api.tick()
     # the pass parsed the 300, the live job and the two elements with a turn: not the
     # 1998 elements that wait
-    assert len(api.service._specs) == 300 + 1 + 2
+    assert len(api.service.warm.jobs) == 300 + 1 + 2
     assert len(more.seen) - len(plain.seen) < 10, more.seen
 
 

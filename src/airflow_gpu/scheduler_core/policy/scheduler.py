@@ -85,16 +85,18 @@ class Scheduler:
     # -- what drivers call -----------------------------------------------------------------
     def submit(self, spec: JobSpec, now: float, runtime: float | None = None,
                preempted_by: frozenset[str] = frozenset(), behind: bool = False,
-               deadline: float | None = None) -> QueuedJob:
+               deadline: float | None = None, seq: int | None = None) -> QueuedJob:
         """Queue a job; raises Rejected if it can never run (naming why), InputError for
         an unknown job class. `preempted_by`: the jobs that once preempted it; `behind`:
         requeued as idle, it goes after its band's other jobs (jobqueue.py); `deadline`:
-        the spec's on this scheduler's clock (see _make)."""
+        the spec's on this scheduler's clock (see _make); `seq`: its place among jobs
+        queued at the same time (default: after those submitted before it), for a driver
+        that submits jobs out of their order (the service's leader: warm.py)."""
         spec = resolve(spec, self.reg.job_classes, defaults=self.config.defaults)
         if spec.name in self.queue or spec.name in self.running:
             raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
-        job = self._make(spec, now, runtime, deadline)
+        job = self._make(spec, now, runtime, deadline, seq)
         job.preempted_by, job.behind = frozenset(preempted_by), behind
         why = self.rejection(job)
         if why:
@@ -156,7 +158,7 @@ class Scheduler:
         return again
 
     def _make(self, spec: JobSpec, submit: float, runtime: float | None,
-              deadline: float | None = None) -> QueuedJob:
+              deadline: float | None = None, seq: int | None = None) -> QueuedJob:
         """A resolved spec as a queue entry; the runtime defaults to the spec's (or its
         class's), else the policy's, and is planned times its team's estimate factor
         (correction.py), never past its time limit. With a deadline (`deadline`, on this
@@ -169,7 +171,8 @@ class Scheduler:
         limit = float(spec.time_limit or math.inf)
         factor = self.timemodel.estimates.factor(
             spec.team, source(spec.expected_runtime, spec.time_limit))
-        job = self.queue.make(spec, submit, self._seq, min(float(runtime) * factor, limit),
+        job = self.queue.make(spec, submit, self._seq if seq is None else seq,
+                              min(float(runtime) * factor, limit),
                               jc.priority_weight if jc else 0)
         job.estimate, job.limit = float(runtime), limit
         if deadline is None and spec.deadline is not None:

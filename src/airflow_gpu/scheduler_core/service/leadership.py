@@ -318,3 +318,4 @@ class Leadership:
                 self._lock_conn.close()
         self._lock_conn, self.leader, self.lock_pid = None, False, None
         self.token, self.has_lock = None, False
+        self.service.warm = None          # leading again, it reads the store anew

@@ -88,6 +88,7 @@ class SchedulerLoop(Leadership):
                     self._pass()
                 else:                  # a follower's check succeeded: its old errors are
                     self._succeeded("election", "pass", "lease check")   # no news
+                    self.service.warm = None     # leading again, it reads the store anew
             except NotLeader as exc:   # taken over: stop at once, write nothing
                 log.warning("%s: %s", self.deployment, exc)
                 self._release()
@@ -149,6 +150,8 @@ class SchedulerLoop(Leadership):
                 self.metrics.pass_errors.labels(kind).inc()
             for reason in self.service.preemptions:
                 self.metrics.preemptions.labels(reason).inc()
+            for reason in self.service.rebuilt:      # the state read anew (warm.py)
+                self.metrics.state_rebuilds.labels(reason).inc()
             for wait in queue_waits(self.service, admitted):
                 self.metrics.queue_wait.observe(wait)
         return admitted

@@ -24,8 +24,8 @@ ERROR = "Error"        # the pending reason code of a job the pass could not tak
 
 def pending_job(svc: Store, s: Session, row: JobRow, exc: Exception) -> None:
     """A pending job the pass could not take in: it waits with reason `Error` (and one
-    event per distinct error) while the others are scheduled."""
-    svc.pass_errors.append("job")
+    event per distinct error) while the others are scheduled (the metric counts it in
+    every pass: warm.py)."""
     message = (f"the scheduler cannot consider this job: {describe(exc)}; it stays pending "
                "and is tried again each pass (cancel it and submit it again if its spec "
                "is at fault)")
@@ -42,7 +42,6 @@ def live_job(svc: Store, s: Session, state: ClusterState, cluster: Cluster, row:
              held: list, exc: Exception) -> None:
     """A running job the pass cannot rebuild: its hosts get no new work in this pass (what
     it holds is not known to the engine), once told in an event."""
-    svc.pass_errors.append("job")
     message = (f"the scheduler cannot rebuild this running job: {describe(exc)}; its hosts "
                f"({', '.join(sorted({a.host for a in held})) or 'none'}) get no new work "
                "until it ends")

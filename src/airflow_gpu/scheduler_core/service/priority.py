@@ -2,7 +2,7 @@
 
 Each view builds the scheduler the way the next pass does (storepass.py): the fair-share
 usage of ended and live jobs (`past_usage`), the pending jobs that are not held queued with
-their specs (`_spec`), and asks it for its order and its terms (`Scheduler.priorities`,
+their specs (`job_spec`), and asks it for its order and its terms (`Scheduler.priorities`,
 `JobQueue.terms`, `FairShare.terms`): no second formula."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .common import WAIT_CODES
 from .core import ENDED, LIVE, PENDING, Service, _ts, utcnow
 from .idle import queue_entry
 from .jobcontrol import HELD, blocker_ids, name_jobs, names_of
-from .storepass import _spec, past_usage
+from .storepass import job_spec, past_usage
 
 
 @dataclass
@@ -60,7 +60,7 @@ def snapshot(svc: Service) -> Snapshot:
             continue
         try:
             queued, behind = queue_entry(row)      # as the pass queues it (idle.py)
-            sched.submit(_spec(svc, row, {}), queued,
+            sched.submit(job_spec(row), queued,
                          preempted_by=frozenset(row.preemptors or ()), behind=behind)
             if row.reason_code == "Preempting":     # the pass considers it first
                 sched.claims[row.id] = list(row.details.get("victims", ()))

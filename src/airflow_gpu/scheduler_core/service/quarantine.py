@@ -49,15 +49,20 @@ def _allocation(cluster: Cluster, f: Finding) -> ReplicaAllocation | None:
     return ReplicaAllocation("", "", 0, host, 1 << f.index, [], [])
 
 
-def apply(svc, s: Session, state: ClusterState, cluster: Cluster) -> list[Finding]:
-    """In a pass: take what wrong hold rows hold from the free resources of `state`, and
-    tell each row once (an event and a log line), and once when it is gone."""
-    found = integrity.find(s, cluster)
-    keys = set()
+def hold(state: ClusterState, cluster: Cluster, found: list[Finding]) -> None:
+    """Take what wrong hold rows hold from the free resources of `state` (the leader's,
+    built anew: warm.py)."""
     for f in found:
         a = _allocation(cluster, f)
         if a is not None:
             state.hold(a)
+
+
+def tell(svc, s: Session, found: list[Finding]) -> None:
+    """In a pass's write: tell each wrong hold row once (an event and a log line), and
+    once when it is gone."""
+    keys = set()
+    for f in found:
         key = ("quarantine", f"{f.table} {f.key} job={f.job}")
         keys.add(key)
         message = (f"{f.thing} is quarantined: it gets no new work until the row is "
@@ -71,7 +76,6 @@ def apply(svc, s: Session, state: ClusterState, cluster: Cluster) -> list[Findin
         host = key[1].split("host=", 1)[1].split(" ", 1)[0]
         svc._event(s, "quarantine", f"{key[1]} is fixed: what it held takes work again",
                    host=host)
-    return found
 
 
 def findings(svc) -> list[Finding]:

@@ -1,8 +1,11 @@
-"""The scheduling pass on the store: rebuild the engine's state from what is committed,
-run the one scheduling pass (`Scheduler.schedule`), and write the admissions (allocations
-and holds) and the changed pending reasons in one transaction. With PostgreSQL that
-transaction first locks the leader's lease row with its fencing token (leadership.py `fence`):
-a leader that was taken over writes nothing."""
+"""The scheduling pass on the store. The leader's state in memory (warm.py) is brought up
+to date with what changed in the store (one short read), the one scheduling pass
+(`Scheduler.schedule`) decides outside any transaction, and the admissions (allocations
+and holds), preemptions and the pending reasons that changed are written in one short
+transaction. Every transaction that writes first locks the leader's lease row with its
+fencing token on PostgreSQL (leadership.py `fence`): a leader that was taken over writes
+nothing. A pass that fails leaves nothing of itself in memory: the next one reads the
+state anew."""
 
 from __future__ import annotations
 
@@ -10,159 +13,168 @@ import logging
 import math
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import and_, bindparam, or_, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster
-from ..engine.mig import mig_slots
-from ..engine.state import ClusterState, ReplicaAllocation
+from ..engine.state import ReplicaAllocation
 from ..jobspec import JobSpec
-from ..policy.scheduler import Rejected, Scheduler
+from ..policy.scheduler import Scheduler
 from ..policy.types import account
 from ..policy.windows import window_of
-from ..store.models import (
-    AllocationRow,
-    CpuHoldRow,
-    GpuHoldRow,
-    GpuRow,
-    HostRow,
-    JobRow,
-    MigHoldRow,
-)
+from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, JobRow, MigHoldRow
 from ..units import format_duration
-from . import arrays, dependencies, passerrors, quarantine, reserving
-from .agents import silent_hosts
-from .common import LIVE, PENDING, _ts, _update, not_held, schedulable, spec_gpus, utcnow
+from . import arrays, dependencies, passerrors, quarantine, reserving, warm
+from .common import HELD, PENDING, _ts, _update, not_held, spec_gpus, utcnow
 from .faults import handle_gpu_faults
-from .idle import queue_entry
 from .preemption import broken_guarantee, mark_preempting
 from .uow import Store
-from .wear import worn_gpus
 
 log = logging.getLogger(__name__)
 
 
 def run_pass(svc: Store) -> list[str]:
-    """One pass of the engine on the committed state; admits by writing allocations and
-    holds in one transaction. Returns the admitted job ids."""
+    """One pass of the engine on the leader's state, brought up to date with the store
+    (warm.py); admits by writing allocations and holds. Returns the admitted job ids."""
     now = utcnow()
-    t_now = _ts(now)
-    svc.pass_errors, svc.preemptions = [], []
+    svc.pass_errors, svc.preemptions, svc.rebuilt = [], [], []
     policy = svc._policy()
     svc.refresh_cluster()
     cluster = svc.cluster         # one cluster for the whole pass, whatever registers meanwhile
     fence = getattr(svc, "leader_fence", None)     # set by the scheduling loop (loop.py)
-    with svc.sessions.begin() as s:
+    with svc.sessions.begin() as s:       # what comes before deciding: short, fenced
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
         windows = reserving.apply(svc, s, now)     # admins' reservations: drains, ends
         said = _let_in(svc, s)              # jobs whose dependencies hold, array turns
-        state = ClusterState(cluster)
-        for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
-            if h.name in cluster.by_name and not reserving.skip_drain(h, windows, t_now):
-                state.set_drained(h.name)
-                state.drain_reasons[h.name] = h.drain_reason
-        silent = silent_hosts(s, svc.settings.host_timeout, now)
-        for name in sorted(silent):       # unreachable: no new work, like a drained host
-            if name in cluster.by_name and not state.hosts[cluster.by_name[name].index].drained:
-                state.set_drained(name)
-                state.drain_reasons[name] = "unreachable"
-            if name not in svc._silent:
-                svc._event(s, "host", f"host {name} is unreachable: no report from its node "
-                           f"agent for over {svc.settings.host_timeout:g}s; it gets no new "
-                           "work until it reports again", host=name)
-        bad: dict[str, list[int]] = {}
-        for g in s.scalars(select(GpuRow).where(GpuRow.healthy.is_(False))):
-            bad.setdefault(g.host, []).append(g.index)
-        for name, indexes in bad.items():
-            if name in cluster.by_name:
-                state.set_unhealthy_gpus(name, indexes)
-        for name, worn in worn_gpus(s, now).items():     # scored down, not excluded
-            if name in cluster.by_name:
-                state.set_degraded_gpus(name, worn)
-        quarantine.apply(svc, s, state, cluster)     # wrong hold rows: placed elsewhere
-        sched = Scheduler(state, policy, svc.reg, now=t_now,
-                          timemodel=svc.slowdown.update(s, policy, cluster))
-        sched.set_windows(windows)
-        specs: dict[str, tuple] = {}    # the live and pending jobs' parsed specs
-        _restore(svc, cluster, s, sched, t_now, specs)
-        pending = list(s.scalars(select(JobRow).where(JobRow.state == PENDING, schedulable())
-                                 .order_by(JobRow.submitted_at, JobRow.id)))
-        for row in pending:
-            try:
-                queued, behind = queue_entry(row)      # requeued as idle: behind
-                sched.submit(_spec(svc, row, specs), queued,
-                             preempted_by=frozenset(row.preemptors or ()), behind=behind)
-                if row.promised_at is not None:
-                    sched.promised[row.id] = row.promised_at
-                if row.reason_code == "Preempting":     # its victims stop for it
-                    sched.claims[row.id] = list(row.details.get("victims", ()))
-            except Rejected as exc:   # the cluster shrank under it
-                if (row.reason_code, row.reason) != ("Rejected", exc.reason):
-                    s.execute(_update(JobRow).where(JobRow.id == row.id,
-                                                    JobRow.state == PENDING).values(
-                        reason_code="Rejected", reason=exc.reason, eta_at=None))
-            except Exception as exc:  # one job's bad data must not stop the pass
-                passerrors.pending_job(svc, s, row, exc)
-        svc._specs = specs
-        result = sched.schedule(t_now, explain=True)
-        passerrors.finish(svc, s, {**svc.policy_errors, **sched.fairshare.errors})
-        # stamped after the reads, not at `now`: a finish that freed these GPUs may have
-        # committed while this pass waited for the database, and no job may be admitted
-        # before the one it replaces ended (accounting, sacct's overlap)
-        stamp = max(now, utcnow())
-        lease = stamp + timedelta(seconds=svc.settings.lease_ttl)
-        admitted = []
-        for job, placed in result.started:
-            # its own limit stops it (deadline_at); a cut only makes it yield (overrun.py)
-            cut_at, cut_by = result.cut.get(job.name, (None, None))
-            window = window_of(cut_by) if cut_by else None
-            deadline = min(_ts(stamp) + job.limit, result.until.get(job.name, math.inf))
-            done = s.execute(_update(JobRow).where(
-                JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
-                state="admitted", admitted_at=stamp, lease_expires_at=lease,
-                attempt=JobRow.attempt + 1,
-                reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
-                deadline_at=None if deadline == math.inf else
-                datetime.fromtimestamp(deadline, UTC),
-                yield_at=None if cut_at is None else datetime.fromtimestamp(cut_at, UTC),
-                stop_grace=round(job.grace), limit_cut_by=None if window else cut_by,
-                yield_reservation=window, borrowed=job.borrowed))
-            if done.rowcount != 1:
-                continue              # cancelled or held meanwhile
-            _write_allocations(s, job.name, placed.allocations, stamp)
-            hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
-            svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
-                       + limit_note(job.limit, (cut_at or t_now) - t_now, cut_by,
-                                    result.until.get(job.name))
-                       + ("; on borrowed quota (it may be reclaimed)" if job.borrowed
-                          else ""), job=job.name)
-            admitted.append(job.name)
-        svc.preemptions = [p.reason for p in result.preempted
-                           if mark_preempting(svc, s, p)]
-        rows = {r.id: r for r in pending}
-        for job_id, why in result.pending.items():
-            r = rows[job_id]
-            why = broken_guarantee(r, why)
-            eta_at = None if why.eta is None else round(t_now + why.eta)
-            promised = sched.promised.get(job_id)
-            if (r.reason_code, r.reason, r.details, r.eta_at, r.promised_at) == (
-                    why.code, why.message, why.details, eta_at, promised):
-                continue              # unchanged: no write (a pass must stay cheap)
-            done = s.execute(_update(JobRow).where(JobRow.id == job_id,
-                                                   JobRow.state == PENDING, not_held()).values(
-                reason_code=why.code, reason=why.message, details=why.details,
-                eta_at=eta_at, promised_at=promised))
-            if why.code == "DeadlineAtRisk" and r.reason_code != why.code and done.rowcount:
-                svc._event(s, "deadline", why.message, job=job_id)    # once, as it turns
-    svc._silent = silent
     for owner, why in said.items():        # the reasons now committed: not written again
         if why is None:
             svc.dep_reasons.pop(owner, None)
         else:
             svc.dep_reasons[owner] = why
+    try:
+        try:
+            return _decide(svc, cluster, policy, windows, now, fence)
+        except IntegrityError as exc:
+            # a hold it wrote met a row it did not know of (written behind its back):
+            # nothing was written, and the state read anew looks for such rows
+            log.warning("a scheduling pass's admissions met rows the leader did not know "
+                        "of (%s); its state is read anew from the store and the pass runs "
+                        "again", exc.orig)
+            svc.warm = None
+            return _decide(svc, cluster, policy, windows, now, fence)
+    except BaseException:
+        svc.warm = None      # nothing half-applied stays in memory: the next pass rebuilds
+        raise
+
+
+def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
+            fence) -> list[str]:
+    """Read what changed (one snapshot), decide outside any transaction, then write."""
+    t_now = _ts(now)
+    later: list = []                  # what the write does first (errors told on jobs)
+    r = warm.read(svc, cluster, policy, windows, now)
+    if r.rebuilt:
+        svc.rebuilt.append(r.rebuilt)
+    sched = warm.update(svc, r, policy, windows, t_now, later)
+    result = sched.schedule(t_now, explain=True)
+    admitted = _write(svc, r.warm, sched, result, r, now, fence, later)
+    svc.warm = r.warm
+    svc._silent = r.silent
+    return admitted
+
+
+def _write(svc: Store, w: warm.Warm, sched: Scheduler, result, r: warm.Read, now: datetime,
+           fence, later: list) -> list[str]:
+    """The pass's decisions in one short transaction, fenced: admissions, preemptions,
+    and the pending reasons that changed (in bulk). Rows it changed are read again by the
+    next pass, but for the reasons, whose revision it knows."""
+    t_now = _ts(now)
+    wrote: list[tuple[warm.Known, tuple]] = []
+    with svc.sessions.begin() as s:
+        if fence is not None:
+            fence(s)
+        for step in later:
+            step(s)
+        passerrors.finish(svc, s, {**svc.policy_errors, **sched.fairshare.errors})
+        for name in sorted(r.silent - svc._silent):
+            if name in w.cluster.by_name:
+                svc._event(s, "host", f"host {name} is unreachable: no report from its node "
+                           f"agent for over {svc.settings.host_timeout:g}s; it gets no new "
+                           "work until it reports again", host=name)
+        if r.found is not None:
+            quarantine.tell(svc, s, r.found)
+        # stamped after the reads, not at `now`: a finish that freed these GPUs may have
+        # committed while this pass waited for the database, and no job may be admitted
+        # before the one it replaces ended (accounting, sacct's overlap)
+        stamp = max(now, utcnow())
+        admitted = _admit(svc, s, result, stamp, t_now)
+        svc.preemptions = [p.reason for p in result.preempted
+                           if mark_preempting(svc, s, p)]
+        for job_id in (*admitted, *(p.victim.name for p in result.preempted)):
+            if job_id in w.jobs:
+                w.jobs[job_id].rev = -1        # read again: what the engine holds of it
+        changed = []
+        for job_id, why in result.pending.items():
+            k = w.jobs[job_id]
+            why = broken_guarantee(k, why)
+            eta_at = None if why.eta is None else round(t_now + why.eta)
+            said = (why.code, why.message, why.details, eta_at, sched.promised.get(job_id))
+            if (k.reason_code, k.reason, k.details, k.eta_at, k.promised_at) == said:
+                continue              # unchanged: no write (a pass must stay cheap)
+            changed.append({"b_id": job_id, "b_code": said[0], "b_reason": said[1],
+                            "b_details": said[2], "b_eta": said[3], "b_promised": said[4]})
+            wrote.append((k, said))
+            if why.code == "DeadlineAtRisk" and k.reason_code != why.code:
+                svc._event(s, "deadline", why.message, job=job_id)    # once, as it turns
+        if changed:
+            t = JobRow.__table__
+            s.connection().execute(
+                update(t).where(t.c.id == bindparam("b_id"), t.c.state == PENDING,
+                                # not_held(), spelt out: executemany takes no IN list
+                                or_(t.c.reason_code.is_(None),
+                                    and_(*(t.c.reason_code != h for h in HELD))))
+                .values(reason_code=bindparam("b_code"), reason=bindparam("b_reason"),
+                        details=bindparam("b_details"), eta_at=bindparam("b_eta"),
+                        promised_at=bindparam("b_promised")), changed)
+    # committed: the leader knows these rows as written (a row another writer changed
+    # meanwhile has another revision, and is read again)
+    for k, said in wrote:
+        k.reason_code, k.reason, k.details, k.eta_at, k.promised_at = said
+        k.rev += 1
+    return admitted
+
+
+def _admit(svc: Store, s: Session, result, stamp: datetime, t_now: float) -> list[str]:
+    lease = stamp + timedelta(seconds=svc.settings.lease_ttl)
+    admitted = []
+    for job, placed in result.started:
+        # its own limit stops it (deadline_at); a cut only makes it yield (overrun.py)
+        cut_at, cut_by = result.cut.get(job.name, (None, None))
+        window = window_of(cut_by) if cut_by else None
+        deadline = min(_ts(stamp) + job.limit, result.until.get(job.name, math.inf))
+        done = s.execute(_update(JobRow).where(
+            JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
+            state="admitted", admitted_at=stamp, lease_expires_at=lease,
+            attempt=JobRow.attempt + 1,
+            reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
+            deadline_at=None if deadline == math.inf else
+            datetime.fromtimestamp(deadline, UTC),
+            yield_at=None if cut_at is None else datetime.fromtimestamp(cut_at, UTC),
+            stop_grace=round(job.grace), limit_cut_by=None if window else cut_by,
+            yield_reservation=window, borrowed=job.borrowed))
+        if done.rowcount != 1:
+            continue              # cancelled or held meanwhile
+        _write_allocations(s, job.name, placed.allocations, stamp)
+        hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
+        svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
+                   + limit_note(job.limit, (cut_at or t_now) - t_now, cut_by,
+                                result.until.get(job.name))
+                   + ("; on borrowed quota (it may be reclaimed)" if job.borrowed
+                      else ""), job=job.name)
+        admitted.append(job.name)
     return admitted
 
 
@@ -185,63 +197,20 @@ def _let_in(svc: Store, s: Session) -> dict[str, str | None]:
         return {}
 
 
-def _spec(svc: Store, row: JobRow, specs: dict[str, tuple]) -> JobSpec:
-    """A job's spec, parsed once while the job is pending or live; parsed again when its
-    priority or time limit was updated (jobcontrol.update)."""
-    key = (row.priority, row.spec.get("time_limit"))
-    cached = svc._specs.get(row.id)
-    spec = cached[1] if cached is not None and cached[0] == key else \
-        JobSpec.model_validate({**row.spec, "name": row.id})
-    specs[row.id] = (key, spec)
-    return spec
-
-
-def _restore(svc: Store, cluster: Cluster, s: Session, sched: Scheduler, t_now: float,
-             specs: dict[str, tuple]) -> None:
-    rows = list(s.scalars(select(JobRow).where(JobRow.state.in_(LIVE))))
-    allocs: dict[str, list[AllocationRow]] = {}
-    for a in s.scalars(select(AllocationRow).where(AllocationRow.live.is_(True))
-                       .order_by(AllocationRow.id)):
-        allocs.setdefault(a.job_id, []).append(a)
-    past_usage(svc, s, sched.fairshare, t_now, rows)
-    for row in rows:
-        held = allocs.get(row.id, [])
-        try:
-            spec = _spec(svc, row, specs)
-            start = _ts(row.admitted_at)
-            if any(a.host not in cluster.by_name for a in held):
-                continue      # its host left the cluster; the lease decides what happens
-            sched.restore(spec, [_to_engine(cluster, a) for a in held], start,
-                          deadline=_stop_at(row),
-                          borrowed=row.borrowed, preempted_by=frozenset(row.preemptors or ()),
-                          stopping=(row.preempted_by, _ts(row.preempt_deadline_at))
-                          if row.state == "preempting" and row.preempt_deadline_at else None)
-        except Exception as exc:  # one job's bad data must not stop the pass
-            passerrors.live_job(svc, s, sched.state, cluster, row, held, exc)
+def job_spec(row: JobRow) -> JobSpec:
+    """A stored job's spec, parsed (the views that build the queue as a pass would)."""
+    return JobSpec.model_validate({**row.spec, "name": row.id})
 
 
 def past_usage(svc: Store, s: Session, fairshare, t_now: float,
                live: list[JobRow]) -> None:
     """The GPU usage of the ended jobs (running totals: usage.py) and of the `live` ones
-    into the fair share: what each pass orders by (and `priority.py` shows)."""
+    into the fair share: what `priority.py` shows (a pass: warm.py)."""
     svc.ended_usage.add_to(s, fairshare, t_now, float(svc.settings.policy.fairshare_half_life))
     for row in live:
         if row.admitted_at is not None:
             fairshare.add_past(account(row.team, row.user), spec_gpus(row.spec),
                                _ts(row.admitted_at), t_now)
-
-
-def _to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:
-    host = cluster.by_name[a.host]
-    t = host.type
-    cpu_masks: dict[int, int] = {}
-    for c in a.cpus:
-        p = next(i for i, m in enumerate(t.numa_cpus) if m >> c & 1)
-        cpu_masks[p] = cpu_masks.get(p, 0) | 1 << c
-    mem = [(t.numa_ids.index(int(n)), b) for n, b in a.memory_by_numa.items()]
-    return ReplicaAllocation(a.job_id, a.role, a.replica, host,
-                             sum(1 << g for g in a.gpus), sorted(cpu_masks.items()),
-                             sorted(mem), list(a.nics), mig_slots(t.mig, a.mig))
 
 
 def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation],
@@ -258,13 +227,6 @@ def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation],
         s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
     s.flush()   # the hold keys are checked here, inside the pass's transaction
 
-
-
-def _stop_at(row: JobRow) -> float | None:
-    """When the planner counts a live job stopped: its time limit, or its yield to a
-    reservation (overrun.py) where that comes first."""
-    at = [_ts(t) for t in (row.deadline_at, row.yield_at) if t is not None]
-    return min(at) if at else None
 
 
 def limit_note(limit: float, left: float, cut_by: str | None,

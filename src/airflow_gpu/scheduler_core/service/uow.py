@@ -3,8 +3,8 @@ sessions (`sessions` for transactions that write, `reads` for reads), the cluste
 plugins, the wake event and the caches passes keep; plus the few reads and writes each
 resource needs (a job by id, its owner's check, the policy in force, an event, a release).
 
-Every change is one transaction; the committed store is the only truth, so the pass
-rebuilds the engine's state from it each time and a restart loses nothing."""
+Every change is one transaction; the committed store is the only truth: the leader's
+state in memory follows it (warm.py) and a restart loses nothing."""
 
 from __future__ import annotations
 
@@ -56,7 +56,8 @@ class Store:
         self.reads = (sessions(make_engine(settings.db_url, writes=False))
                       if self.engine.dialect.name == "sqlite" else self.sessions)
         self._policy_cache: tuple[float, PolicyConfig] | None = None
-        self._specs: dict[str, tuple] = {}   # job id -> (its key, parsed spec), for passes
+        self.warm = None                     # the leader's state between passes (warm.py)
+        self.rebuilt: list[str] = []         # why the last pass read its state anew
         self._empty = ClusterState(self.cluster)
         self._never: dict[tuple, str | None] = {}   # job shape -> why it never fits
         self.changes = Changes()             # tells waiting requests (changes.py)

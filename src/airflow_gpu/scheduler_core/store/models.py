@@ -187,6 +187,9 @@ class JobRow(Base):
     # its depends_on holds (dependencies.py), "array" until its array has a turn free
     # (max_running); None: the pass considers it
     blocked: Mapped[str | None] = mapped_column(String(20))
+    # bumped by the database on every UPDATE of the row (migration 0020's trigger): the
+    # scheduling leader re-reads only the jobs whose revision it has not seen (warm.py)
+    rev: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class ArrayRow(Base):

@@ -1,0 +1,384 @@
+"""The scheduling leader's state between passes: the engine's scheduler (cluster state,
+queue, reservations) and what the leader last read of each job it schedules, kept in
+memory and brought up to date with what changed in the store since the last pass, as
+slurmctld keeps its job and node tables instead of rereading the world every cycle.
+
+The store stays the truth. Every UPDATE of a job row bumps its revision (migration
+0020's trigger, whoever writes it), so a pass reads the revisions of the pending and
+live jobs (two columns), then only the rows whose revision it has not seen, all in one
+snapshot: a new job is submitted to the engine, a gone one finished, one whose change
+matters to the engine (its state, priority, limits, preemption) replaced, and one whose
+change does not (a heartbeat, a reason written by the pass) only noted. Hosts (drains,
+unreachable agents, GPU health and wear) are compared with the last pass's and changed
+host by host.
+
+The scheduler is built anew from memory when the policy or the learned time model
+changes, and from the store (every row read again) when this replica becomes the
+leader, when the cluster changes, after a pass that failed (storepass.py drops the
+state), and when the check every `CHECK_EVERY` seconds finds the live allocations or the
+wrong hold rows (quarantine.py) differ from what the engine holds."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from ..engine.cluster import Cluster
+from ..engine.mig import mig_slots
+from ..engine.state import ClusterState, ReplicaAllocation
+from ..jobspec import JobSpec
+from ..policy.config import PolicyConfig
+from ..policy.fairshare import FairShare
+from ..policy.scheduler import Rejected, Scheduler
+from ..policy.timemodel import LocalityModel
+from ..policy.types import account
+from ..policy.windows import Window
+from ..store import integrity
+from ..store.models import AllocationRow, GpuRow, HostRow, JobRow
+from . import passerrors, quarantine, reserving
+from .agents import silent_hosts
+from .common import LIVE, PENDING, _ts, _update, schedulable, spec_gpus
+from .idle import queue_entry
+from .wear import worn_gpus
+
+log = logging.getLogger(__name__)
+
+CHECK_EVERY = 60.0      # seconds between checks of the engine's holdings against the store
+CHUNK = 1000            # ids per IN (...) read
+
+# the columns the leader keeps of each job (the spec is kept parsed)
+COLUMNS = (JobRow.id, JobRow.rev, JobRow.state, JobRow.team, JobRow.user, JobRow.spec,
+           JobRow.priority, JobRow.submitted_at, JobRow.queued_at, JobRow.requeue_reason,
+           JobRow.preemptors, JobRow.promised_at, JobRow.reason_code, JobRow.reason,
+           JobRow.details, JobRow.eta_at, JobRow.preempt_reason, JobRow.preempted_by,
+           JobRow.admitted_at, JobRow.deadline_at, JobRow.yield_at, JobRow.borrowed,
+           JobRow.preempt_deadline_at)
+_FIELDS = tuple(c.key for c in COLUMNS if c.key != "spec")
+
+
+class Known:
+    """What the leader last read of one job: its columns (as a row: passerrors.py and
+    preemption.py read them), its spec parsed once while its priority and time limit stay,
+    and the GPUs fair share charges it."""
+
+    __slots__ = (*_FIELDS, "spec", "key", "gpus", "seq")
+
+    @classmethod
+    def of(cls, row, old: Known | None) -> Known:
+        k = cls()
+        for f in _FIELDS:
+            setattr(k, f, getattr(row, f))
+        spec = row.spec if isinstance(row.spec, dict) else {}
+        # the spec is parsed again when it changes (an update of its priority or time
+        # limit, or a write behind the service's back)
+        k.key = (row.priority, hash(json.dumps(spec, sort_keys=True, default=str)))
+        k.spec = old.spec if old is not None and old.key == k.key else spec
+        k.gpus = spec_gpus(spec)
+        # among jobs queued at the same time, the order of their ids (as the store reads
+        # them): the same order whichever pass submitted them to the engine
+        k.seq = int.from_bytes(row.id.encode()[:40].ljust(40, b"\0"), "big")
+        return k
+
+    def parsed(self) -> JobSpec:
+        if isinstance(self.spec, dict):      # parsed on first use, the dict let go
+            self.spec = JobSpec.model_validate({**self.spec, "name": self.id})
+        return self.spec
+
+    def engine_key(self) -> tuple:
+        """What the engine takes from the row: a change elsewhere (a heartbeat, the
+        reason a pass wrote) leaves the engine as it is."""
+        if self.state == PENDING:
+            return (self.state, self.key, self.submitted_at, self.queued_at,
+                    self.requeue_reason, self.preemptors, self.promised_at,
+                    self.reason_code == "Preempting" and self.details.get("victims"))
+        return (self.state, self.key, self.admitted_at, self.deadline_at, self.yield_at,
+                self.borrowed, self.preemptors, self.preempted_by, self.preempt_deadline_at)
+
+    def stop_at(self) -> float | None:
+        """When the planner counts a live job stopped: its time limit, or its yield to a
+        reservation (overrun.py) where that comes first."""
+        at = [_ts(t) for t in (self.deadline_at, self.yield_at) if t is not None]
+        return min(at) if at else None
+
+
+@dataclass
+class Hosts:
+    """What keeps hosts and GPUs from new work, as one pass read it."""
+    drained: dict[str, str | None]          # host -> why it takes no new work
+    bad: dict[str, tuple[int, ...]]         # host -> unhealthy GPUs
+    worn: dict[str, dict[int, str]]         # host -> worn GPUs and why
+
+
+class Warm:
+    """The leader's state between passes (see the module's docstring)."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.jobs: dict[str, Known] = {}
+        self.sched: Scheduler | None = None
+        self.policy: PolicyConfig | None = None
+        self.tm_version: tuple | None = None
+        self.hosts = Hosts({}, {}, {})
+        self.found: list[integrity.Finding] = []     # wrong hold rows, held on the state
+        self.checked_at = time.monotonic()
+        self.broken: dict[str, set[str]] = {}        # live job not in the engine -> hosts
+        self.failed: set[str] = set()    # jobs the engine could not take in (passerrors.py)
+
+
+@dataclass
+class Read:
+    """What one pass read, in one snapshot."""
+    warm: Warm
+    hosts: Hosts
+    silent: set[str]
+    timemodel: LocalityModel
+    fairshare: FairShare
+    revs: dict[str, int]                    # id -> revision of each pending and live job
+    rows: dict                              # id -> the row of each job read again
+    allocs: dict[str, list[AllocationRow]]  # the live allocations of those that are live
+    found: list[integrity.Finding] | None   # wrong hold rows, when checked
+    rebuilt: str | None = None              # why the state was read anew, if it was
+
+
+@contextmanager
+def snapshot(svc) -> Iterator[Session]:
+    """A read-only session whose reads all see one committed state (PostgreSQL: REPEATABLE
+    READ; SQLite's read transaction is one already)."""
+    with svc.reads() as s:
+        if s.bind.dialect.name == "postgresql":
+            s.connection(execution_options={"isolation_level": "REPEATABLE READ",
+                                            "postgresql_readonly": True})
+        yield s
+
+
+def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
+         now) -> Read:
+    """Read what changed since the last pass (everything, when the state is new)."""
+    t_now = _ts(now)
+    w: Warm | None = getattr(svc, "warm", None)
+    why = ("leader" if w is None else "cluster" if w.cluster is not cluster else None)
+    if why:
+        w = Warm(cluster)
+    with snapshot(svc) as s:
+        drained = {}
+        for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
+            if h.name in cluster.by_name and not reserving.skip_drain(h, windows, t_now):
+                drained[h.name] = h.drain_reason
+        silent = silent_hosts(s, svc.settings.host_timeout, now)
+        for name in sorted(silent):       # unreachable: no new work, like a drained host
+            if name in cluster.by_name:
+                drained.setdefault(name, "unreachable")
+        bad: dict[str, list[int]] = {}
+        for g in s.scalars(select(GpuRow).where(GpuRow.healthy.is_(False))):
+            if g.host in cluster.by_name:
+                bad.setdefault(g.host, []).append(g.index)
+        worn = {h: v for h, v in worn_gpus(s, now).items() if h in cluster.by_name}
+        hosts = Hosts(drained, {h: tuple(sorted(v)) for h, v in bad.items()}, worn)
+        timemodel = svc.slowdown.update(s, policy, cluster)
+        fairshare = FairShare(policy, t_now)
+        svc.ended_usage.add_to(s, fairshare, t_now, float(policy.fairshare_half_life))
+        revs = dict(s.execute(select(JobRow.id, JobRow.rev).where(or_(
+            and_(JobRow.state == PENDING, schedulable()), JobRow.state.in_(LIVE)))).all())
+        found = None
+        # wrong hold rows are looked for on a rebuild, at each check, and every pass
+        # while there are some (a repair gives what they held back at once)
+        if w.sched is None or w.found or time.monotonic() - w.checked_at >= CHECK_EVERY:
+            found = integrity.find(s, cluster)
+            if w.sched is not None:
+                w.checked_at = time.monotonic()
+                diverged = _diverged(s, w, revs, found)
+                if diverged:
+                    log.warning("the scheduler's state in memory differs from the store "
+                                "(%s); it is read anew from the store", diverged)
+                    why, w = "divergence", Warm(cluster)
+        want = [i for i, rev in revs.items() if (k := w.jobs.get(i)) is None or k.rev != rev]
+        rows = {r.id: r for ids in _chunks(want)
+                for r in s.execute(select(*COLUMNS).where(JobRow.id.in_(ids)))}
+        live = [i for i, r in rows.items() if r.state in LIVE]
+        allocs: dict[str, list[AllocationRow]] = {}
+        for ids in _chunks(live):
+            for a in s.scalars(select(AllocationRow).where(
+                    AllocationRow.live.is_(True), AllocationRow.job_id.in_(ids))
+                    .order_by(AllocationRow.id)):
+                allocs.setdefault(a.job_id, []).append(a)
+    return Read(w, hosts, silent, timemodel, fairshare, revs, rows, allocs, found, why)
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    for i in range(0, len(ids), CHUNK):
+        yield ids[i:i + CHUNK]
+
+
+def _diverged(s: Session, w: Warm, revs: dict[str, int],
+              found: list[integrity.Finding]) -> str | None:
+    """How the engine's holdings differ from the store's, for the jobs whose row the
+    leader has seen as it is (a job that changed since is applied in this pass anyway)."""
+    if {f.key for f in found} != {f.key for f in w.found}:
+        return "the wrong hold rows changed"
+    store: dict[str, set] = {}
+    for job_id, host, gpus, cpus in s.execute(select(
+            AllocationRow.job_id, AllocationRow.host, AllocationRow.gpus, AllocationRow.cpus)
+            .where(AllocationRow.live.is_(True))):
+        store.setdefault(job_id, set()).add((host, tuple(sorted(gpus)), tuple(sorted(cpus))))
+    engine = w.sched.state.allocations
+    for job_id, rev in revs.items():
+        k = w.jobs.get(job_id)
+        if k is None or k.rev != rev or k.state not in LIVE or job_id in w.broken:
+            continue
+        mine = {(a.host.name, tuple(sorted(a.gpus)), tuple(sorted(a.cpus)))
+                for a in engine.get(job_id, ())}
+        if mine != store.get(job_id, set()):
+            return f"job {job_id}'s allocations"
+    for job_id in engine:
+        if job_id not in revs:
+            return f"job {job_id} holds resources in memory only"
+    return None
+
+
+def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: float,
+           later: list[Callable[[Session], None]]) -> Scheduler:
+    """Bring the leader's scheduler up to date with what `r` read; what must be written
+    (errors told on jobs) is added to `later` for the pass's write."""
+    w = r.warm
+    fresh = (w.sched is None or policy != w.policy
+             or r.timemodel.version != w.tm_version)
+    if fresh and r.rebuilt is None and w.sched is not None:
+        r.rebuilt = "policy" if policy != w.policy else "time model"
+    sched = w.sched
+    for job_id in [i for i in w.jobs if i not in r.revs]:     # ended, held or blocked
+        del w.jobs[job_id]
+        w.broken.pop(job_id, None)
+        w.failed.discard(job_id)
+        if not fresh:
+            _drop(sched, job_id, t_now)
+    todo = []
+    for job_id, row in r.rows.items():
+        old = w.jobs.get(job_id)
+        k = w.jobs[job_id] = Known.of(row, old)
+        if old is not None and old.engine_key() == k.engine_key():
+            continue
+        w.broken.pop(job_id, None)
+        w.failed.discard(job_id)
+        if not fresh:
+            _drop(sched, job_id, t_now)
+        todo.append(k)
+    if fresh:
+        state = ClusterState(w.cluster)
+        _hosts(state, Hosts({}, {}, {}), r.hosts)
+        if r.found is not None:
+            w.found = r.found
+        quarantine.hold(state, w.cluster, w.found)
+        sched = w.sched = Scheduler(state, policy, svc.reg, now=t_now,
+                                    timemodel=r.timemodel)
+        w.policy, w.tm_version, w.hosts = policy, r.timemodel.version, r.hosts
+        w.broken, w.failed = {}, set()
+        todo = list(w.jobs.values())
+    sched.timemodel = r.timemodel
+    sched.set_windows(windows)
+    for k in todo:
+        if k.state in LIVE:
+            _restore(svc, w, sched, k, r, later)
+    for k in todo:
+        if k.state == PENDING:
+            _submit(svc, w, sched, k, later)
+    # one error per job the engine could not take in, in each pass (the metric)
+    svc.pass_errors.extend("job" for _ in w.failed)
+    hosts = Hosts({**r.hosts.drained, **{h: None for hs in w.broken.values() for h in hs
+                                         if h not in r.hosts.drained}},
+                  r.hosts.bad, r.hosts.worn)
+    _hosts(sched.state, w.hosts, hosts)
+    w.hosts = hosts
+    sched.fairshare = _fairshare(w, sched, r.fairshare, t_now)
+    return sched
+
+
+def to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:
+    """A stored allocation as the engine holds it."""
+    host = cluster.by_name[a.host]
+    t = host.type
+    cpu_masks: dict[int, int] = {}
+    for c in a.cpus:
+        p = next(i for i, m in enumerate(t.numa_cpus) if m >> c & 1)
+        cpu_masks[p] = cpu_masks.get(p, 0) | 1 << c
+    mem = [(t.numa_ids.index(int(n)), b) for n, b in a.memory_by_numa.items()]
+    return ReplicaAllocation(a.job_id, a.role, a.replica, host,
+                             sum(1 << g for g in a.gpus), sorted(cpu_masks.items()),
+                             sorted(mem), list(a.nics), mig_slots(t.mig, a.mig))
+
+
+def _drop(sched: Scheduler, job_id: str, t_now: float) -> None:
+    if job_id in sched.queue or job_id in sched.running:
+        sched.finish(job_id, t_now)
+
+
+def _submit(svc, w: Warm, sched: Scheduler, k: Known, later: list) -> None:
+    try:
+        queued, behind = queue_entry(k)      # requeued as idle: behind
+        sched.submit(k.parsed(), queued, preempted_by=frozenset(k.preemptors or ()),
+                     behind=behind, seq=k.seq)
+        if k.promised_at is not None:
+            sched.promised[k.id] = k.promised_at
+        if k.reason_code == "Preempting":     # its victims stop for it
+            sched.claims[k.id] = list(k.details.get("victims", ()))
+    except Rejected as exc:   # the cluster shrank under it
+        if (k.reason_code, k.reason) != ("Rejected", exc.reason):
+            later.append(lambda s, why=exc.reason: s.execute(_update(JobRow).where(
+                JobRow.id == k.id, JobRow.state == PENDING).values(
+                reason_code="Rejected", reason=why, eta_at=None)))
+    except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the pass
+        w.failed.add(k.id)
+        later.append(lambda s, exc=exc: passerrors.pending_job(svc, s, k, exc))
+
+
+def _restore(svc, w: Warm, sched: Scheduler, k: Known, r: Read, later: list) -> None:
+    held = r.allocs.get(k.id, [])
+    try:
+        if any(a.host not in w.cluster.by_name for a in held):
+            w.broken[k.id] = set()   # not in the engine: no check of its holdings
+            return    # its host left the cluster; the lease decides what happens
+        sched.restore(k.parsed(), [to_engine(w.cluster, a) for a in held], _ts(k.admitted_at),
+                      deadline=k.stop_at(), borrowed=k.borrowed,
+                      preempted_by=frozenset(k.preemptors or ()),
+                      stopping=(k.preempted_by, _ts(k.preempt_deadline_at))
+                      if k.state == "preempting" and k.preempt_deadline_at else None)
+    except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the pass
+        w.broken[k.id] = {a.host for a in held if a.host in w.cluster.by_name}
+        w.failed.add(k.id)
+        later.append(lambda s, exc=exc: passerrors.live_job(svc, s, sched.state, w.cluster,
+                                                            k, held, exc))
+
+
+def _hosts(state: ClusterState, old: Hosts, new: Hosts) -> None:
+    """Change `state` host by host from what `old` said to what `new` says."""
+    for name in old.drained.keys() | new.drained.keys():
+        if name not in new.drained:
+            state.set_drained(name, False)
+            state.drain_reasons.pop(name, None)
+        elif name not in old.drained or old.drained[name] != new.drained[name]:
+            if name not in old.drained:
+                state.set_drained(name)
+            state.drain_reasons[name] = new.drained[name]
+    for name in old.bad.keys() | new.bad.keys():
+        if old.bad.get(name) != new.bad.get(name):
+            state.set_unhealthy_gpus(name, list(new.bad.get(name, ())))
+    for name in old.worn.keys() | new.worn.keys():
+        if old.worn.get(name) != new.worn.get(name):
+            state.set_degraded_gpus(name, new.worn.get(name, {}))
+
+
+def _fairshare(w: Warm, sched: Scheduler, fs: FairShare, t_now: float) -> FairShare:
+    """This pass's fair share: the ended jobs' usage (usage.py), the live jobs' so far,
+    and the GPUs they hold from now on."""
+    for job_id, job in sched.running.items():
+        k = w.jobs.get(job_id)
+        if k is not None and k.admitted_at is not None:
+            fs.add_past(account(k.team, k.user), k.gpus, _ts(k.admitted_at), t_now)
+        fs.running[job.account] = fs.running.get(job.account, 0) + job.charge
+    return fs
