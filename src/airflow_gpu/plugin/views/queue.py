@@ -49,7 +49,8 @@ def blockers(details: dict, names: dict[str, str]) -> dict[str, Any]:
     held = list((details.get("held_by") or {}).items())
     return {"blockers": [{"id": j, "name": names.get(j, j), "gpus": n}
                          for j, n in held[:BLOCKERS_SHOWN]],
-            "blockers_more": max(0, len(held) - BLOCKERS_SHOWN)}
+            "blockers_more": max(0, len(held) - BLOCKERS_SHOWN)
+            + int(details.get("held_by_more") or 0)}
 
 
 def victims(code: str | None, details: dict, names: dict[str, str]) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from ..units import format_size
 from . import migfit
 from .capability import host_types
 from .fit import fit_replica
+from .migfit import HOLDERS_KEPT
 from .need import Need
 from .state import HostState
 
@@ -88,8 +89,10 @@ def pending_reason(trial: Trial, within: str) -> tuple[str, str, dict]:
         msg += f" in all, but not under {within}"
     if gpu_need:
         held = _holders(state, gpu_need, {h.index for h in usable})
-        if held:
-            details["held_by"] = dict(held)
+        if held:     # the largest holders: a reason stays small however many there are
+            details["held_by"] = dict(held[:HOLDERS_KEPT])
+            if len(held) > HOLDERS_KEPT:
+                details["held_by_more"] = len(held) - HOLDERS_KEPT
             msg += "; held by " + ", ".join(f"{j} ({n})" for j, n in held[:3])
             msg += f" and {len(held) - 3} more jobs" if len(held) > 3 else ""
     mig_need = next((n for n in needs if n.mig), None)

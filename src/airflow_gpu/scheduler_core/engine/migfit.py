@@ -21,6 +21,10 @@ if TYPE_CHECKING:
     from .cluster import Cluster, Host
     from .state import ClusterState, HostState
 
+# holders a pending reason's details name (`held_by`, `mig_held_by`), largest first; the
+# rest are counted (`held_by_more`): a reason stays small however many jobs hold GPUs
+HOLDERS_KEPT = 20
+
 
 def _gpu_order(t: HostType, hs: HostState, cand: int) -> list[int]:
     """GPUs holding candidate devices: partly used first, then fewest free devices."""
@@ -134,7 +138,9 @@ def pending_note(state: ClusterState, need: Need) -> tuple[str, dict]:
                     f"{a.host.name} {x}" for x in slice_labels(a.host.type.mig, mask))
     if held:
         top = sorted(held.items(), key=lambda kv: (-len(kv[1]), kv[0]))
-        details["mig_held_by"] = {j: v for j, v in top}
+        details["mig_held_by"] = {j: v for j, v in top[:HOLDERS_KEPT]}
+        if len(top) > HOLDERS_KEPT:
+            details["mig_held_by_more"] = len(top) - HOLDERS_KEPT
         text += "; held by " + ", ".join(f"{j} ({', '.join(v[:3])}"
                                          f"{' ...' if len(v) > 3 else ''})" for j, v in top[:3])
         text += f" and {len(top) - 3} more jobs" if len(top) > 3 else ""

@@ -65,6 +65,7 @@ def report(loop, now: float | None = None) -> dict:
             "lock_key": loop.lock_key, "leader": leader, "passes_by": _passes_by(loop, leader),
             "seconds_since_last_pass": None if loop.last_pass_at is None
             else round(now - loop.last_pass_at, 3),
+            "passes": loop.passes, "last_pass_seconds": round(loop.last_pass, 4),
             "last_pass_error": error, "warning": warn}
 
 

@@ -32,6 +32,7 @@ class SchedulerLoop(Leadership):
         self._lock_engine = None
         self.leader = False
         self.last_pass = 0.0     # seconds the last pass took
+        self.passes = 0          # passes this replica completed
         self.last_pass_at: float | None = None    # when the last pass completed (epoch s)
         self.failures = Failures(log)             # what failed since it last succeeded
         self.started_at: float | None = None
@@ -142,6 +143,7 @@ class SchedulerLoop(Leadership):
         self.service.changes.bump()           # requests waiting on jobs look again
         self.last_pass = time.perf_counter() - t0
         self.last_pass_at = time.time()
+        self.passes += 1
         self._succeeded("pass", "election")
         if self.metrics:
             self.metrics.pass_seconds.observe(self.last_pass)

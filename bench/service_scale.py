@@ -1,0 +1,287 @@
+"""The service at scale: one `airflow-gpu server` (default settings, one process) with a
+long queue, measured over loopback as a large site would use it.
+
+    .venv/bin/python bench/service_scale.py [--db postgresql,sqlite] [--hosts 1024]
+        [--pending 50000] [--teams 10] [--minutes 5] [--out bench/results/service_scale.json]
+
+For each database: a fresh store and server on `--hosts` DGX A100 hosts (32 per switch,
+4 switches per rack); `--pending` jobs of a Philly-like size mix (1, 2, 4, 8 and 16
+GPUs; 1 h) submitted through the batch API by `--teams` teams, more than the cluster
+holds, so the queue stays long. Then, for `--minutes`, a launcher stand-in heartbeats the
+jobs it is about to finish and finishes one running job every second (the cluster stays
+full), while the bench measures:
+
+- pass time: every pass the server completes (`/healthz`'s `passes` and
+  `last_pass_seconds`, sampled every 0.1 s), p50 and p95; passes that failed
+  (`airflow_gpu_pass_errors_total{kind="pass"}`);
+- free -> admitted: every 10 s a priority-100 job of 1 GPU waits, a running 1-GPU job is
+  finished, and the time until the probe reads `admitted` is taken (the median);
+- submits/s while passes run: 8 threads post single jobs for 10 s (each its own
+  idempotency key), then they are cancelled (bulk) so the queue keeps its size;
+- RSS of the server process every 5 s (first, last, max).
+
+Results go to `--out` (JSON); docs/service.md ("Scale") quotes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from api_load import Server, cli  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "results" / "service_scale.json"
+SIZES = ((1, 0.70), (2, 0.10), (4, 0.10), (8, 0.07), (16, 0.03))   # GPUs, share
+
+
+def cluster_file(path: Path, hosts: int) -> Path:
+    lines = ["cluster: scale", "hosts:"]
+    for first in range(1, hosts + 1, 32):
+        last = min(first + 31, hosts)
+        sw = (first - 1) // 32
+        lines.append(f"  - {{name: 'dgx-[{first:05d}-{last:05d}]', model: dgx-a100, "
+                     f"rack: r{sw // 4}, switch: s{sw}}}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def job_spec(name: str, gpus: int) -> dict:
+    roles = ([{"name": "w", "gpus": gpus}] if gpus <= 8 else
+             [{"name": "w", "replicas": gpus // 8, "gpus": 8}])
+    return {"name": name, "expected_runtime": "1h", "roles": roles}
+
+
+def fill(url: str, tokens: list[str], pending: int, rng: random.Random) -> float:
+    """Submit `pending` jobs in batches of 1,000, round robin over the teams; returns the
+    submits per second."""
+    t0 = time.perf_counter()
+    clients = [httpx.Client(base_url=url, headers={"Authorization": f"Bearer {t}"},
+                            timeout=120) for t in tokens]
+    done = 0
+    while done < pending:
+        n = min(1000, pending - done)
+        jobs = []
+        for i in range(n):
+            gpus = rng.choices([g for g, _ in SIZES], [p for _, p in SIZES])[0]
+            jobs.append({"spec": job_spec(f"q-{done + i}", gpus)})
+        r = clients[(done // 1000) % len(clients)].post("/api/v1/jobs/batch",
+                                                        json={"jobs": jobs})
+        if r.status_code != 201:
+            raise SystemExit(f"batch submit: {r.status_code} {r.text[:300]}")
+        done += n
+    for c in clients:
+        c.close()
+    return pending / (time.perf_counter() - t0)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Watch(threading.Thread):
+    """Samples /healthz (passes) and the server's RSS until stopped."""
+
+    def __init__(self, url: str, pid: int):
+        super().__init__(daemon=True)
+        self.url, self.pid = url, pid
+        self.passes: list[float] = []
+        self.rss: list[tuple[float, float]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        seen, t0, last_rss = None, time.monotonic(), -10.0
+        with httpx.Client(base_url=self.url, timeout=30) as c:
+            while not self.stop.is_set():
+                try:
+                    h = c.get("/healthz").json()
+                except httpx.HTTPError:
+                    h = {}
+                n = h.get("passes")
+                if n is not None and seen is not None and n > seen:
+                    self.passes.extend([h["last_pass_seconds"]] * min(n - seen, 1))
+                seen = n if n is not None else seen
+                now = time.monotonic()
+                if now - last_rss >= 5:
+                    self.rss.append((round(now - t0, 1), round(rss_mb(self.pid), 1)))
+                    last_rss = now
+                self.stop.wait(0.1)
+
+
+def running_1gpu(c: httpx.Client) -> list[str]:
+    """Running jobs of one GPU: finishing one frees exactly what a 1-GPU probe needs."""
+    jobs = c.get("/api/v1/jobs", params={"state": "admitted", "limit": 2000}).json()
+    return [j["id"] for j in jobs
+            if j["spec"]["roles"] == [{"name": "w", "gpus": 1}] or
+            [(r.get("replicas", 1), r.get("gpus")) for r in j["spec"]["roles"]] == [(1, 1)]]
+
+
+def finish(c: httpx.Client, job_id: str) -> None:
+    c.post(f"/api/v1/jobs/{job_id}/heartbeat", json={})
+    c.post(f"/api/v1/jobs/{job_id}/finish", json={"outcome": "succeeded"})
+
+
+def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dict:
+    """The steady phase: one finish a second, a probe every 10 s, a submit burst once."""
+    lat, submit = [], {}
+    end = time.monotonic() + minutes * 60
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"},
+                      timeout=120) as c, httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {team}"}, timeout=120) as t:
+        burst_at = time.monotonic() + minutes * 30
+        nxt_probe = time.monotonic() + 5
+        victims: list[str] = []
+        while time.monotonic() < end:
+            if not victims:
+                victims = running_1gpu(c)
+                random.shuffle(victims)
+            if time.monotonic() >= nxt_probe and victims:
+                probe = t.post("/api/v1/jobs", json={"spec": {
+                    **job_spec(f"probe-{uuid.uuid4().hex[:6]}", 1), "priority": 100}}).json()
+                time.sleep(2.5)                # a pass or more sees it waiting
+                finish(c, victims.pop())
+                t0 = time.perf_counter()
+                while t.get(f"/api/v1/jobs/{probe['id']}").json()["state"] == "pending":
+                    if time.perf_counter() - t0 > 60:
+                        break
+                    time.sleep(0.005)
+                lat.append(time.perf_counter() - t0)
+                nxt_probe = time.monotonic() + 10
+            elif burst_at and time.monotonic() >= burst_at:
+                submit = submit_burst(url, team)
+                burst_at = 0
+            elif victims:
+                finish(c, victims.pop())
+                time.sleep(1.0)
+            else:
+                time.sleep(1.0)
+    return {"admission_median_s": round(statistics.median(lat), 4) if lat else None,
+            "admission_p95_s": round(sorted(lat)[int(0.95 * (len(lat) - 1))], 4)
+            if lat else None, "admission_rounds": len(lat), **submit}
+
+
+def submit_burst(url: str, token: str, seconds: float = 10.0, threads: int = 8) -> dict:
+    ids: list[str] = []
+    errors = [0]
+    stop = time.monotonic() + seconds
+
+    def run(k: int) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                          timeout=60) as c:
+            i = 0
+            while time.monotonic() < stop:
+                r = c.post("/api/v1/jobs", json={"spec": job_spec("burst", 1),
+                                                 "idempotency_key": f"burst-{k}-{i}"})
+                if r.status_code == 201:
+                    ids.append(r.json()["id"])
+                else:
+                    errors[0] += 1
+                i += 1
+
+    t0 = time.perf_counter()
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - t0
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                      timeout=120) as c:
+        c.post("/api/v1/jobs/cancel", json={"name": "burst"})
+    return {"submits_per_s": round(len(ids) / wall, 1), "submit_errors": errors[0]}
+
+
+def pass_errors(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+        if line.startswith('airflow_gpu_pass_errors_total{kind="pass"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def run_one(kind: str, args, tmp: Path) -> dict:
+    schema = None
+    if kind == "sqlite":
+        db = f"sqlite:///{tmp / f'scale-{uuid.uuid4().hex[:6]}.db'}"
+    else:
+        schema = f"bench_{uuid.uuid4().hex[:10]}"
+        with create_engine(args.pg).begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        db = f"{args.pg}?options=-csearch_path%3D{schema}"
+    rng = random.Random(1)
+    try:
+        cli("db", "upgrade", "--db", db)
+        tokens = [cli("token", "create", "--team", f"team{i}", "--db", db)
+                  for i in range(args.teams)]
+        admin = cli("token", "create", "--team", "ops", "--admin", "--db", db)
+        cluster = cluster_file(tmp / f"cluster-{args.hosts}.yaml", args.hosts)
+        server = Server(db, cluster, 1, tmp / f"server-{kind}.log")
+        watch = Watch(server.url, server.proc.pid)
+        try:
+            fill_rate = fill(server.url, tokens, args.pending, rng)
+            watch.start()
+            time.sleep(5)                      # the first passes after the fill
+            out = steady(server.url, admin, tokens[0], args.minutes, watch)
+            failed = pass_errors(server.url)
+        finally:
+            watch.stop.set()
+            watch.join(timeout=5)
+            server.stop()
+    finally:
+        if schema:
+            with create_engine(args.pg).begin() as conn:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+    p = sorted(watch.passes)
+    rss = [m for _, m in watch.rss]
+    res = {"db": kind, "hosts": args.hosts, "pending": args.pending, "teams": args.teams,
+           "minutes": args.minutes, "fill_submits_per_s": round(fill_rate, 1),
+           "passes": len(p), "pass_p50_s": round(statistics.median(p), 4) if p else None,
+           "pass_p95_s": round(p[int(0.95 * (len(p) - 1))], 4) if p else None,
+           "passes_failed": failed, **out,
+           "rss_mb": {"first": rss[0] if rss else None, "last": rss[-1] if rss else None,
+                      "max": max(rss) if rss else None}, "rss_series": watch.rss}
+    print(f"{kind:10s} {args.hosts} hosts, {args.pending} pending: pass p50 "
+          f"{res['pass_p50_s']} s p95 {res['pass_p95_s']} s ({len(p)} passes, "
+          f"{failed:g} failed); free -> admitted median {res['admission_median_s']} s; "
+          f"submits {res.get('submits_per_s')}/s; RSS {res['rss_mb']} MB", flush=True)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--db", default="postgresql,sqlite")
+    ap.add_argument("--hosts", type=int, default=1024)
+    ap.add_argument("--pending", type=int, default=50_000)
+    ap.add_argument("--teams", type=int, default=10)
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--pg", default=os.environ.get(
+        "AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="service-scale-"))
+    results = [run_one(kind, args, tmp) for kind in args.db.split(",")]
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "benchmark": "service scale", "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(), "results": results}, indent=2))
+    print(f"written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
