@@ -1,0 +1,109 @@
+"""The leader keeps its scheduling state between passes (service/warm.py): it reads only
+the job rows whose revision changed, finds a change made behind its back (a job row at
+once, an allocation at its periodic check) and reads its state anew, and a pass whose
+write fails leaves nothing of itself in memory. SQLite and PostgreSQL, the real app."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session
+
+from airflow_gpu.scheduler_core.service import storepass
+from airflow_gpu.scheduler_core.store.models import AllocationRow, GpuHoldRow, JobRow
+from tests.databases import serve
+from tests.scheduler_core.store.test_bad_rows import auth, job, placed, submit
+
+
+@pytest.fixture
+def api(db_url):
+    yield from serve(db_url)
+
+
+def rev(api, job_id: str) -> int:
+    with Session(api.service.engine) as s:
+        return s.scalar(select(JobRow.rev).where(JobRow.id == job_id))
+
+
+def test_every_update_of_a_job_row_bumps_its_revision_whoever_writes_it(api):
+    a = submit(api, "a", 1)
+    before = rev(api, a)
+    with api.service.engine.begin() as conn:        # a plain statement, not the ORM
+        conn.exec_driver_sql(f"UPDATE jobs SET priority = 5 WHERE id = '{a}'")
+    assert rev(api, a) == before + 1
+    with Session(api.service.engine) as s, s.begin():
+        s.get(JobRow, a).priority = 6                   # the ORM
+    assert rev(api, a) == before + 2
+
+
+def test_a_pass_reads_again_only_the_jobs_that_changed(api):
+    ids = [submit(api, f"j{i}", 8) for i in range(6)]    # two hosts of 8 GPUs: 2 start
+    assert len(api.tick()) == 2
+    api.tick()                                          # the reasons, now written
+    warm = api.service.warm
+    known = {i: warm.jobs[i] for i in ids}
+    api.tick()
+    assert all(warm.jobs[i] is known[i] for i in ids)  # nothing read again
+    waiting = next(i for i in ids if job(api, i)["state"] == "pending")
+    with Session(api.service.engine) as s, s.begin():   # behind the service's back
+        spec = s.get(JobRow, waiting).spec
+        s.execute(update(JobRow).where(JobRow.id == waiting).values(
+            priority=50, spec={**spec, "priority": 50}))
+    api.tick()
+    assert warm.jobs[waiting] is not known[waiting]
+    assert api.service.warm.sched.queue.jobs[waiting].spec.priority == 50
+    assert [i for i in ids if warm.jobs[i] is not known[i]] == [waiting]
+    assert api.service.rebuilt == []
+
+
+def test_an_allocation_changed_behind_the_leaders_back_is_found_and_read_anew(
+        api, monkeypatch):
+    a = submit(api, "a", 1)
+    assert api.tick() == [a]
+    api.tick()                                # the admitted row read back: as stored
+    where = placed(api, a)
+    moved = next(g for g in range(8) if g not in where["gpus"])
+    with Session(api.service.engine) as s, s.begin():    # consistent rows: no quarantine
+        s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == a))
+        row = s.scalars(select(AllocationRow).where(AllocationRow.job_id == a)).one()
+        row.gpus = [moved]
+        s.add(GpuHoldRow(host=where["host"], gpu=moved, job_id=a))
+    api.tick()
+    assert api.service.rebuilt == []          # the job row did not change: not seen yet
+    monkeypatch.setattr("airflow_gpu.scheduler_core.service.warm.CHECK_EVERY", 0.0)
+    api.tick()                                # the check compares the holdings
+    assert api.service.rebuilt == ["divergence"]
+    held = api.service.warm.sched.state.allocations[a]
+    assert [g for r in held for g in r.gpus] == [moved]
+    b = submit(api, "b", 7)                   # the 7 others on that host: none is `moved`
+    api.tick()
+    assert job(api, b)["state"] == "admitted"
+    assert moved not in placed(api, b)["gpus"] or placed(api, b)["host"] != where["host"]
+
+
+def test_a_failed_write_leaves_nothing_of_its_pass_in_memory(api, monkeypatch):
+    first = submit(api, "first", 8)
+    assert api.tick() == [first]
+    a, b = submit(api, "a", 8), submit(api, "b", 8)
+
+    def broken(*args, **kw):
+        raise RuntimeError("the disk is full")
+
+    # after the first admission's allocations and holds are written
+    monkeypatch.setattr(storepass, "limit_note", broken)
+    with pytest.raises(RuntimeError):
+        api.service.schedule_pass()
+    assert api.service.warm is None
+    assert job(api, a)["state"] == job(api, b)["state"] == "pending"   # rolled back
+    with Session(api.service.engine) as s:
+        assert s.scalars(select(AllocationRow.job_id).where(
+            AllocationRow.job_id.in_([a, b]))).all() == []
+    monkeypatch.undo()
+    admitted = api.tick()
+    assert api.service.rebuilt == ["leader"]          # read anew from the store
+    assert len(admitted) == 1 and admitted[0] in (a, b)
+    held = {g for r in api.service.warm.sched.state.allocations[admitted[0]] for g in r.gpus}
+    assert len(held) == 8
+    r = api.delete(f"/api/v1/jobs/{first}", headers=auth(api))
+    assert r.status_code == 200
+    assert set(api.tick()) == {a, b} - set(admitted)
