@@ -28,7 +28,7 @@ from sqlalchemy import func, select, text
 from airflow_gpu import cli
 from airflow_gpu.scheduler_core.client import Client
 from airflow_gpu.scheduler_core.jobspec import JobSpec
-from airflow_gpu.scheduler_core.service import storepass
+from airflow_gpu.scheduler_core.service import storepass, warm
 from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.service.core import Principal, Service, Settings
 from airflow_gpu.scheduler_core.service.leadership import NotLeader
@@ -243,6 +243,47 @@ def test_a_lease_run_out_fences_the_pass(pg):
         with pytest.raises(NotLeader, match="taken over or ran out"):
             a.tick()
         assert b.tick() == [row.id]
+        check_no_double_grant(pg["engine"], [row.id])
+    finally:
+        for loop in (a, b):
+            loop.stop()
+        for s in services:
+            s.engine.dispose()
+
+
+def test_a_pass_deciding_for_longer_than_the_lease_keeps_it_and_admits(pg, monkeypatch):
+    """A pass that decides for three leases (a cold read of a long queue) renews its
+    lease meanwhile: it admits, and the other replica never takes over."""
+    monkeypatch.setenv("AIRFLOW_GPU_LEADER_LEASE", "1")
+    services = [Service(Settings(pg["url"], make_cluster(*HOSTS), lease_ttl=600))
+                for _ in range(2)]
+    a, b = (SchedulerLoop(s) for s in services)
+    real = warm.read
+
+    def slow_read(svc, *args):
+        if svc is services[0]:
+            time.sleep(3.0)
+        return real(svc, *args)
+
+    monkeypatch.setattr(warm, "read", slow_read)
+    tried = threading.Event()
+
+    def b_tries():
+        while not tried.is_set():
+            assert not b._lead()        # the lease never runs out while a decides
+            tried.wait(0.2)
+
+    try:
+        assert a._lead()
+        row, _ = services[0].submit(JobSpec.model_validate(spec("one")), Principal("vision"))
+        t = threading.Thread(target=b_tries)
+        t.start()
+        try:
+            assert a.tick() == [row.id]
+        finally:
+            tried.set()
+            t.join(10)
+        assert a.token == 1 and a._lead()
         check_no_double_grant(pg["engine"], [row.id])
     finally:
         for loop in (a, b):

@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import socket
+import threading
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import OperationalError
@@ -90,6 +91,7 @@ _TIMEOUTS = text("SELECT set_config('lock_timeout', :lock, true), "
                  "set_config('idle_in_transaction_session_timeout', :idle, true)")
 
 LEASE_MIN = 5.0      # seconds: the shortest default lease
+KEEP_AT_MOST = 600.0     # seconds a pass may decide with its lease kept: past it, hung
 
 
 class NotLeader(RuntimeError):
@@ -99,9 +101,9 @@ class NotLeader(RuntimeError):
 def lease_seconds(settings, interval: float, coalesce: float) -> float:
     """How long a lease lasts unrenewed: `leader_lease` of the settings, else the
     AIRFLOW_GPU_LEADER_LEASE environment variable, else 3 scheduling rounds (interval and
-    the gathering wait), at least LEASE_MIN. It bounds both how long a frozen leader
-    blocks scheduling and the longest pass (a pass's transaction must not sit idle for
-    longer: the database ends it)."""
+    the gathering wait), at least LEASE_MIN. It bounds how long a frozen leader blocks
+    scheduling and how long a pass's transaction may sit idle (the database ends it); a
+    pass deciding for longer keeps its lease (`kept`)."""
     configured = getattr(settings, "leader_lease", None)
     env = os.environ.get("AIRFLOW_GPU_LEADER_LEASE")
     if configured is None and env:
@@ -168,6 +170,42 @@ class Leadership:
             raise NotLeader(f"the scheduler lease (fencing token {token}) was taken over "
                             "or ran out; this replica stops scheduling and its pass wrote "
                             "nothing")
+
+    @contextlib.contextmanager
+    def kept(self):
+        """While a pass decides (no transaction open: storepass.py), renew the lease every
+        third of it, so a long pass (a cold read of a long queue) never lets it run out
+        while this replica lives. A frozen process renews nothing, and a pass hung for
+        KEEP_AT_MOST is kept no longer: takeovers stay as they were."""
+        if not self._elected or self._lock_conn is None:
+            yield
+            return
+        done = threading.Event()
+        every = max(self.lease / 3, 0.1)
+
+        def keep() -> None:     # the only user of the lock connection until joined
+            for _ in range(int(KEEP_AT_MOST / every)):
+                if done.wait(every) or self.token is None:
+                    return
+                try:
+                    if not self._renew():
+                        return            # taken over: the write's fence refuses it
+                except Exception as exc:
+                    with contextlib.suppress(Exception):
+                        self._lock_conn.rollback()
+                    if not _lock_timeout(exc):
+                        log.warning("%s: renewing the scheduler lease during a long pass "
+                                    "failed (%s); the pass writes only if the lease is "
+                                    "still this replica's", self.deployment, exc)
+                        return
+
+        t = threading.Thread(target=keep, name="scheduler-lease-keeper", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+            t.join()                    # the lock connection is the loop's again
 
     def _lead(self) -> bool:
         engine = self.service.engine

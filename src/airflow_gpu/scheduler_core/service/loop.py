@@ -50,6 +50,7 @@ class SchedulerLoop(Leadership):
         self.has_lock = False                     # leading with the advisory lock too
         self._elected = False                     # took part in an election: passes fence
         service.leader_fence = self.fence         # run_pass calls it (storepass.py)
+        service.leader_keep = self.kept           # and this while it decides
         # lease checks run on threads of their own, apart from passes (leases.py)
         self.lease_checks = leases.LeaseChecks(self)
         # webhook deliveries too, by the leader (webhooks.py)

@@ -9,6 +9,7 @@ state anew."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from datetime import UTC, datetime, timedelta
@@ -75,24 +76,41 @@ def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
     """Read what changed (one snapshot), decide outside any transaction, then write."""
     t_now = _ts(now)
     later: list = []                  # what the write does first (errors told on jobs)
-    r = warm.read(svc, cluster, policy, windows, now)
-    if r.rebuilt:
-        svc.rebuilt.append(r.rebuilt)
-    sched = warm.update(svc, r, policy, windows, t_now, later)
-    result = sched.schedule(t_now, explain=True)
-    admitted = _write(svc, r.warm, sched, result, r, now, fence, later)
+    # no transaction is open here, however long it takes (a cold read of a long queue):
+    # the loop renews the lease meanwhile (leadership.py `kept`)
+    with (getattr(svc, "leader_keep", None) or contextlib.nullcontext)():
+        r = warm.read(svc, cluster, policy, windows, now)
+        if r.rebuilt:
+            svc.rebuilt.append(r.rebuilt)
+        sched = warm.update(svc, r, policy, windows, t_now, later)
+        result = sched.schedule(t_now, explain=True)
+        reasons = _reasons(r.warm, sched, result, t_now)
+    admitted = _write(svc, r.warm, sched, result, r, now, fence, later, reasons)
     svc.warm = r.warm
     svc._silent = r.silent
     return admitted
 
 
+def _reasons(w: warm.Warm, sched: Scheduler, result, t_now: float) -> list[tuple]:
+    """The pending reasons that changed since the leader last wrote them (most do not),
+    as (the job, what to write): worked out before the write's transaction opens."""
+    out = []
+    for job_id, why in result.pending.items():
+        k = w.jobs[job_id]
+        why = broken_guarantee(k, why)
+        eta_at = None if why.eta is None else round(t_now + why.eta)
+        said = (why.code, why.message, why.details, eta_at, sched.promised.get(job_id))
+        if (k.reason_code, k.reason, k.details, k.eta_at, k.promised_at) != said:
+            out.append((k, said))
+    return out
+
+
 def _write(svc: Store, w: warm.Warm, sched: Scheduler, result, r: warm.Read, now: datetime,
-           fence, later: list) -> list[str]:
+           fence, later: list, wrote: list[tuple]) -> list[str]:
     """The pass's decisions in one short transaction, fenced: admissions, preemptions,
     and the pending reasons that changed (in bulk). Rows it changed are read again by the
     next pass, but for the reasons, whose revision it knows."""
     t_now = _ts(now)
-    wrote: list[tuple[warm.Known, tuple]] = []
     with svc.sessions.begin() as s:
         if fence is not None:
             fence(s)
@@ -116,19 +134,12 @@ def _write(svc: Store, w: warm.Warm, sched: Scheduler, result, r: warm.Read, now
         for job_id in (*admitted, *(p.victim.name for p in result.preempted)):
             if job_id in w.jobs:
                 w.jobs[job_id].rev = -1        # read again: what the engine holds of it
-        changed = []
-        for job_id, why in result.pending.items():
-            k = w.jobs[job_id]
-            why = broken_guarantee(k, why)
-            eta_at = None if why.eta is None else round(t_now + why.eta)
-            said = (why.code, why.message, why.details, eta_at, sched.promised.get(job_id))
-            if (k.reason_code, k.reason, k.details, k.eta_at, k.promised_at) == said:
-                continue              # unchanged: no write (a pass must stay cheap)
-            changed.append({"b_id": job_id, "b_code": said[0], "b_reason": said[1],
-                            "b_details": said[2], "b_eta": said[3], "b_promised": said[4]})
-            wrote.append((k, said))
-            if why.code == "DeadlineAtRisk" and k.reason_code != why.code:
-                svc._event(s, "deadline", why.message, job=job_id)    # once, as it turns
+        changed = [{"b_id": k.id, "b_code": said[0], "b_reason": said[1],
+                    "b_details": said[2], "b_eta": said[3], "b_promised": said[4]}
+                   for k, said in wrote]
+        for k, said in wrote:
+            if said[0] == "DeadlineAtRisk" and k.reason_code != said[0]:
+                svc._event(s, "deadline", said[1], job=k.id)    # once, as it turns
         if changed:
             t = JobRow.__table__
             s.connection().execute(
