@@ -122,7 +122,8 @@ def share_table(teams: list[dict]) -> Table:
               "2^(-usage/share); points = fairshare_weight x factor; a team's users share "
               "its part (norm share)", title_justify="left")
     for col in ("team", "share", "norm share", "usage GPU-h", "norm usage", "factor",
-                "points", "GPUs held", "quota", "borrowed", "lent", "pending", "live"):
+                "points", "GPUs held", "quota", "borrowed", "lent", "pending", "live",
+                "max jobs"):
         t.add_column(col, justify="left" if col == "team" else "right")
     for x in teams:
         quota = "-" if x.get("quota_gpus") is None else str(x["quota_gpus"])
@@ -131,14 +132,22 @@ def share_table(teams: list[dict]) -> Table:
                   f"{x['fairshare_factor']:.3f}", f"{x['fairshare_points']:.2f}",
                   str(x.get("held_gpus", 0)), quota, str(x.get("borrowed_gpus", 0)),
                   str(x.get("lent_gpus", 0)), str(x.get("pending_jobs", 0)),
-                  str(x.get("live_jobs", 0)))
+                  str(x.get("live_jobs", 0)), _most(x.get("max_submit_jobs")))
         for u in x.get("users", ()):     # the tree's second level (sshare -a)
             t.add_row(f"  {u['user'] or '(no user)'}", f"{u['share']:g}",
                       f"{u['share_norm']:.3f}", f"{u['usage_gpu_hours']:.1f}",
                       f"{u['usage_norm']:.3f}", f"{u['fairshare_factor']:.3f}",
                       f"{u['fairshare_points']:.2f}", "", "", "", "",
-                      str(u["pending_jobs"]), str(u["live_jobs"]))
+                      str(u["pending_jobs"]), str(u["live_jobs"]),
+                      _most(u.get("max_submit_jobs")))
+    t.caption = ("max jobs: the most jobs submitted and not ended (pending and live) the "
+                 "team or user may have (policy max_submit_jobs, Slurm's MaxSubmitJobs; "
+                 "-: no limit)")
     return t
+
+
+def _most(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
 
 
 # -- hold, release, update, requeue ----------------------------------------------------------

@@ -8,6 +8,7 @@ from ..plugins import Registry
 from .capability import host_types, ranking
 from .cluster import Host
 from .fit import allocate_replica
+from .hostorder import HostOrder
 from .migfit import host_order
 from .need import Need, mig_eligible
 from .placed import Progress
@@ -131,7 +132,7 @@ class Trial:
         used: dict[int, Host] = {}
         switches: set[tuple[str, str]] = set()
         load: dict[int, int] = {}         # the job's replicas per host
-        bounds: dict[int, list[tuple[int, Host]]] = {}    # per need: _bounds
+        bounds: dict[int, HostOrder] = {}     # per need: _order
         out: list[ReplicaAllocation] = []
 
         def hs_of(h: Host) -> HostState:
@@ -162,23 +163,35 @@ class Trial:
                     full.add(host.index)
         return out
 
-    def _bounds(self, need: Need, domain: list[Host], bounds: dict) -> list[tuple[int, Host]]:
-        """(replicas that could fit by counts, host) for the hosts of the domain the need
-        may use, on the live state: a fill reads them for every replica, never changing
-        them (it places on copies)."""
+    def _order(self, need: Need, domain: list[Host], bounds: dict) -> HostOrder:
+        """The hosts of the domain the need may use, with the replicas each could take by
+        counts, ranked on the live state (hostorder.py): a fill reads them for every
+        replica, never changing them (it places on copies)."""
         found = bounds.get(id(need))
         if found is None:
             hosts = self.state.cluster.hosts
             if need.gpus and domain is hosts:
                 # the whole cluster: only hosts with enough usable GPUs, from the index
                 domain = [hosts[i] for b in self.state.by_free[need.gpus:] for i in b]
-            found = bounds[id(need)] = [
-                (n, h) for h in domain if self.allowed(need, h)
-                and (n := need.upper_bound(h.type, self.state.hosts[h.index])) > 0]
+            cands = [(n, h) for h in domain if self.allowed(need, h)
+                     and (n := need.upper_bound(h.type, self.state.hosts[h.index])) > 0]
+            rank, live = self.rank, self.state.hosts
+
+            def fixed(h: Host) -> tuple:
+                hs = live[h.index]
+                return (-self.score(need, h, hs) if self.scorers else 0,
+                        rank.level(h.type) if need.gpus else (),   # least capable first
+                        hs.usable_gpus.bit_count(), h.index)
+
+            found = bounds[id(need)] = HostOrder(cands, fixed)
         return found
 
     def _choose(self, need, left, domain, used, full, switches, hs_of, load,
                 bounds) -> Host | None:
+        """The host for the next replicas: with `pack`, the job's own host with most room;
+        else by the rank (hostorder.HostOrder): the best score, hosts under the job's
+        switches, hosts that take all that is left, least capable GPUs, the tightest that
+        fits (else the roomiest), fewest usable GPUs."""
         pack = self.job.placement.pack
         if pack:
             # Concentrate: the job's own hosts first, the one with most room.
@@ -187,30 +200,14 @@ class Trial:
             mine = [(n, h) for n, h in mine if n > 0]
             if mine:
                 return max(mine, key=lambda x: (x[0], -x[1].index))[1]
-        cands = [(n, h) for n, h in self._bounds(need, domain, bounds)
-                 if h.index not in used and h.index not in full]
-        if not cands:
-            if not pack:  # every host has one: the least loaded of the job's hosts next
-                mine = [(load.get(h.index, 0), -n, h.index, h) for h in used.values()
-                        if h.index not in full and self.allowed(need, h)
-                        and (n := need.upper_bound(h.type, hs_of(h))) > 0]
-                return min(mine)[3] if mine else None
-            return None
-        target = left if pack else 1
-        fitting = any(n >= target for n, _ in cands)
-        rank = self.rank
-
-        def key(x):
-            n, h = x
-            hs = self.state.hosts[h.index]
-            return (-self.score(need, h, hs) if self.scorers else 0,
-                    bool(switches) and h.switch_key not in switches,
-                    n < target,                  # hosts that take all that is left first
-                    rank.level(h.type) if need.gpus else (),   # least capable GPUs first
-                    n if fitting else -n,        # then the tightest of them, else the roomiest
-                    hs.usable_gpus.bit_count(), h.index)
-
-        return min(cands, key=key)[1]
+        got = self._order(need, domain, bounds).choose(left if pack else 1, switches,
+                                                       used, full)
+        if got is None and not pack:   # every host has one: the least loaded of the job's
+            mine = [(load.get(h.index, 0), -n, h.index, h) for h in used.values()
+                    if h.index not in full and self.allowed(need, h)
+                    and (n := need.upper_bound(h.type, hs_of(h))) > 0]
+            return min(mine)[3] if mine else None
+        return got
 
     def _record(self, label: str, need: Need, placed_total: int, placed: int,
                 domain: list[Host]) -> None:

@@ -62,6 +62,7 @@ def check_bytes(v: int | None) -> int | None:
 
 
 RESOURCES = ("gpus", "cpus", "memory")
+JOBS_MAX = 10**9          # the largest max_submit_jobs: a limit nobody reaches
 
 
 class UserPolicy(_Spec):
@@ -71,6 +72,10 @@ class UserPolicy(_Spec):
                          "the team's other users (1 each by default)")
     quota_gpus: int | None = Field(None, description="the most GPUs the user's jobs may hold "
                                    "(none: the team's user_quota_gpus)")
+
+    max_submit_jobs: int | None = Field(None, ge=0, le=JOBS_MAX, description="the most "
+                                        "jobs the user may have submitted and not ended "
+                                        "(none: the team's user_max_submit_jobs)")
 
     _share = field_validator("share")(check_share)
     _quota = field_validator("quota_gpus")(check_quota)
@@ -102,6 +107,11 @@ class TeamPolicy(_Spec):
                                          "share 1)")
     user_quota_gpus: int | None = Field(None, description="the most GPUs one user's jobs "
                                         "may hold, inside the team's quota (none: no cap)")
+    max_submit_jobs: int | None = Field(None, ge=0, le=JOBS_MAX, description="the most jobs "
+                                        "the team may have submitted and not ended (none: "
+                                        "the policy's max_submit_jobs)")
+    user_max_submit_jobs: int | None = Field(None, ge=0, le=JOBS_MAX, description="the same "
+                                             "for each of its users (none: the policy's)")
 
     _share = field_validator("share")(check_share)
     _quota = field_validator("quota_gpus", "borrow_gpus", "user_quota_gpus")(check_quota)
@@ -290,6 +300,14 @@ class PolicyConfig(_Spec):
     max_jobs_tested: int = Field(500, ge=1,
                                  description="pending jobs tested per pass (Slurm's "
                                  "bf_max_job_test): bounds the cost of a pass")
+    max_submit_jobs: int | None = Field(
+        20_000, ge=0, le=JOBS_MAX, description="the most jobs one team may have submitted "
+        "and not ended, pending, held or running (Slurm's MaxSubmitJobs; an array counts "
+        "each element); a team's own max_submit_jobs overrides it; none: no limit")
+    user_max_submit_jobs: int | None = Field(
+        10_000, ge=0, le=JOBS_MAX, description="the same for one user of a team (Grid "
+        "Engine's max_u_jobs): one full array; a team or user of the policy may say "
+        "otherwise; none: no limit")
     default_share: float = Field(1.0, description="share of a team not listed in teams")
     teams: dict[str, TeamPolicy] = Field(default_factory=dict)
     preemption: Preemption = Field(default_factory=Preemption)
@@ -371,6 +389,22 @@ class PolicyConfig(_Spec):
             return None
         u = t.users.get(user)
         return u.quota_gpus if u and u.quota_gpus is not None else t.user_quota_gpus
+
+
+    def submit_limits(self, team: str, user: str | None) -> tuple[int | None, int | None]:
+        """The most jobs `team`, and `user` of it, may have submitted and not ended (None:
+        no limit; no user: only the team's)."""
+        t = self.teams.get(team)
+        team_max = (t.max_submit_jobs if t and t.max_submit_jobs is not None
+                    else self.max_submit_jobs)
+        if not user:
+            return team_max, None
+        u = t.users.get(user) if t else None
+        if u and u.max_submit_jobs is not None:
+            return team_max, u.max_submit_jobs
+        if t and t.user_max_submit_jobs is not None:
+            return team_max, t.user_max_submit_jobs
+        return team_max, self.user_max_submit_jobs
 
 
 def load_policy(path: str) -> PolicyConfig:

@@ -16,6 +16,7 @@ naming the key).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from datetime import timedelta
 
 from sqlalchemy import insert, select
@@ -25,10 +26,11 @@ from ..errors import InputError
 from ..jobarray import MAX_ELEMENTS
 from ..jobspec import JobSpec
 from ..store.models import ArrayRow, DependencyRow, JobRow
-from . import arrays, dependencies
+from . import arrays, dependencies, submitlimits
 from .common import WAIT_DEPENDENCY, Principal, _columns, same_job
 from .core import Service
 from .errors import Conflict, Forbidden, NotFound
+from .jobs import by_key
 
 MAX_JOBS = 1000      # jobs in one batch (a body is at most 1 MiB anyway)
 MAX_ROWS = MAX_ELEMENTS   # jobs one request makes, arrays' elements counted
@@ -86,6 +88,16 @@ def submit_batch(service: Service, specs: list[JobSpec], who: Principal,
             after = rows[-1].submitted_at + timedelta(microseconds=_span(specs[i - 1]))
             row.submitted_at = max(row.submitted_at, after)
         rows.append(row)
+    asks: Counter[tuple[str, str | None]] = Counter()
+    for r, spec in zip(rows, specs, strict=True):
+        asks[(r.team, r.user)] += _span(spec)
+    try:                              # the team's and users' max_submit_jobs, once
+        submitlimits.admit(service, asks)
+    except submitlimits.OverLimit:
+        if not all(r.idempotency_key for r in rows):     # a retry of a stored batch is
+            raise                                        # never refused for them
+        if any(by_key(service, r.team, r.idempotency_key) is None for r in rows):
+            raise
     waits = (dependencies.prepare(service, specs, who) if any(s.depends_on for s in specs)
              else [[] for _ in specs])
     for _ in range(ATTEMPTS):

@@ -6,6 +6,7 @@ keys make the database refuse a GPU or core granted twice."""
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from datetime import timedelta
 
 from sqlalchemy import insert, select
@@ -18,6 +19,7 @@ from ..policy.jobqueue import job_shape
 from ..policy.quota import over_quota, spec_need
 from ..policy.scheduler import Rejected
 from ..store.models import AllocationRow, EventRow, JobRow
+from . import submitlimits
 from .common import (
     LIVE,
     PENDING,
@@ -42,7 +44,9 @@ def submit(svc: Store, spec: JobSpec, who: Principal,
     """Queue a job; (row, created). The same idempotency key (per team) returns the
     job it created first; with another spec it is a Conflict. Raises Rejected (can
     never run) or InputError (bad class)."""
-    done = _insert(svc, job_values(svc, spec, who, key))
+    values = job_values(svc, spec, who, key)
+    _within_limits(svc, values)
+    done = _insert(svc, values)
     if done[1]:
         svc.wake.set()
     return done
@@ -62,6 +66,7 @@ def submit_many(svc: Store, asks: list[tuple[JobSpec, Principal, str | None]]
     for i, (spec, who, key) in enumerate(asks):
         try:
             values = job_values(svc, spec, who, key)
+            _within_limits(svc, values)
         except Exception as exc:       # noqa: BLE001 - its caller raises it, as submit() would
             out[i] = exc
             continue
@@ -84,6 +89,17 @@ def submit_many(svc: Store, asks: list[tuple[JobSpec, Principal, str | None]]
     if any(isinstance(o, tuple) and o[1] for o in out):
         svc.wake.set()
     return out
+
+
+def _within_limits(svc: Store, values: dict) -> None:
+    """The team's and user's max_submit_jobs (submitlimits.py); a retry of a job already
+    stored (its idempotency key) is never refused for them."""
+    try:
+        submitlimits.admit(svc, Counter({(values["team"], values["user"]): 1}))
+    except submitlimits.OverLimit:
+        if not values["idempotency_key"] or by_key(svc, values["team"],
+                                                   values["idempotency_key"]) is None:
+            raise
 
 
 def _insert(svc: Store, values: dict) -> tuple[JobRow, bool]:

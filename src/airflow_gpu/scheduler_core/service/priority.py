@@ -122,7 +122,8 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
 def shares(svc: Service) -> list[dict]:
     """Each team's fair share (Slurm's sshare): its configured and normalized share, its
     decayed GPU usage and its part of all usage, the fair-share factor and the priority
-    points it gives its jobs, and its quota and what it holds (GET /api/v1/teams); under
+    points it gives its jobs, its quota and what it holds, its jobs pending and live and
+    the most it may have (max_submit_jobs, none: no limit) (GET /api/v1/teams); under
     it, `users`: the same for each user of the team (the tree's second level, whose
     normalized shares split the team's)."""
     snap = snapshot(svc)
@@ -160,12 +161,15 @@ def shares(svc: Service) -> list[dict]:
         users = [{"user": a.split("/", 1)[1] if "/" in a else None,
                   "share": policy.user_share(name, a.split("/", 1)[1] if "/" in a else None),
                   **line(*user_terms[a], fs.usage.get(a, 0.0)),
-                  "pending_jobs": pending.get(a, 0), "live_jobs": running.get(a, 0)}
+                  "pending_jobs": pending.get(a, 0), "live_jobs": running.get(a, 0),
+                  "max_submit_jobs": policy.submit_limits(
+                      name, a.split("/", 1)[1] if "/" in a else None)[1]}
                  for a in sorted(user_terms, key=lambda a: (a != name, a))
                  if team_of(a) == name]
         out.append({**t, **line(*team_terms[name], used.get(name, 0.0)),
                     "pending_jobs": sum(n for a, n in pending.items() if team_of(a) == name),
                     "live_jobs": sum(n for a, n in running.items() if team_of(a) == name),
+                    "max_submit_jobs": policy.submit_limits(name, None)[0],
                     "users": users})
     return out
 
