@@ -11,6 +11,8 @@ holds, so the queue stays long. Then, for `--minutes`, a launcher stand-in heart
 jobs it is about to finish and finishes one running job every second (the cluster stays
 full), while the bench measures:
 
+- the fill-up: the passes that admit until the cluster is full (at most
+  max_jobs_tested jobs each), their count and longest; the steady phase starts then;
 - pass time: every pass the server completes (`/healthz`'s `passes` and
   `last_pass_seconds`, sampled every 0.1 s), p50 and p95; passes that failed
   (`airflow_gpu_pass_errors_total{kind="pass"}`);
@@ -207,6 +209,34 @@ def submit_burst(url: str, token: str, seconds: float = 10.0, threads: int = 8) 
     return {"submits_per_s": round(len(ids) / wall, 1), "submit_errors": errors[0]}
 
 
+def admissions(url: str) -> float:
+    for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
+        if line.startswith("airflow_gpu_admissions_total "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def settle(url: str, quiet: int = 3, most: float = 120.0) -> float:
+    """Wait until `quiet` passes in a row admit nothing (the cluster is full: each pass
+    admits at most max_jobs_tested jobs), at most `most` seconds (jobs this bench never
+    heartbeats are lost after their lease, and their GPUs admit others); returns the
+    seconds it took."""
+    t0 = time.monotonic()
+
+    def passes() -> int:
+        return httpx.get(f"{url}/healthz", timeout=60).json().get("passes", 0)
+
+    last, since = admissions(url), passes()
+    while time.monotonic() - t0 < most:
+        time.sleep(1.0)
+        now, done = admissions(url), passes()
+        if now != last:
+            last, since = now, done
+        elif done - since >= quiet:
+            break
+    return time.monotonic() - t0
+
+
 def pass_errors(url: str) -> float:
     for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
         if line.startswith('airflow_gpu_pass_errors_total{kind="pass"}'):
@@ -235,7 +265,9 @@ def run_one(kind: str, args, tmp: Path) -> dict:
         try:
             fill_rate = fill(server.url, tokens, args.pending, rng)
             watch.start()
-            time.sleep(5)                      # the first passes after the fill
+            filled = settle(server.url)       # passes admit until the cluster is full
+            ramp = list(watch.passes)
+            watch.passes.clear()              # what follows: the steady state
             out = steady(server.url, admin, tokens[0], args.minutes, watch)
             failed = pass_errors(server.url)
         finally:
@@ -253,9 +285,13 @@ def run_one(kind: str, args, tmp: Path) -> dict:
            "passes": len(p), "pass_p50_s": round(statistics.median(p), 4) if p else None,
            "pass_p95_s": round(p[int(0.95 * (len(p) - 1))], 4) if p else None,
            "passes_failed": failed, **out,
+           "fill_up_s": round(filled, 1), "fill_up_passes": len(ramp),
+           "fill_up_pass_max_s": round(max(ramp), 4) if ramp else None,
            "rss_mb": {"first": rss[0] if rss else None, "last": rss[-1] if rss else None,
                       "max": max(rss) if rss else None}, "rss_series": watch.rss}
-    print(f"{kind:10s} {args.hosts} hosts, {args.pending} pending: pass p50 "
+    print(f"{kind:10s} {args.hosts} hosts, {args.pending} pending: cluster full after "
+          f"{filled:.0f} s ({len(ramp)} passes, longest {res['fill_up_pass_max_s']} s); "
+          "then pass p50 "
           f"{res['pass_p50_s']} s p95 {res['pass_p95_s']} s ({len(p)} passes, "
           f"{failed:g} failed); free -> admitted median {res['admission_median_s']} s; "
           f"submits {res.get('submits_per_s')}/s; RSS {res['rss_mb']} MB", flush=True)
