@@ -7,9 +7,9 @@ long queue, measured over loopback as a large site would use it.
 For each database: a fresh store and server on `--hosts` DGX A100 hosts (32 per switch,
 4 switches per rack); `--pending` jobs of a Philly-like size mix (1, 2, 4, 8 and 16
 GPUs; 1 h) submitted through the batch API by `--teams` teams, more than the cluster
-holds, so the queue stays long. Then, for `--minutes`, a launcher stand-in heartbeats the
-jobs it is about to finish and finishes one running job every second (the cluster stays
-full), while the bench measures:
+holds, so the queue stays long. Launcher stand-ins heartbeat every admitted job every
+20 s (a third of the lease, as the operators do), so no job is lost; for `--minutes`, one
+running job finishes every second (the cluster stays full), while the bench measures:
 
 - the fill-up: the passes that admit until the cluster is full (at most
   max_jobs_tested jobs each), their count and longest; the steady phase starts then;
@@ -126,6 +126,48 @@ class Watch(threading.Thread):
                 self.stop.wait(0.1)
 
 
+class Launchers(threading.Thread):
+    """The launchers' heartbeats: every admitted or running job is heartbeated every
+    `every` seconds (a launcher beats every third of its 60 s lease), by `threads`
+    connections, so that no job is lost for want of a launcher."""
+
+    def __init__(self, url: str, token: str, every: float = 20.0, threads: int = 4):
+        super().__init__(daemon=True)
+        self.url, self.token, self.every, self.threads = url, token, every, threads
+        self.stop = threading.Event()
+        self.beats = 0
+        self.slow: list[float] = []
+
+    def run(self) -> None:
+        clients = [httpx.Client(base_url=self.url, timeout=60,
+                                headers={"Authorization": f"Bearer {self.token}"})
+                   for _ in range(self.threads + 1)]
+        while not self.stop.is_set():
+            t0 = time.monotonic()
+            ids = [j["id"] for st in ("admitted", "running") for j in clients[0].get(
+                "/api/v1/jobs", params={"state": st, "limit": 10_000}).json()]
+            spread = self.every / max(1, len(ids))
+            workers = [threading.Thread(target=self._beat, args=(
+                clients[k + 1], ids[k::self.threads], t0 + k * spread, spread * self.threads))
+                for k in range(self.threads)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            self.stop.wait(max(0.0, t0 + self.every - time.monotonic()))
+        for c in clients:
+            c.close()
+
+    def _beat(self, client: httpx.Client, ids: list[str], start: float, gap: float) -> None:
+        for n, job_id in enumerate(ids):         # evenly spread over the round
+            if self.stop.wait(max(0.0, start + n * gap - time.monotonic())):
+                return
+            b0 = time.perf_counter()
+            client.post(f"/api/v1/jobs/{job_id}/heartbeat", json={})
+            self.slow.append(time.perf_counter() - b0)
+            self.beats += 1
+
+
 def running_1gpu(c: httpx.Client) -> list[str]:
     """Running jobs of one GPU: finishing one frees exactly what a 1-GPU probe needs."""
     jobs = c.get("/api/v1/jobs", params={"state": "admitted", "limit": 2000}).json()
@@ -218,9 +260,8 @@ def admissions(url: str) -> float:
 
 def settle(url: str, quiet: int = 3, most: float = 120.0) -> float:
     """Wait until `quiet` passes in a row admit nothing (the cluster is full: each pass
-    admits at most max_jobs_tested jobs), at most `most` seconds (jobs this bench never
-    heartbeats are lost after their lease, and their GPUs admit others); returns the
-    seconds it took."""
+    admits at most max_jobs_tested jobs), at most `most` seconds; returns the seconds it
+    took."""
     t0 = time.monotonic()
 
     def passes() -> int:
@@ -262,9 +303,11 @@ def run_one(kind: str, args, tmp: Path) -> dict:
         cluster = cluster_file(tmp / f"cluster-{args.hosts}.yaml", args.hosts)
         server = Server(db, cluster, 1, tmp / f"server-{kind}.log")
         watch = Watch(server.url, server.proc.pid)
+        beats = Launchers(server.url, admin)
         try:
             fill_rate = fill(server.url, tokens, args.pending, rng)
             watch.start()
+            beats.start()
             filled = settle(server.url)       # passes admit until the cluster is full
             ramp = list(watch.passes)
             watch.passes.clear()              # what follows: the steady state
@@ -272,7 +315,9 @@ def run_one(kind: str, args, tmp: Path) -> dict:
             failed = pass_errors(server.url)
         finally:
             watch.stop.set()
+            beats.stop.set()
             watch.join(timeout=5)
+            beats.join(timeout=30)
             server.stop()
     finally:
         if schema:
@@ -284,7 +329,10 @@ def run_one(kind: str, args, tmp: Path) -> dict:
            "minutes": args.minutes, "fill_submits_per_s": round(fill_rate, 1),
            "passes": len(p), "pass_p50_s": round(statistics.median(p), 4) if p else None,
            "pass_p95_s": round(p[int(0.95 * (len(p) - 1))], 4) if p else None,
-           "passes_failed": failed, **out,
+           "passes_failed": failed, **out, "heartbeats": beats.beats,
+           "heartbeat_p50_s": round(statistics.median(beats.slow), 4) if beats.slow else None,
+           "heartbeat_p95_s": round(sorted(beats.slow)[int(0.95 * (len(beats.slow) - 1))], 4)
+           if beats.slow else None,
            "fill_up_s": round(filled, 1), "fill_up_passes": len(ramp),
            "fill_up_pass_max_s": round(max(ramp), 4) if ramp else None,
            "rss_mb": {"first": rss[0] if rss else None, "last": rss[-1] if rss else None,
@@ -294,7 +342,8 @@ def run_one(kind: str, args, tmp: Path) -> dict:
           "then pass p50 "
           f"{res['pass_p50_s']} s p95 {res['pass_p95_s']} s ({len(p)} passes, "
           f"{failed:g} failed); free -> admitted median {res['admission_median_s']} s; "
-          f"submits {res.get('submits_per_s')}/s; RSS {res['rss_mb']} MB", flush=True)
+          f"submits {res.get('submits_per_s')}/s; heartbeat p95 {res['heartbeat_p95_s']} s; "
+          f"RSS {res['rss_mb']} MB", flush=True)
     return res
 
 

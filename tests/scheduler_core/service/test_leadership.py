@@ -192,6 +192,14 @@ def test_a_leader_frozen_mid_pass_is_taken_over_and_its_pass_writes_nothing(pg, 
         return real(svc, s, now, **kw)
 
     monkeypatch.setattr(storepass, "handle_gpu_faults", freeze_a)
+    renew = a._renew
+
+    def frozen_renew():                      # SIGSTOP freezes the lease keeper too
+        if frozen.is_set():
+            thaw.wait(30)
+        return renew()
+
+    monkeypatch.setattr(a, "_renew", frozen_renew)
     outcome: dict = {}
 
     def a_tick():

@@ -86,11 +86,13 @@ def test_a_failed_write_leaves_nothing_of_its_pass_in_memory(api, monkeypatch):
     assert api.tick() == [first]
     a, b = submit(api, "a", 8), submit(api, "b", 8)
 
+    real = storepass.admit
+
     def broken(*args, **kw):
+        assert real(*args, **kw)          # the admissions, allocations and holds written
         raise RuntimeError("the disk is full")
 
-    # after the first admission's allocations and holds are written
-    monkeypatch.setattr(storepass, "limit_note", broken)
+    monkeypatch.setattr(storepass, "admit", broken)
     with pytest.raises(RuntimeError):
         api.service.schedule_pass()
     assert api.service.warm is None

@@ -70,12 +70,16 @@ _RENEW = text(f"""
     WHERE deployment = :d AND token = :t
     RETURNING token""")
 # First in every pass's (and lease check's) transaction: lock the row, still this
-# leader's and unexpired; no takeover can then happen before it commits. A share lock: a
-# lease check never waits for a pass in flight, while a takeover waits for both.
+# leader's and unexpired; no takeover can then happen before it commits. A key-share
+# lock: a lease check never waits for a pass in flight, and the leader's renewal (an
+# UPDATE of expires_at alone: a no-key update) never waits for either, so a long write
+# cannot starve the renewals; a takeover locks the row FOR UPDATE first (`_CLAIM`), which
+# waits for every fenced transaction to commit.
 _FENCE = text("""
     SELECT token FROM leader_lease
     WHERE deployment = :d AND token = :t AND expires_at > clock_timestamp()
-    FOR SHARE""")
+    FOR KEY SHARE""")
+_CLAIM = text("SELECT 1 FROM leader_lease WHERE deployment = :d FOR UPDATE")
 _LEASE = text("""
     SELECT l.holder, l.pid, l.token, l.expires_at > clock_timestamp() AS live,
            l.expires_at <= clock_timestamp() AS expired, host(a.client_addr) AS client_addr,
@@ -173,10 +177,11 @@ class Leadership:
 
     @contextlib.contextmanager
     def kept(self):
-        """While a pass decides (no transaction open: storepass.py), renew the lease every
-        third of it, so a long pass (a cold read of a long queue) never lets it run out
-        while this replica lives. A frozen process renews nothing, and a pass hung for
-        KEEP_AT_MOST is kept no longer: takeovers stay as they were."""
+        """While a pass runs (storepass.py), renew the lease every third of it, so a long
+        pass (a cold read of a long queue, a big write) never lets it run out while this
+        replica lives: a renewal does not wait for the pass's fenced transactions. A
+        frozen process renews nothing, and a pass hung for KEEP_AT_MOST is kept no
+        longer: takeovers stay as they were."""
         if not self._elected or self._lock_conn is None:
             yield
             return
@@ -245,6 +250,8 @@ class Leadership:
             self._bounded(conn)
             args = {"d": self.deployment, "holder": self.app_name, "lease": self.lease}
             lease = conn.execute(_LEASE, {"d": self.deployment}).mappings().first()
+            if got or (lease and lease["expired"]):
+                conn.execute(_CLAIM, {"d": self.deployment})  # no fenced write in flight
             if got:
                 token = conn.execute(_ACQUIRE, args).scalar()
             else:

@@ -11,28 +11,30 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
-from sqlalchemy import and_, bindparam, or_, update
+from sqlalchemy import and_, or_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster
-from ..engine.state import ReplicaAllocation
 from ..jobspec import JobSpec
 from ..policy.scheduler import Scheduler
 from ..policy.types import account
-from ..policy.windows import window_of
-from ..store.models import AllocationRow, CpuHoldRow, GpuHoldRow, JobRow, MigHoldRow
-from ..units import format_duration
+from ..store.bulk import update_rows
+from ..store.models import JobRow
 from . import arrays, dependencies, passerrors, quarantine, reserving, warm
-from .common import HELD, PENDING, _ts, _update, not_held, spec_gpus, utcnow
+from .admit import admit
+from .common import HELD, PENDING, _ts, spec_gpus, utcnow
 from .faults import handle_gpu_faults
 from .preemption import broken_guarantee, mark_preempting
 from .uow import Store
 
 log = logging.getLogger(__name__)
+
+# not_held(), spelt out: SQLite runs a bulk update as executemany, which takes no IN list
+_PENDING_NOT_HELD = (JobRow.state == PENDING, or_(JobRow.reason_code.is_(None), and_(
+    *(JobRow.reason_code != h for h in HELD))))
 
 
 def run_pass(svc: Store) -> list[str]:
@@ -44,6 +46,13 @@ def run_pass(svc: Store) -> list[str]:
     svc.refresh_cluster()
     cluster = svc.cluster         # one cluster for the whole pass, whatever registers meanwhile
     fence = getattr(svc, "leader_fence", None)     # set by the scheduling loop (loop.py)
+    # however long the pass takes (a cold read of a long queue, a big write), the loop
+    # renews the lease meanwhile (leadership.py `kept`)
+    with (getattr(svc, "leader_keep", None) or contextlib.nullcontext)():
+        return _run(svc, now, policy, cluster, fence)
+
+
+def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence) -> list[str]:
     with svc.sessions.begin() as s:       # what comes before deciding: short, fenced
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
@@ -76,15 +85,12 @@ def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
     """Read what changed (one snapshot), decide outside any transaction, then write."""
     t_now = _ts(now)
     later: list = []                  # what the write does first (errors told on jobs)
-    # no transaction is open here, however long it takes (a cold read of a long queue):
-    # the loop renews the lease meanwhile (leadership.py `kept`)
-    with (getattr(svc, "leader_keep", None) or contextlib.nullcontext)():
-        r = warm.read(svc, cluster, policy, windows, now)
-        if r.rebuilt:
-            svc.rebuilt.append(r.rebuilt)
-        sched = warm.update(svc, r, policy, windows, t_now, later)
-        result = sched.schedule(t_now, explain=True)
-        reasons = _reasons(r.warm, sched, result, t_now)
+    r = warm.read(svc, cluster, policy, windows, now)    # no transaction open while it
+    if r.rebuilt:                                          # decides
+        svc.rebuilt.append(r.rebuilt)
+    sched = warm.update(svc, r, policy, windows, t_now, later)
+    result = sched.schedule(t_now, explain=True)
+    reasons = _reasons(r.warm, sched, result, t_now)
     admitted = _write(svc, r.warm, sched, result, r, now, fence, later, reasons)
     svc.warm = r.warm
     svc._silent = r.silent
@@ -128,64 +134,26 @@ def _write(svc: Store, w: warm.Warm, sched: Scheduler, result, r: warm.Read, now
         # committed while this pass waited for the database, and no job may be admitted
         # before the one it replaces ended (accounting, sacct's overlap)
         stamp = max(now, utcnow())
-        admitted = _admit(svc, s, result, stamp, t_now)
+        admitted = admit(svc, s, result, stamp, t_now)
         svc.preemptions = [p.reason for p in result.preempted
                            if mark_preempting(svc, s, p)]
         for job_id in (*admitted, *(p.victim.name for p in result.preempted)):
             if job_id in w.jobs:
                 w.jobs[job_id].rev = -1        # read again: what the engine holds of it
-        changed = [{"b_id": k.id, "b_code": said[0], "b_reason": said[1],
-                    "b_details": said[2], "b_eta": said[3], "b_promised": said[4]}
+        changed = [{"id": k.id, "reason_code": said[0], "reason": said[1],
+                    "details": said[2], "eta_at": said[3], "promised_at": said[4]}
                    for k, said in wrote]
         for k, said in wrote:
             if said[0] == "DeadlineAtRisk" and k.reason_code != said[0]:
                 svc._event(s, "deadline", said[1], job=k.id)    # once, as it turns
-        if changed:
-            t = JobRow.__table__
-            s.connection().execute(
-                update(t).where(t.c.id == bindparam("b_id"), t.c.state == PENDING,
-                                # not_held(), spelt out: executemany takes no IN list
-                                or_(t.c.reason_code.is_(None),
-                                    and_(*(t.c.reason_code != h for h in HELD))))
-                .values(reason_code=bindparam("b_code"), reason=bindparam("b_reason"),
-                        details=bindparam("b_details"), eta_at=bindparam("b_eta"),
-                        promised_at=bindparam("b_promised")), changed)
+        if changed:     # only where still pending and not held (a hold is its reason)
+            update_rows(s.connection(), JobRow.__table__, ("id",), changed,
+                        where=_PENDING_NOT_HELD)
     # committed: the leader knows these rows as written (a row another writer changed
     # meanwhile has another revision, and is read again)
     for k, said in wrote:
         k.reason_code, k.reason, k.details, k.eta_at, k.promised_at = said
         k.rev += 1
-    return admitted
-
-
-def _admit(svc: Store, s: Session, result, stamp: datetime, t_now: float) -> list[str]:
-    lease = stamp + timedelta(seconds=svc.settings.lease_ttl)
-    admitted = []
-    for job, placed in result.started:
-        # its own limit stops it (deadline_at); a cut only makes it yield (overrun.py)
-        cut_at, cut_by = result.cut.get(job.name, (None, None))
-        window = window_of(cut_by) if cut_by else None
-        deadline = min(_ts(stamp) + job.limit, result.until.get(job.name, math.inf))
-        done = s.execute(_update(JobRow).where(
-            JobRow.id == job.name, JobRow.state == PENDING, not_held()).values(
-            state="admitted", admitted_at=stamp, lease_expires_at=lease,
-            attempt=JobRow.attempt + 1,
-            reason_code=None, reason=None, details={}, eta_at=None, promised_at=None,
-            deadline_at=None if deadline == math.inf else
-            datetime.fromtimestamp(deadline, UTC),
-            yield_at=None if cut_at is None else datetime.fromtimestamp(cut_at, UTC),
-            stop_grace=round(job.grace), limit_cut_by=None if window else cut_by,
-            yield_reservation=window, borrowed=job.borrowed))
-        if done.rowcount != 1:
-            continue              # cancelled or held meanwhile
-        _write_allocations(s, job.name, placed.allocations, stamp)
-        hosts = ", ".join(dict.fromkeys(a.host.name for a in placed.allocations))
-        svc._event(s, "admitted", f"admitted on {hosts or 'no GPU host'}"
-                   + limit_note(job.limit, (cut_at or t_now) - t_now, cut_by,
-                                result.until.get(job.name))
-                   + ("; on borrowed quota (it may be reclaimed)" if job.borrowed
-                      else ""), job=job.name)
-        admitted.append(job.name)
     return admitted
 
 
@@ -222,35 +190,3 @@ def past_usage(svc: Store, s: Session, fairshare, t_now: float,
         if row.admitted_at is not None:
             fairshare.add_past(account(row.team, row.user), spec_gpus(row.spec),
                                _ts(row.admitted_at), t_now)
-
-
-def _write_allocations(s: Session, job_id: str, allocs: list[ReplicaAllocation],
-                       now: datetime) -> None:
-    for a in allocs:
-        d = a.to_dict()
-        s.add(AllocationRow(job_id=job_id, role=a.role, replica=a.index, host=a.host.name,
-                            gpus=d["gpus"], cpus=d["cpus"],
-                            memory_by_numa=d["memory_by_numa"], nics=d["nics"],
-                            mig=d.get("mig"), live=True, granted_at=now))
-        s.add_all(GpuHoldRow(host=a.host.name, gpu=g, job_id=job_id) for g in a.gpus)
-        s.add_all(MigHoldRow(host=a.host.name, gpu=m.gpu, device=m.index, job_id=job_id)
-                  for m in a.slices)
-        s.add_all(CpuHoldRow(host=a.host.name, cpu=c, job_id=job_id) for c in a.cpus)
-    s.flush()   # the hold keys are checked here, inside the pass's transaction
-
-
-
-def limit_note(limit: float, left: float, cut_by: str | None,
-               until: float | None = None) -> str:
-    """What the admission event says of the job's time limit and its yield."""
-    own = f"; time limit {format_duration(limit)}" if limit < math.inf else ""
-    if until is not None:
-        own += (f"; stopped at its reservation's end, "
-                f"{datetime.fromtimestamp(until, UTC).isoformat()}")
-    if cut_by and window_of(cut_by):
-        return own + reserving.yield_note(window_of(cut_by), left)
-    if cut_by:
-        return (f"{own}; it backfills ahead of the reservation for job {cut_by}: if it "
-                f"runs past its expected runtime into it (in {format_duration(max(0, left))})"
-                ", it is stopped and requeued under the same id")
-    return own

@@ -16,16 +16,18 @@ _BUILT: dict[tuple, tuple] = {}     # statements by table, columns and dialect: 
 
 
 def update_rows(conn: Connection, table: Table, keys: tuple[str, ...],
-                rows: list[dict], same: dict | None = None) -> None:
-    """UPDATE `table` SET each row's columns but `keys` WHERE its `keys` match; every row
-    has the same columns. `same`: values every row takes alike."""
+                rows: list[dict], same: dict | None = None, where: tuple = ()) -> None:
+    """UPDATE `table` SET each row's columns but `keys` WHERE its `keys` match (and the
+    conditions `where`: constants, no values of their own); every row has the same
+    columns. `same`: values every row takes alike."""
     same = same or {}
     cols = tuple(c for c in rows[0] if c not in keys)
-    shape = (table.name, keys, cols, tuple(same), conn.dialect.name)
+    shape = (table.name, keys, cols, tuple(same), conn.dialect.name,
+             tuple(map(str, where)))
     built = _BUILT.get(shape)
     if built is None:
         built = _BUILT[shape] = _build(table, keys, cols, tuple(same),
-                                       conn.dialect.name == "postgresql")
+                                       conn.dialect.name == "postgresql", where)
     stmt, json_rows = built
     if json_rows:
         conn.execute(stmt, {"rows": json.dumps(rows, default=_iso), **same})
@@ -35,13 +37,14 @@ def update_rows(conn: Connection, table: Table, keys: tuple[str, ...],
 
 
 def _build(table: Table, keys: tuple[str, ...], cols: tuple[str, ...],
-           same: tuple[str, ...], json_rows: bool) -> tuple:
+           same: tuple[str, ...], json_rows: bool, where: tuple) -> tuple:
     if not json_rows:
-        return update(table).where(*(table.c[k] == bindparam(f"b_{k}") for k in keys)), False
+        return update(table).where(*(table.c[k] == bindparam(f"b_{k}") for k in keys),
+                                   *where), False
     v = (func.jsonb_to_recordset(cast(bindparam("rows", type_=Text), JSONB))
          .table_valued(*(column(c, table.c[c].type) for c in keys + cols))
          .render_derived("v", with_types=True))
-    stmt = (update(table).where(*(table.c[k] == v.c[k] for k in keys))
+    stmt = (update(table).where(*(table.c[k] == v.c[k] for k in keys), *where)
             .values({**{c: v.c[c] for c in cols},
                      **{c: bindparam(c, type_=table.c[c].type) for c in same}}))
     return stmt, True
