@@ -109,3 +109,20 @@ def test_a_failed_write_leaves_nothing_of_its_pass_in_memory(api, monkeypatch):
     r = api.delete(f"/api/v1/jobs/{first}", headers=auth(api))
     assert r.status_code == 200
     assert set(api.tick()) == {a, b} - set(admitted)
+
+
+def test_a_policy_change_rebuilds_the_engine_from_memory_with_the_running_jobs_held(api):
+    """A team's share changed: the engine is built anew from what the leader keeps, the
+    running jobs it did not read again still holding their GPUs (else the next job is
+    placed on them and the pass's write fails on their holds)."""
+    a, b = submit(api, "a", 8), submit(api, "b", 8)     # two hosts of 8 GPUs: full
+    assert set(api.tick()) == {a, b}
+    api.tick()                                          # read again, as admitted
+    r = api.put("/api/v1/teams/vision", json={"share": 3.0}, headers=auth(api, "admin"))
+    assert r.status_code == 200, r.text
+    c = submit(api, "c", 8)
+    assert api.tick() == []
+    assert api.service.rebuilt == ["policy"]           # from memory, not from the store
+    held = api.service.warm.sched.state.allocations
+    assert {len(held[a]), len(held[b])} == {1} and held[a][0].gpu_mask.bit_count() == 8
+    assert job(api, c)["state"] == "pending"

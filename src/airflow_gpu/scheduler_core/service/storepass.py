@@ -86,9 +86,9 @@ def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
     t_now = _ts(now)
     later: list = []                  # what the write does first (errors told on jobs)
     r = warm.read(svc, cluster, policy, windows, now)    # no transaction open while it
-    if r.rebuilt:                                          # decides
+    sched = warm.update(svc, r, policy, windows, t_now, later)     # decides
+    if r.rebuilt:
         svc.rebuilt.append(r.rebuilt)
-    sched = warm.update(svc, r, policy, windows, t_now, later)
     result = sched.schedule(t_now, explain=True)
     reasons = _reasons(r.warm, sched, result, t_now)
     admitted = _write(svc, r.warm, sched, result, r, now, fence, later, reasons)

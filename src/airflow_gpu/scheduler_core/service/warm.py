@@ -199,6 +199,10 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
                                 "(%s); it is read anew from the store", diverged)
                     why, w = "divergence", Warm(cluster)
         want = [i for i, rev in revs.items() if (k := w.jobs.get(i)) is None or k.rev != rev]
+        if w.sched is not None and (policy != w.policy or timemodel.version != w.tm_version):
+            # the engine is built anew from memory (update): the live jobs it does not hold
+            # are read again, with their allocations
+            want += [i for i in w.broken if i in revs and w.jobs[i].rev == revs[i]]
         rows = {r.id: r for ids in _chunks(want)
                 for r in s.execute(select(*COLUMNS).where(JobRow.id.in_(ids)))}
         live = [i for i, r in rows.items() if r.state in LIVE]
@@ -269,7 +273,9 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
         if not fresh:
             _drop(sched, job_id, t_now)
         todo.append(k)
+    held = {}     # what the engine being replaced holds: the live jobs not read again
     if fresh:
+        held = w.sched.state.allocations if w.sched is not None else {}
         state = ClusterState(w.cluster)
         _hosts(state, Hosts({}, {}, {}), r.hosts)
         if r.found is not None:
@@ -284,7 +290,7 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
     sched.set_windows(windows)
     for k in todo:
         if k.state in LIVE:
-            _restore(svc, w, sched, k, r, later)
+            _restore(svc, w, sched, k, r, later, held.get(k.id))
     for k in todo:
         if k.state == PENDING:
             _submit(svc, w, sched, k, later)
@@ -337,7 +343,15 @@ def _submit(svc, w: Warm, sched: Scheduler, k: Known, later: list) -> None:
         later.append(lambda s, exc=exc: passerrors.pending_job(svc, s, k, exc))
 
 
-def _restore(svc, w: Warm, sched: Scheduler, k: Known, r: Read, later: list) -> None:
+def _restore(svc, w: Warm, sched: Scheduler, k: Known, r: Read, later: list,
+             kept: list[ReplicaAllocation] | None = None) -> None:
+    """A live job into the engine: with the allocations read (a row read again), else
+    with those the engine it replaces held (`kept`: built anew from memory)."""
+    if k.id not in r.rows and kept is not None:
+        sched.restore(k.parsed(), kept, _ts(k.admitted_at), deadline=k.stop_at(),
+                      borrowed=k.borrowed, preempted_by=frozenset(k.preemptors or ()),
+                      stopping=_stopping(k))
+        return
     held = r.allocs.get(k.id, [])
     try:
         if any(a.host not in w.cluster.by_name for a in held):
@@ -345,14 +359,18 @@ def _restore(svc, w: Warm, sched: Scheduler, k: Known, r: Read, later: list) -> 
             return    # its host left the cluster; the lease decides what happens
         sched.restore(k.parsed(), [to_engine(w.cluster, a) for a in held], _ts(k.admitted_at),
                       deadline=k.stop_at(), borrowed=k.borrowed,
-                      preempted_by=frozenset(k.preemptors or ()),
-                      stopping=(k.preempted_by, _ts(k.preempt_deadline_at))
-                      if k.state == "preempting" and k.preempt_deadline_at else None)
+                      preempted_by=frozenset(k.preemptors or ()), stopping=_stopping(k))
     except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the pass
         w.broken[k.id] = {a.host for a in held if a.host in w.cluster.by_name}
         w.failed.add(k.id)
         later.append(lambda s, exc=exc: passerrors.live_job(svc, s, sched.state, w.cluster,
                                                             k, held, exc))
+
+
+def _stopping(k: Known) -> tuple[str, float] | None:
+    if k.state == "preempting" and k.preempt_deadline_at:
+        return k.preempted_by, _ts(k.preempt_deadline_at)
+    return None
 
 
 def _hosts(state: ClusterState, old: Hosts, new: Hosts) -> None:
