@@ -278,11 +278,15 @@ def settle(url: str, quiet: int = 3, most: float = 120.0) -> float:
     return time.monotonic() - t0
 
 
-def pass_errors(url: str) -> float:
+def pass_errors(url: str) -> tuple[float, dict[str, float]]:
+    """The passes that failed, and the times the leader rebuilt its state, by why."""
+    failed, rebuilt = 0.0, {}
     for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
         if line.startswith('airflow_gpu_pass_errors_total{kind="pass"}'):
-            return float(line.split()[-1])
-    return 0.0
+            failed = float(line.split()[-1])
+        elif line.startswith("airflow_gpu_state_rebuilds_total{"):
+            rebuilt[line.split('"')[1]] = float(line.split()[-1])
+    return failed, rebuilt
 
 
 def run_one(kind: str, args, tmp: Path) -> dict:
@@ -312,7 +316,7 @@ def run_one(kind: str, args, tmp: Path) -> dict:
             ramp = list(watch.passes)
             watch.passes.clear()              # what follows: the steady state
             out = steady(server.url, admin, tokens[0], args.minutes, watch)
-            failed = pass_errors(server.url)
+            failed, rebuilt = pass_errors(server.url)
         finally:
             watch.stop.set()
             beats.stop.set()
@@ -329,7 +333,7 @@ def run_one(kind: str, args, tmp: Path) -> dict:
            "minutes": args.minutes, "fill_submits_per_s": round(fill_rate, 1),
            "passes": len(p), "pass_p50_s": round(statistics.median(p), 4) if p else None,
            "pass_p95_s": round(p[int(0.95 * (len(p) - 1))], 4) if p else None,
-           "passes_failed": failed, **out, "heartbeats": beats.beats,
+           "passes_failed": failed, "state_rebuilds": rebuilt, **out, "heartbeats": beats.beats,
            "heartbeat_p50_s": round(statistics.median(beats.slow), 4) if beats.slow else None,
            "heartbeat_p95_s": round(sorted(beats.slow)[int(0.95 * (len(beats.slow) - 1))], 4)
            if beats.slow else None,
@@ -341,7 +345,8 @@ def run_one(kind: str, args, tmp: Path) -> dict:
           f"{filled:.0f} s ({len(ramp)} passes, longest {res['fill_up_pass_max_s']} s); "
           "then pass p50 "
           f"{res['pass_p50_s']} s p95 {res['pass_p95_s']} s ({len(p)} passes, "
-          f"{failed:g} failed); free -> admitted median {res['admission_median_s']} s; "
+          f"{failed:g} failed, state rebuilt {rebuilt}); "
+          f"free -> admitted median {res['admission_median_s']} s; "
           f"submits {res.get('submits_per_s')}/s; heartbeat p95 {res['heartbeat_p95_s']} s; "
           f"RSS {res['rss_mb']} MB", flush=True)
     return res

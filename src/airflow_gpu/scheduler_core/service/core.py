@@ -138,8 +138,9 @@ class Service(Store):
             self.slowdown.update(s, self._policy(), self.cluster)
         return self.slowdown.report()
 
-    def schedule_pass(self) -> list[str]:
-        """One pass of the engine on the committed state; returns the admitted job ids."""
+    def schedule_pass(self, explain: bool = True) -> list[str]:
+        """One pass of the engine on the committed state; returns the admitted job ids.
+        `explain`: work out and write why each job waits (else they stay as written)."""
         from .storepass import run_pass
 
-        return run_pass(self)
+        return run_pass(self, explain)

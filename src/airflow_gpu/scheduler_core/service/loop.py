@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 class SchedulerLoop(Leadership):
     COALESCE = 0.2           # seconds a burst gathers before its pass (loop._next)
     MAX_COALESCE = 0.5
+    # A pass woken by a finish or a submit admits without working out why every other
+    # job waits, when that takes long (a long queue): freed GPUs are given at once, and
+    # the reasons are brought up to date by a pass at most EXPLAIN_EVERY seconds later.
+    EXPLAIN_EVERY = 2.0
+    QUICK_AFTER = 0.05       # seconds an explained pass takes before woken ones skip it
     def __init__(self, service: Service, metrics=None, interval: float | None = None):
         self.service = service
         self.metrics = metrics
@@ -56,6 +61,10 @@ class SchedulerLoop(Leadership):
         # webhook deliveries too, by the leader (webhooks.py)
         self.deliveries = Deliveries(service, self.leads, self.fence, metrics)
         self._helpers: list[threading.Thread] = []
+        self._woken = False          # the next pass was woken (loop._next)
+        self._explained_at = 0.0     # when the last explained pass began (monotonic)
+        self._explain_took = 0.0     # and how long it took
+        self._last_at = 0.0          # when the last pass began
 
     @property
     def last_error(self) -> dict | None:
@@ -110,13 +119,18 @@ class SchedulerLoop(Leadership):
         if self.service.wake.is_set():
             self._stop.wait(min(self.MAX_COALESCE, max(self.COALESCE, 2 * self.last_pass)))
         else:
-            self.service.wake.wait(self.interval)
+            wait = self.interval
+            if self._explained_at < self._last_at:      # reasons left as they were
+                wait = min(wait, self._explained_at + self.EXPLAIN_EVERY - time.monotonic())
+            self.service.wake.wait(max(0.0, wait))
+        self._woken = self.service.wake.is_set()
         self.service.wake.clear()     # before the pass: a wake during it is seen after
 
     def tick(self) -> list[str]:
-        """A lease check, then a pass (run by hand: tests, tools); returns the admitted."""
+        """A lease check, then an explained pass (run by hand: tests, tools); returns the
+        admitted."""
         self.check_leases()
-        return self._pass()
+        return self._pass(explain=True)
 
     def leads(self) -> bool:
         """Whether this replica schedules now (on PostgreSQL: holds the lease's token)."""
@@ -136,13 +150,19 @@ class SchedulerLoop(Leadership):
         if not isinstance(exc, NotLeader):      # taken over: the loop's next round steps down
             self.failed(exc, "lease check")
 
-    def _pass(self) -> list[str]:
+    def _pass(self, explain: bool | None = None) -> list[str]:
         from .metrics import queue_waits
 
         t0 = time.perf_counter()
-        admitted = self.service.schedule_pass()
+        self._last_at = start = time.monotonic()
+        if explain is None:
+            explain = (not self._woken or self._explain_took < self.QUICK_AFTER
+                       or start - self._explained_at >= self.EXPLAIN_EVERY)
+        admitted = self.service.schedule_pass(explain)
         self.service.changes.bump()           # requests waiting on jobs look again
         self.last_pass = time.perf_counter() - t0
+        if explain:
+            self._explained_at, self._explain_took = start, self.last_pass
         self.last_pass_at = time.time()
         self.passes += 1
         self._succeeded("pass", "election")

@@ -37,7 +37,7 @@ _PENDING_NOT_HELD = (JobRow.state == PENDING, or_(JobRow.reason_code.is_(None), 
     *(JobRow.reason_code != h for h in HELD))))
 
 
-def run_pass(svc: Store) -> list[str]:
+def run_pass(svc: Store, explain: bool = True) -> list[str]:
     """One pass of the engine on the leader's state, brought up to date with the store
     (warm.py); admits by writing allocations and holds. Returns the admitted job ids."""
     now = utcnow()
@@ -49,10 +49,11 @@ def run_pass(svc: Store) -> list[str]:
     # however long the pass takes (a cold read of a long queue, a big write), the loop
     # renews the lease meanwhile (leadership.py `kept`)
     with (getattr(svc, "leader_keep", None) or contextlib.nullcontext)():
-        return _run(svc, now, policy, cluster, fence)
+        return _run(svc, now, policy, cluster, fence, explain)
 
 
-def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence) -> list[str]:
+def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence,
+         explain: bool) -> list[str]:
     with svc.sessions.begin() as s:       # what comes before deciding: short, fenced
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
@@ -66,7 +67,7 @@ def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence) -> list[str
             svc.dep_reasons[owner] = why
     try:
         try:
-            return _decide(svc, cluster, policy, windows, now, fence)
+            return _decide(svc, cluster, policy, windows, now, fence, explain)
         except IntegrityError as exc:
             # a hold it wrote met a row it did not know of (written behind its back):
             # nothing was written, and the state read anew looks for such rows
@@ -74,14 +75,14 @@ def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence) -> list[str
                         "of (%s); its state is read anew from the store and the pass runs "
                         "again", exc.orig)
             svc.warm = None
-            return _decide(svc, cluster, policy, windows, now, fence)
+            return _decide(svc, cluster, policy, windows, now, fence, explain)
     except BaseException:
         svc.warm = None      # nothing half-applied stays in memory: the next pass rebuilds
         raise
 
 
 def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
-            fence) -> list[str]:
+            fence, explain: bool) -> list[str]:
     """Read what changed (one snapshot), decide outside any transaction, then write."""
     t_now = _ts(now)
     later: list = []                  # what the write does first (errors told on jobs)
@@ -89,7 +90,7 @@ def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
     sched = warm.update(svc, r, policy, windows, t_now, later)     # decides
     if r.rebuilt:
         svc.rebuilt.append(r.rebuilt)
-    result = sched.schedule(t_now, explain=True)
+    result = sched.schedule(t_now, explain=explain)     # unexplained: no pending reasons
     reasons = _reasons(r.warm, sched, result, t_now)
     admitted = _write(svc, r.warm, sched, result, r, now, fence, later, reasons)
     svc.warm = r.warm

@@ -12,8 +12,9 @@ change does not (a heartbeat, a reason written by the pass) only noted. Hosts (d
 unreachable agents, GPU health and wear) are compared with the last pass's and changed
 host by host.
 
-The scheduler is built anew from memory when the policy or the learned time model
-changes, and from the store (every row read again) when this replica becomes the
+The scheduler is built anew from memory when the policy changes or the learned time model
+did (at most every `MODEL_EVERY` seconds), the running jobs holding what they held, and
+from the store (every row read again) when this replica becomes the
 leader, when the cluster changes, after a pass that failed (storepass.py drops the
 state), and when the check every `CHECK_EVERY` seconds finds the live allocations or the
 wrong hold rows (quarantine.py) differ from what the engine holds."""
@@ -51,6 +52,9 @@ from .wear import worn_gpus
 log = logging.getLogger(__name__)
 
 CHECK_EVERY = 60.0      # seconds between checks of the engine's holdings against the store
+# seconds between engines built anew for the learned time model: it changes as jobs end
+# (every few seconds on a big cluster), and a rebuild re-plans the whole queue
+MODEL_EVERY = 60.0
 CHUNK = 1000            # ids per IN (...) read
 
 # the columns the leader keeps of each job (the spec is kept parsed)
@@ -125,6 +129,7 @@ class Warm:
         self.sched: Scheduler | None = None
         self.policy: PolicyConfig | None = None
         self.tm_version: tuple | None = None
+        self.built_at = time.monotonic()             # when the engine was last built
         self.hosts = Hosts({}, {}, {})
         self.found: list[integrity.Finding] = []     # wrong hold rows, held on the state
         self.checked_at = time.monotonic()
@@ -145,6 +150,7 @@ class Read:
     allocs: dict[str, list[AllocationRow]]  # the live allocations of those that are live
     found: list[integrity.Finding] | None   # wrong hold rows, when checked
     rebuilt: str | None = None              # why the state was read anew, if it was
+    anew: str | None = None                 # why the engine is built anew from memory
 
 
 @contextmanager
@@ -199,9 +205,8 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
                                 "(%s); it is read anew from the store", diverged)
                     why, w = "divergence", Warm(cluster)
         want = [i for i, rev in revs.items() if (k := w.jobs.get(i)) is None or k.rev != rev]
-        if w.sched is not None and (policy != w.policy or timemodel.version != w.tm_version):
-            # the engine is built anew from memory (update): the live jobs it does not hold
-            # are read again, with their allocations
+        anew = _anew(w, policy, timemodel)
+        if anew:    # the live jobs the engine does not hold are read again (update)
             want += [i for i in w.broken if i in revs and w.jobs[i].rev == revs[i]]
         rows = {r.id: r for ids in _chunks(want)
                 for r in s.execute(select(*COLUMNS).where(JobRow.id.in_(ids)))}
@@ -212,7 +217,20 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
                     AllocationRow.live.is_(True), AllocationRow.job_id.in_(ids))
                     .order_by(AllocationRow.id)):
                 allocs.setdefault(a.job_id, []).append(a)
-    return Read(w, hosts, silent, timemodel, fairshare, revs, rows, allocs, found, why)
+    return Read(w, hosts, silent, timemodel, fairshare, revs, rows, allocs, found, why, anew)
+
+
+def _anew(w: Warm, policy: PolicyConfig, timemodel: LocalityModel) -> str | None:
+    """Why the engine is built anew from memory this pass, if it is: the policy changed,
+    or the time model did and the last build is MODEL_EVERY old (till then new jobs are
+    planned with the new factors, the queued and running with those they had)."""
+    if w.sched is None:
+        return None
+    if policy != w.policy:
+        return "policy"
+    if timemodel.version != w.tm_version and time.monotonic() - w.built_at >= MODEL_EVERY:
+        return "time model"
+    return None
 
 
 def _chunks(ids: list[str]) -> Iterator[list[str]]:
@@ -251,10 +269,9 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
     """Bring the leader's scheduler up to date with what `r` read; what must be written
     (errors told on jobs) is added to `later` for the pass's write."""
     w = r.warm
-    fresh = (w.sched is None or policy != w.policy
-             or r.timemodel.version != w.tm_version)
-    if fresh and r.rebuilt is None and w.sched is not None:
-        r.rebuilt = "policy" if policy != w.policy else "time model"
+    fresh = w.sched is None or r.anew is not None
+    if r.anew and r.rebuilt is None:
+        r.rebuilt = r.anew
     sched = w.sched
     for job_id in [i for i in w.jobs if i not in r.revs]:     # ended, held or blocked
         del w.jobs[job_id]
@@ -284,6 +301,7 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
         sched = w.sched = Scheduler(state, policy, svc.reg, now=t_now,
                                     timemodel=r.timemodel)
         w.policy, w.tm_version, w.hosts = policy, r.timemodel.version, r.hosts
+        w.built_at = time.monotonic()
         w.broken, w.failed = {}, set()
         todo = list(w.jobs.values())
     sched.timemodel = r.timemodel
