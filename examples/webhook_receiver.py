@@ -5,8 +5,10 @@ id), prints one line per notification and answers 200 (401 for a bad signature).
     python3 examples/webhook_receiver.py --port 9000 --secret-file webhook.secret
 
 The secret file holds what `airflow-gpu team-set TEAM --webhook-secret new` printed; it
-is read again for every request, so a rotated secret takes effect at once. Only the
-standard library: copy it and replace `handle()` with what your service does."""
+is read again for every request, so a rotated secret takes effect at once. The signature
+covers the URL the service POSTed to: this receiver's `--base-url` (default
+http://HOST:PORT; behind a proxy, the public one) and the request's path and query. Only
+the standard library: copy it and replace `handle()` with what your service does."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from pathlib import Path
 TOLERANCE = 300          # seconds a signature's timestamp may be off (replays older fail)
 
 
-def verify(secret: str, header: str, body: bytes) -> bool:
-    """X-Airflow-GPU-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<body>">."""
+def verify(secret: str, header: str, body: bytes, url: str) -> bool:
+    r"""X-Airflow-GPU-Signature: t=<unix time>,v2=<hex HMAC-SHA256 of "<t>\n<url>\n<body>">,
+    `url` the one this request was sent to (this receiver's, never the request's Host)."""
     try:
         fields = dict(part.split("=", 1) for part in header.split(","))
         timestamp = int(fields["t"])
@@ -30,9 +33,9 @@ def verify(secret: str, header: str, body: bytes) -> bool:
         return False
     if abs(time.time() - timestamp) > TOLERANCE:
         return False
-    expected = hmac.new(secret.encode(), f"{timestamp}.".encode() + body,
-                        hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, fields.get("v1", ""))
+    signed = f"{timestamp}\n{url}\n".encode() + body
+    expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, fields.get("v2", ""))
 
 
 def handle(path: str, note: dict) -> None:
@@ -48,6 +51,8 @@ def main() -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=9000, help="0: any free port")
     p.add_argument("--secret-file", required=True, type=Path)
+    p.add_argument("--base-url", help="scheme://host:port the service POSTs to (default: "
+                   "http://HOST:PORT)")
     args = p.parse_args()
     seen: set[str] = set()
 
@@ -55,7 +60,9 @@ def main() -> None:
         def do_POST(self):                   # noqa: N802 - http.server's name
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             secret = args.secret_file.read_text().strip()
-            if not verify(secret, self.headers.get("X-Airflow-GPU-Signature", ""), body):
+            url = base + self.path              # the URL as the service was given it
+            if not verify(secret, self.headers.get("X-Airflow-GPU-Signature", ""), body,
+                          url):
                 self.send_response(401)      # not from the service: never retried
             else:
                 delivery = self.headers.get("X-Airflow-GPU-Delivery", "")
@@ -70,7 +77,8 @@ def main() -> None:
             pass
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
-    print(f"listening on http://{args.host}:{server.server_port}/hook", flush=True)
+    base = (args.base_url or f"http://{args.host}:{server.server_port}").rstrip("/")
+    print(f"listening on {base}/hook", flush=True)
     server.serve_forever()
 
 

@@ -20,7 +20,8 @@ def test_plan_json_contract():
     out = run("plan", "--cluster", "example", "--jobs", str(EXAMPLE_JOBS), "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert set(data) == {"admitted", "pending", "rejected"}
+    assert set(data) == {"admitted", "pending", "rejected", "refused"}
+    assert data["refused"] == []
     admitted = {j["job"]: j for j in data["admitted"]}
     tf = admitted["imagenet-tf"]
     assert len(tf["replicas"]) == 12
@@ -68,7 +69,7 @@ GOOD_JOBS = "jobs:\n  - name: j\n    roles: [{name: w, gpus: 1}]\n"
     ("jobs", "jobs:\n  - name: j\n    roles: [{name: w, replicaz: 2}]\n",
      "jobs[0].roles[0]: unknown field 'replicaz'; did you mean 'replicas'?"),
     ("jobs", "jobs:\n  - name: j\n    roles: [{name: w, memory: -8GiB}]\n",
-     "jobs[0].roles[0].memory: size must not be negative"),
+     "jobs[0].roles[0].memory: size '-8GiB' is negative; give 0 or more"),
     ("jobs", "jobs:\n  - name: j\n    job_class: jax\n    roles: [{name: w}]\n",
      "unknown class 'jax'; known classes: etl, pytorch"),
     ("jobs", "jobs:\n  - name: j\n    roles: [{name: w}]\n    placement: {locality: galaxy}\n",

@@ -10,8 +10,8 @@ from tests.scheduler_core.test_input_errors import CLUSTER, JOB, cli, one_line_e
 
 def test_an_expected_runtime_of_zero(tmp_path):
     jobs = write(tmp_path, "jobs.yaml", JOB.replace("roles:", "expected_runtime: 0\nroles:"))
-    one_line_error(cli("plan", "--jobs", jobs), f"{jobs}: jobs[0].expected_runtime: ",
-                   "greater than 0")
+    one_line_error(cli("plan", "--jobs", jobs), f"{jobs}: jobs[0].expected_runtime: 0 is "
+                   "too small; give more than 0")
     # submit checks the file before it asks the service anything
     one_line_error(cli("submit", jobs, "--url", "http://127.0.0.1:1", "--token", "t"),
                    f"{jobs}: jobs[0].expected_runtime: ")
@@ -51,8 +51,8 @@ def test_inf_and_nan_in_a_policy_file(tmp_path, policy, field, value):
     path = write(tmp_path, "policy.yaml", policy)
     jobs = write(tmp_path, "jobs.yaml", JOB)
     one_line_error(cli("plan", "--jobs", jobs, "--policy-file", path),
-                   f"{path}: {field}: must be a finite number, not .inf or .nan "
-                   f"(got {value})")
+                   f"{path}: {field}: .{value} is not a finite number; give a finite "
+                   "one")
 
 
 def test_a_default_time_limit_over_the_maximum_names_the_policy_file(tmp_path):

@@ -18,7 +18,7 @@ from tests.servers import Server
 
 def test_bad_requests_name_the_field():
     with pytest.raises(ValueError, match=r"task 't': the GPU request is invalid: roles\[0\]\.gpus: "
-                       r"Input should be greater than or equal to 0 \(got -1\)"):
+                       r"-1 is under the least accepted, 0; give 0 or more$"):
         GpuDockerOperator(task_id="t", image="x", gpus=-1)
     with pytest.raises(ValueError, match=r"roles\[0\]: unknown field 'replicaz'; did you "
                        r"mean 'replicas'\?"):
@@ -38,10 +38,11 @@ def test_spec_from_arguments():
                            gpu_memory="48GiB", cpus=8, memory="32GiB", job_class="pytorch",
                            priority=7, expected_runtime="2h")
     spec = op._spec("dag.t", "vision")
+    # as the service stores it (jobfile.wire): one GPU model is a list of one
     assert spec == {"name": "dag.t", "priority": 7, "team": "vision", "job_class": "pytorch",
                     "expected_runtime": "2h",
                     "roles": [{"name": "main", "gpus": 2, "cpus": 8, "memory": "32GiB",
-                               "gpu": {"model": "H100", "min_memory": "48GiB"}}]}
+                               "gpu": {"model": ["H100"], "min_memory": "48GiB"}}]}
 
 
 @pytest.fixture
@@ -121,7 +122,7 @@ def test_notify_goes_into_the_spec_and_a_bad_one_fails_when_parsed():
     op = GpuBashOperator(task_id="t", bash_command="true",
                          notify={"url": "https://hooks.example/x", "events": ["preemption"]})
     assert op._spec("d.t")["notify"]["events"] == ["preemption"]
-    with pytest.raises(ValueError, match=r"notify\.events\[0\]: Input should be 'start', "):
+    with pytest.raises(ValueError, match=r"notify\.events\[0\]: 'done' is not one of 'start', "):
         GpuBashOperator(task_id="t", bash_command="true",
                         notify={"url": "https://hooks.example/x", "events": ["done"]})
 

@@ -1,11 +1,13 @@
 """What the command groups share: the console tables print on, the database flag, and
 for the client commands the connection flags (--url, --token, --conn-id), the API client
-they make and the way they print its answer (a table, or JSON with --json)."""
+they make and the way they print its answer (a table, or JSON with --json), and how a
+job file's refused jobs are told."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -25,6 +27,17 @@ def console() -> Console:
     if not out.is_terminal:  # pipes and CI logs: wide enough that hosts and cpus fit
         out.width = max(out.width, 160)
     return out
+
+
+def refuse_jobs(path: str, refused: list[tuple[int, str, str]]) -> int:
+    """Jobs of a file refused one by one, as (index, name, why): a line each on stderr,
+    in the words of the service's batch refusals (plan and submit print the same)."""
+    from ..scheduler_core.jobfile import file_index
+
+    sys.stdout.flush()                 # what was planned, before the refusals
+    for i, name, why in refused:
+        print(f"error: {path}: {file_index(i, name)}: {why}", file=sys.stderr)
+    return 2 if refused else 0
 
 
 def db_arg(p: argparse.ArgumentParser, create: bool = False) -> None:

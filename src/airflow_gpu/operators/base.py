@@ -12,7 +12,6 @@ from typing import Any
 
 from airflow.sdk import BaseOperator, Context, conf
 from airflow.sdk.exceptions import AirflowException, AirflowFailException
-from pydantic import ValidationError
 
 from ..hooks.scheduler import GpuSchedulerHook, client_options
 from ..launch.handle import Handle, LaunchError
@@ -21,9 +20,9 @@ from ..launch.local import local_host
 from ..launch.replica import Replica, needs_cluster, replicas_of
 from ..launch.supervise import Outcome, settle, stop_all, supervise
 from ..scheduler_core.client import ApiError, Client
-from ..scheduler_core.errors import InputError, describe_validation_error
+from ..scheduler_core.errors import InputError
 from ..scheduler_core.jobclasses import timeout_message
-from ..scheduler_core.jobspec import JobSpec
+from ..scheduler_core.jobfile import job_request
 from ..triggers.admission import AdmissionTrigger
 from .background import Background
 from .deadlines import Downstream, add_deadline, check_deadline, due_of, estimate
@@ -132,12 +131,10 @@ class GpuBaseOperator(BaseOperator):
                            ("notify", self.notify)):
             if value:
                 spec[key] = value
-        try:
-            JobSpec.model_validate(spec)
-        except ValidationError as exc:     # the same wording as job files and the API
-            raise ValueError(f"task {self.task_id!r}: the GPU request is invalid: "
-                             f"{describe_validation_error(exc, JobSpec)}") from None
-        return spec
+        try:    # as job files are checked and sent (jobfile.py), in the same words
+            return job_request(spec, f"task {self.task_id!r}: the GPU request is invalid")
+        except InputError as exc:
+            raise ValueError(str(exc)) from None
 
     def _runtime(self, client, name: str) -> int | None:
         """Median of the last successful runs, where the job class allows it."""

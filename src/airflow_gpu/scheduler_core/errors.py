@@ -9,6 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from .fielderrors import field_message
+
 
 class InputError(Exception):
     """Bad input a user can fix. `str()` is the whole message; no traceback is shown."""
@@ -47,7 +49,8 @@ def _inner_model(annotation: Any) -> Any:
 
 
 def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
-    lines = []
+    """Every field's error, one message per field (fielderrors.py words them)."""
+    lines, seen = [], set()
     for err in exc.errors():
         where = _loc(tuple(err["loc"]))
         if err["type"] == "extra_forbidden":
@@ -56,17 +59,13 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
             known = _field_names(model, tuple(err["loc"]))
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
+            name = name if len(name) <= 60 else f"{name[:57]}..."
             lines.append(f"{where}: unknown field '{name}'{hint} (known fields: "
                          f"{', '.join(known)})")
             continue
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "finite_number":          # YAML's .inf and .nan
-            msg = "must be a finite number, not .inf or .nan"
-        got = err.get("input")
-        text = repr(got)
-        text = text if len(text) <= 60 else f"{text[:57]}..."
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {text})"
-        lines.append(f"{where}: {msg}{shown}")
+        if where not in seen:        # a union's members each report the same field
+            seen.add(where)
+            lines.append(f"{where}: {field_message(err)}")
     return "; ".join(lines)
 
 
@@ -90,6 +89,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                     raise DuplicateKey(key, line, first)
                 seen[key] = line
         return super().construct_mapping(node, deep)
+
+
+# Dates and times stay the text they were written as (as in YAML 1.2 and JSON): each field
+# parses its own (a deadline: units.parse_deadline), so a file means what the API would,
+# `deadline: 2026-12-06` is told what to write, and what is sent is JSON.
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 
 
 class DuplicateKey(Exception):

@@ -68,7 +68,9 @@ def _normalize(v):
                              f"e.g. {{afterok: [prep]}}; got {keys}")
         else:
             out.append(item)
-    total = sum(len(c.get("jobs") or ()) if isinstance(c, dict) else 0 for c in out)
+    # counted where they are a list: `{afterok: 5}` is left to the model to name
+    total = sum(len(c["jobs"]) for c in out
+                if isinstance(c, dict) and isinstance(c.get("jobs"), list | tuple))
     if total > MAX_REFS:
         raise ValueError(f"{total} jobs named, over the most a job may wait for "
                          f"({MAX_REFS}); name an array instead of its elements, or chain "

@@ -18,7 +18,6 @@ from pydantic import (
     model_validator,
 )
 
-from .errors import InputError, load_yaml, validate
 from .jobarray import ArraySpec
 from .jobdeps import DependsOn, file_cycle
 from .units import Deadline, Duration, Size, format_duration
@@ -241,21 +240,11 @@ MAX_URL = 2000
 
 
 def web_url(v: str) -> str:
-    """An http(s) URL with a host and no user:password part (URLs are shown to teams)."""
-    from urllib.parse import urlsplit
+    """An http(s) URL the webhook sender can POST to: parsed as it parses it (httpx), with a
+    host, a port from 1 to 65535 and no user:password part (URLs are shown to teams)."""
+    from .webhookurl import web_url as checked
 
-    try:
-        parts = urlsplit(v)
-        host = parts.hostname
-    except ValueError:             # a bad port or IPv6 literal
-        host = None
-    if host is None or parts.scheme not in ("http", "https"):
-        raise ValueError(f"{v[:200]!r} is not an http:// or https:// URL with a host")
-    if parts.username is not None or parts.password is not None:
-        raise ValueError(f"{parts.scheme}://...@{host}: a URL with a user or password "
-                         "part is refused (URLs are shown to every team); let the receiver "
-                         "check the signature instead")
-    return v
+    return checked(v)
 
 
 def notify_events(v: list[str]) -> list[str]:
@@ -377,13 +366,3 @@ class JobsFile(_Spec):
         if found:
             raise ValueError(f"jobs[{found[0]}].depends_on: {found[1]}")
         return self
-
-
-def load_jobs(path: str) -> list[JobSpec]:
-    """Job specs from a YAML/JSON file holding `jobs: [...]` (or a single job)."""
-    data = load_yaml(path)
-    if isinstance(data, dict) and "jobs" not in data and "roles" in data:
-        data = {"jobs": [data]}
-    if not isinstance(data, dict):
-        raise InputError("expected a mapping with 'jobs: [...]' (a list of job specs)", path)
-    return validate(JobsFile, data, path).jobs

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime
+from datetime import date, datetime
 from typing import Annotated
 
 from pydantic import BeforeValidator, PlainSerializer
@@ -42,16 +42,17 @@ def _show(value: object) -> str:
 
 def _finite(number: float, value: object, what: str, example: str) -> None:
     if not math.isfinite(number):
-        raise ValueError(f"{what} must be a finite number, got {_show(value)} (NaN, Infinity "
-                         f"and numbers too large to hold, such as 1e400, are refused); give "
-                         f"a {what} such as {example}")
+        raise ValueError(f"{_show(value)} is not a finite number (NaN, Infinity and numbers "
+                         f"too large to hold, such as 1e400, are refused); give a {what} "
+                         f"such as {example}")
 
 
 def parse_size(value: object) -> int:
     """Bytes from a string such as `8GiB` or `8G` (binary) or `48GB` (decimal), `4096B`
     (bytes). A number without a unit is refused (but 0)."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a size such as 8GiB, got {_show(value)}")
+        raise ValueError(f"{str(value).lower()} is a yes/no value, not a size; write one such "
+                         "as 8GiB")
     if isinstance(value, int) and abs(value) > MAX_SIZE:     # float() would overflow
         number, unit = 2.0**64 if value > 0 else -1.0, ""
     elif isinstance(value, int | float):
@@ -59,13 +60,14 @@ def parse_size(value: object) -> int:
     elif isinstance(value, str) and (m := _SIZE_RE.match(value)):
         number, unit = float(m.group(1)), m.group(2).lower()
     else:
-        raise ValueError(f"expected a size such as 8GiB, 48GB or 512MiB, got {_show(value)}")
+        raise ValueError(f"{_show(value)} is not a size; write one such as 8GiB, 48GB or "
+                         "512MiB")
     if unit not in _SIZE_UNITS:
         raise ValueError(f"unknown size unit {_show(unit)} in {_show(value)}; use "
                          f"{SIZE_UNITS_HELP}")
     _finite(number, value, "size", "8GiB")
     if number < 0:
-        raise ValueError(f"size must not be negative, got {_show(value)}")
+        raise ValueError(f"size {_show(value)} is negative; give 0 or more, such as 8GiB")
     size = int(value) if isinstance(value, int) else int(number * _SIZE_UNITS[unit])
     if size > MAX_SIZE:
         raise ValueError(f"size {_show(value)} is over the largest there is, {MAX_SIZE} bytes "
@@ -80,7 +82,8 @@ def parse_size(value: object) -> int:
 def parse_duration(value: object) -> int:
     """Seconds from a number or a string such as `90m`, `6h`, `2d` or `1h30m`."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 90m, got {_show(value)}")
+        raise ValueError(f"{str(value).lower()} is a yes/no value, not a duration; write one "
+                         "such as 90m")
     if isinstance(value, int) and abs(value) > MAX_DURATION:
         seconds = MAX_DURATION + 1.0 if value > 0 else -1.0     # float() could overflow
     elif isinstance(value, int | float):
@@ -88,19 +91,21 @@ def parse_duration(value: object) -> int:
     elif isinstance(value, str):
         text = value.strip().lower().replace(" ", "")
         if text.startswith("-"):
-            raise ValueError(f"duration must not be negative, got {_show(value)}")
+            raise ValueError(f"duration {_show(value)} is negative; give 0 or more, such "
+                             "as 90m")
         if re.fullmatch(r"\d+(\.\d+)?", text):
             seconds = float(text)
         elif text and _DURATION_RE.sub("", text) == "":
             seconds = sum(float(n) * _DURATION_UNITS[u] for n, u in _DURATION_RE.findall(text))
         else:
-            raise ValueError(f"expected a duration such as 30s, 90m, 6h, 2d or 1h30m, "
-                             f"got {_show(value)}")
+            raise ValueError(f"{_show(value)} is not a duration; write one such as 30s, "
+                             "90m, 6h, 2d or 1h30m")
     else:
-        raise ValueError(f"expected a duration such as 90m or 6h, got {_show(value)}")
+        raise ValueError(f"{_show(value)} is not a duration; write one such as 90m or 6h")
     _finite(seconds, value, "duration", "90m")
     if seconds < 0:
-        raise ValueError(f"duration must not be negative, got {_show(value)}")
+        raise ValueError(f"duration {_show(value)} is negative; give 0 or more, such as "
+                         "90m")
     if seconds > MAX_DURATION:
         raise ValueError(f"duration {_show(value)} is over the longest accepted, 100 years "
                          f"({MAX_DURATION}s); give a duration such as 90m, 6h or 2d")
@@ -148,18 +153,29 @@ Duration = Annotated[int, BeforeValidator(parse_duration),
                      PlainSerializer(format_duration, return_type=str)]
 
 
+_WHEN = "such as 2026-12-05T06:00:00Z (UTC) or 2026-12-05T07:00:00+01:00"
+
+
 def parse_deadline(value: object) -> datetime:
     """An aware datetime from one, or from an ISO 8601 string with its time zone: a
-    deadline without a zone would mean another time on every host that reads it."""
+    deadline without a zone would mean another time on every host that reads it. A date
+    alone (`2026-12-06`, or a datetime.date) is refused saying what to write."""
     if isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"\d{4}-\d{2}-\d{2}", text):
+            return parse_deadline(date.fromisoformat(text))
         try:
-            value = datetime.fromisoformat(value.strip().replace("z", "Z"))
+            value = datetime.fromisoformat(text.replace("z", "Z"))
         except ValueError:
-            raise ValueError("expected a date and time with its time zone, such as "
-                             "2026-12-05T06:00:00Z or 2026-12-05T07:00:00+01:00") from None
+            raise ValueError(f"{_show(value)} is not a date and time; write one with its time "
+                             f"zone, {_WHEN}") from None
+    if isinstance(value, date) and not isinstance(value, datetime):
+        day = value.isoformat()
+        raise ValueError(f"{day} is a date without a time; write a full time with its zone, "
+                         f"such as {day}T00:00:00Z (midnight UTC) or {day}T00:00:00+01:00")
     if not isinstance(value, datetime):
-        raise ValueError("expected a date and time with its time zone, such as "
-                         "2026-12-05T06:00:00Z or 2026-12-05T07:00:00+01:00")
+        raise ValueError(f"{_show(value)} is not a date and time; write one with its time "
+                         f"zone, {_WHEN}")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{value.isoformat()} has no time zone; add one, e.g. "
                          f"{value.isoformat()}Z (UTC) or {value.isoformat()}+01:00")

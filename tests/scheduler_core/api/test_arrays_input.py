@@ -33,7 +33,7 @@ def nothing_made(api, jobs: int = 0) -> None:
     ("%0", ["body", "spec", "array", "range"], "%0 is no limit"),
     ("", ["body", "spec", "array", "range"], "an empty entry is no index range"),
     ({"range": "0-9", "max_running": 0}, ["body", "spec", "array", "max_running"],
-     "greater than or equal to 1"),
+     "0 is under the least accepted, 1; give 1 or more"),
 ])
 def test_a_bad_array_is_refused_naming_the_field(api, array, loc, said):
     r = api.post("/api/v1/jobs", json={"spec": spec("sweep", array=array)},

@@ -1,20 +1,24 @@
 """Webhook notifications through the real app and store (SQLite and PostgreSQL) to a real
 HTTP receiver on loopback: a job's own subscription and its team's, each told what it
 asked for once, signed with the team's secret; the URL allow-list refusing a spec and a
-team setting; a rotated secret; the idle policy's `notify`; retries, and give-ups."""
+team setting; a rotated secret; the idle policy's `notify`; retries, and give-ups; the
+body naming a job's user and array element, as the docs list it."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select
 
+from airflow_gpu.scheduler_core.jobspec import NOTIFY_EVENTS
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.service.auth import create_token
 from airflow_gpu.scheduler_core.store.models import EventRow, NotificationRow
 from tests.databases import serve
-from tests.helpers import until
+from tests.helpers import REPO, until
 from tests.scheduler_core.api.test_api import auth, submit
 from tests.scheduler_core.service.test_accounting import report
 from tests.scheduler_core.service.test_reclaim_and_requeue import beat, job
@@ -97,7 +101,8 @@ def test_job_and_team_webhooks_each_get_what_they_asked_for_once_signed(api, rec
     (failed,) = job_hook.wait(1)                      # default events: end and failure
     assert (failed["event"], failed["kind"], failed["version"]) == ("failed", "failure", 1)
     assert failed["job"] == {
-        "id": j["id"], "name": "train", "team": "vision", "state": "failed", "attempt": 1,
+        "id": j["id"], "name": "train", "team": "vision", "user": None, "array_id": None,
+        "array_index": None, "state": "failed", "attempt": 1,
         "exit_code": 3, "reason": None, "requeue_reason": None,
         "links": {"api": f"/api/v1/jobs/{j['id']}",
                   "airflow": {"dag_id": "d", "task_id": "t", "run_id": "r", "map_index": -1,
@@ -237,8 +242,8 @@ def test_a_failing_receiver_is_retried_and_a_refusing_one_given_up(api, receiver
     events = api.get(f"/api/v1/jobs/{j['id']}/explain", headers=auth(api, "vision")).json()
     (said,) = [e for e in events["events"] if e["kind"] == "notification"]
     assert said["message"] == (f"notification 'start' of event {given_up['event_id']} to "
-                               f"{refusing.url} given up: the receiver answered HTTP 400 "
-                               "Bad Request")
+                               f"http://127.0.0.1:{refusing.port}/… given up: the receiver "
+                               "answered HTTP 400 Bad Request")
     api.deliver()                     # not due yet: the back-off is a second ...
     if datetime.now(UTC) < datetime.fromisoformat(retrying["next_attempt_at"]):
         assert len(flaky.got) == 1    # (... unless a loaded machine took longer)
@@ -281,3 +286,28 @@ def test_a_receiver_down_past_give_up_after_is_given_up_and_the_next_still_sent(
         assert [b["event"] for b in down.wait(1)] == ["running"]
     finally:
         down.stop()
+
+
+def test_the_body_tells_array_elements_and_users_apart(api, receivers):
+    hook = receivers()
+    webhook(api, "vision", hook.url, ["start"])
+    api.tokens["alice"] = create_token(api.service.sessions, "vision", user="alice")
+    r = submit(api, "alice", spec("sweep", array="0-1"))
+    assert r.status_code == 201, r.text
+    first = r.json()
+    assert len(api.tick()) == 2
+    api.deliver()
+    told = [b["job"] for b in hook.wait(2)]
+    assert sorted((j["name"], j["array_index"], j["user"]) for j in told) == [
+        ("sweep", 0, "alice"), ("sweep", 1, "alice")]
+    assert {j["array_id"] for j in told} == {first["array_id"]} != {None}
+
+
+def test_the_docs_name_every_kind_and_every_field_of_the_body():
+    page = (REPO / "docs" / "notifications.md").read_text()
+    (kind,) = [line for line in page.splitlines() if line.startswith("| `kind` |")]
+    assert re.findall(r"`(\w+)`", kind.split("|")[2]) == list(NOTIFY_EVENTS)
+    (job_row,) = [line for line in page.splitlines() if line.startswith("| `job` |")]
+    for field in ("id", "name", "team", "user", "array_id", "array_index", "state",
+                  "attempt", "exit_code", "reason", "requeue_reason"):
+        assert f"`{field}`" in job_row, field

@@ -188,7 +188,11 @@ def test_check_against_the_cluster_finds_indexes_the_host_lacks(api, db_url, tmp
     assert check.returncode == 1
     assert check.stdout.splitlines() == [
         f"gpu_holds host={where['host']} gpu=12 job={j}: host {where['host']} (dgx-a100) "
-        "has 8 GPUs (0-7); fix: delete it: airflow-gpu db repair"]
+        "has 8 GPUs (0-7); fix: delete it: airflow-gpu db repair",
+        f"allocations host={where['host']} allocation=1 job={j}: it names GPU 12, which "
+        f"host {where['host']} (dgx-a100) does not have; fix: airflow-gpu db repair makes "
+        f"it name GPUs {where['gpus']} and cores {where['cpus']} (what the job's hold rows "
+        "there hold)"]
     assert cli("db", "repair", "--db", db_url, "--cluster", str(cluster)).returncode == 0
     assert cli("db", "check", "--db", db_url, "--cluster", str(cluster)).returncode == 0
 
@@ -244,11 +248,18 @@ def test_a_core_hold_its_live_allocation_lacks_is_found_each_pass(api, db_url):
         a.cpus = sorted([*where["cpus"][1:], moved_to])
     api.tick()
     view = api.get("/api/v1/cluster", headers=auth(api)).json()
+    # which row is wrong cannot be told: the hold is quarantined, never deleted
     assert [(q["cpu"], q["problem"]) for q in view["quarantined"]] == [
-        (moved_from, f"no live allocation of job {j} holds it")]
+        (moved_from, f"no live allocation of job {j} holds it, and one names core "
+         f"{moved_to} instead, which no hold row of the job holds")]
     check = cli("db", "check", "--db", db_url)
     assert check.returncode == 1
     assert check.stdout.startswith(f"cpu_holds host={where['host']} cpu={moved_from} ")
+    repaired = cli("db", "repair", "--db", db_url)
+    assert repaired.returncode == 1 and repaired.stdout.startswith("left: cpu_holds")
+    with Session(api.service.engine) as s:
+        assert moved_from in s.scalars(select(CpuHoldRow.cpu).where(
+            CpuHoldRow.job_id == j)).all()
 
 
 def test_a_gpu_held_whole_and_by_a_mig_device_is_listed_not_deleted(db_url):

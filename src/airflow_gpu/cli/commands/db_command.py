@@ -1,7 +1,8 @@
 """`airflow-gpu db upgrade` (create or migrate the schema), `db check` and `db repair`:
-the hold rows that disagree with the allocations (scheduler_core/store/integrity.py),
-listed a line each, and deleted. What such a row holds is quarantined by every
-scheduling pass until it is repaired."""
+the hold rows that disagree with the allocations, and the allocations that disagree with
+their jobs and hosts (scheduler_core/store/integrity.py), listed a line each, read in one
+snapshot, and fixed (store/repair.py). What a wrong hold row holds is quarantined by
+every scheduling pass until it is repaired."""
 
 from __future__ import annotations
 
@@ -19,18 +20,20 @@ def add_commands(sub) -> None:
     db_arg(du)
     du.set_defaults(func=cmd_db_upgrade)
     for name, func, helptext in (
-            ("check", cmd_db_check, "list hold rows that disagree with the allocations "
-             "(exit 1 when there is one)"),
-            ("repair", cmd_db_repair, "delete the hold rows `db check` lists (what they "
-             "hold is quarantined until then)")):
+            ("check", cmd_db_check, "list hold rows that disagree with the allocations, "
+             "and allocations that disagree with their jobs and hosts (exit 1 when there "
+             "is one)"),
+            ("repair", cmd_db_repair, "fix what `db check` lists that can be told apart: "
+             "delete wrong hold rows, mark allocations of ended jobs not live, rewrite "
+             "allocations naming devices the host lacks (needs --cluster)")):
         p = dsub.add_parser(name, help=helptext)
         db_arg(p)
         p.add_argument("--cluster", help="the server's cluster file (or built-in name): "
-                       "holds of GPUs, cores or MIG devices its hosts do not have are "
+                       "rows naming GPUs, cores or MIG devices its hosts do not have are "
                        "found too")
         if name == "repair":
             p.add_argument("--dry-run", action="store_true",
-                           help="print what would be deleted; change nothing")
+                           help="print what would be changed; change nothing")
         p.set_defaults(func=func)
 
 
@@ -79,12 +82,11 @@ def _cluster(s, path: str | None):
 
 def _run(args: argparse.Namespace, repair: bool) -> int:
     from ...scheduler_core.errors import InputError
-    from ...scheduler_core.store import integrity
+    from ...scheduler_core.store import repair as fix
     from ...scheduler_core.store.db import (
         current_revision,
         database_errors,
         open_database,
-        sessions,
         shown_url,
     )
 
@@ -95,41 +97,45 @@ def _run(args: argparse.Namespace, repair: bool) -> int:
                 raise InputError(f"--db: {shown_url(args.db)} holds no airflow-gpu "
                                  "schema; point --db at the server's database (or create "
                                  f"one: airflow-gpu db upgrade --db {shown_url(args.db)})")
-        with database_errors(args.db), sessions(engine).begin() as s:
-            found = integrity.find(s, _cluster(s, args.cluster), exact=True)
-            if not repair:
-                for f in found:
-                    print(f.line())
+        with database_errors(args.db):
+            def cluster_of(s):
+                return _cluster(s, args.cluster)
+            if repair:
+                out = fix.repair(engine, cluster_of, dry_run=args.dry_run)
+                found, left = out.found, out.left
             else:
-                done = integrity.repair(s, found)
-                prefix = "would have " if args.dry_run else ""
-                for line in done:
-                    print(prefix + line)
-                for f in found:
-                    if not f.repairable:
-                        print(f"left: {f.line()}")
-                if args.dry_run:
-                    s.rollback()
+                found = left = fix.check(engine, cluster_of)
     finally:
         engine.dispose()
     checked = "" if args.cluster else \
-        " (indexes not checked against the hosts: add --cluster FILE, the server's)"
-    left = [f for f in found if not (repair and f.repairable)]
+        " (devices not checked against the hosts: add --cluster FILE, the server's)"
+    if not repair:
+        for f in found:
+            print(f.line())
+        if not found:
+            print(f"no wrong rows in gpu_holds, cpu_holds, mig_holds or allocations{checked}",
+                  file=sys.stderr)
+        else:
+            fixable = sum(f.repairable for f in found)
+            print(f"{len(found)} wrong row{'s' if len(found) != 1 else ''}; "
+                  f"`airflow-gpu db repair --db URL` fixes {fixable} of them{checked}",
+                  file=sys.stderr)
+        return 1 if found else 0
+    prefix = "would have " if args.dry_run else ""
+    for line in out.done:
+        print(prefix + line)
+    for f in left:
+        print(f"left: {f.line()}")
     if not found:
-        print(f"no wrong hold rows in gpu_holds, cpu_holds or mig_holds{checked}",
-              file=sys.stderr)
-    elif not repair:
-        fixable = sum(f.repairable for f in found)
-        print(f"{len(found)} wrong hold row{'s' if len(found) != 1 else ''}; "
-              f"`airflow-gpu db repair --db URL` deletes {fixable} of them{checked}",
+        print(f"no wrong rows in gpu_holds, cpu_holds, mig_holds or allocations{checked}",
               file=sys.stderr)
     elif args.dry_run:
-        print(f"dry run: nothing was changed; run it without --dry-run to delete "
-              f"{len(found) - len(left)} row(s)", file=sys.stderr)
+        print(f"dry run: nothing was changed; without --dry-run: {out.summary()}",
+              file=sys.stderr)
     else:
-        print(f"deleted {len(found) - len(left)} row(s); the next scheduling pass "
-              "gives what they held work again", file=sys.stderr)
-    return 1 if left or (repair and args.dry_run and found) else 0
+        print(f"{out.summary()}; {len(left)} wrong row(s) left; the next scheduling pass "
+              "gives what the deleted rows held work again", file=sys.stderr)
+    return 1 if left or (args.dry_run and found) else 0
 
 
 def cmd_db_check(args: argparse.Namespace) -> int:

@@ -16,25 +16,30 @@ from ...scheduler_core.client import delivery_state
 from ...scheduler_core.errors import InputError
 from ...scheduler_core.jobspec import NOTIFY_EVENTS
 from ...scheduler_core.units import format_duration
-from ..common import api_client, output, show
+from ..common import api_client, output, refuse_jobs, show
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
     """Check the whole file as `plan` does (exit 2, nothing sent), then submit all of its
-    jobs or none in one request (several jobs: POST /api/v1/jobs/batch). `--array` and
+    jobs or none in one request (several jobs: POST /api/v1/jobs/batch), each as the
+    service stores it (jobfile.py: JSON, only the fields the file gives). `--array` and
     `--dependency` apply to a one-job file."""
     from ...scheduler_core.client import ApiError
-    from ...scheduler_core.errors import load_yaml
     from ...scheduler_core.jobclasses import resolve
-    from ...scheduler_core.jobspec import load_jobs
+    from ...scheduler_core.jobfile import read_jobs, wire
     from ...scheduler_core.plugins import default_registry
 
-    jobs = load_jobs(args.file)          # the same checks and messages as `plan`
-    reg = default_registry()
-    for job in jobs:
-        resolve(job, reg.job_classes, args.file)
-    data = load_yaml(args.file)          # sent as written: unset fields stay unset
-    specs = data["jobs"] if isinstance(data, dict) and "jobs" in data else [data]
+    jobs = read_jobs(args.file)          # the same checks and messages as `plan`
+    classes = default_registry().job_classes
+    refused = []
+    for i, job in enumerate(jobs):
+        try:
+            resolve(job, classes)
+        except InputError as exc:
+            refused.append((i, job.name, str(exc).removeprefix(f"job {job.name!r}: ")))
+    if refused:                          # nothing is sent
+        return refuse_jobs(args.file, refused)
+    specs = [wire(job) for job in jobs]
     if args.key and len(specs) > 1:
         raise InputError("--key: an idempotency key names one job; the file holds "
                          f"{len(specs)}", args.file)
@@ -68,6 +73,8 @@ def _job_flags(spec: dict, args: argparse.Namespace, jobs: int) -> dict:
     the file's fields are (exit 2, naming the flag and the field)."""
     from pydantic import ValidationError
 
+    from ...scheduler_core.fielderrors import field_message
+    from ...scheduler_core.jobfile import wire
     from ...scheduler_core.jobspec import JobSpec
 
     given = {k: v for k, v in (("array", args.array), ("depends_on", args.dependency))
@@ -77,16 +84,15 @@ def _job_flags(spec: dict, args: argparse.Namespace, jobs: int) -> dict:
         raise InputError(f"{FLAGS[key]}: it applies to a file of one job, and this one holds "
                          f"{jobs}; give each job its own `{key}:` instead", args.file)
     try:
-        JobSpec.model_validate({**spec, **given})
+        return wire(JobSpec.model_validate({**spec, **given}))
     except ValidationError as exc:
         for err in exc.errors():
             key = str(err["loc"][0]) if err["loc"] else ""
             if key in given:
                 where = ".".join(map(str, err["loc"]))
                 raise InputError(f"{FLAGS[key]} {given[key]!r}: {where}: "
-                                 f"{err['msg'].removeprefix('Value error, ')}") from None
+                                 f"{field_message(err)}") from None
         raise
-    return {**spec, **given}
 
 
 def _refused(exc, args: argparse.Namespace, jobs: int) -> Exception:

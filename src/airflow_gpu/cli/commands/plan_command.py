@@ -11,30 +11,30 @@ from rich.table import Table
 from ...scheduler_core.errors import InputError
 from ...scheduler_core.units import format_duration, format_size
 from ..common import console as _console
+from ..common import refuse_jobs
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    """Exit 2 with one line for a file it cannot read (nothing planned); a job its class
+    or the policy refuses is left out, the others planned and shown, and each refusal
+    is one line on stderr (exit 2: `submit` refuses that file)."""
     from ...scheduler_core.engine.cluster import load_cluster
     from ...scheduler_core.engine.state import ClusterState
-    from ...scheduler_core.jobclasses import resolve
-    from ...scheduler_core.jobspec import load_jobs
+    from ...scheduler_core.jobfile import read_jobs
     from ...scheduler_core.plugins import default_registry
     from ...scheduler_core.policy.config import load_policy
     from ...scheduler_core.policy.planner import plan
 
     cluster = load_cluster(args.cluster)
-    jobs = load_jobs(args.jobs)
-    reg = default_registry()
-    for job in jobs:  # report class errors against the file before planning
-        resolve(job, reg.job_classes, args.jobs)
+    jobs = read_jobs(args.jobs)
     config = load_policy(args.policy_file) if args.policy_file else None
     windows = _windows(args, cluster)
-    result = plan(ClusterState(cluster), jobs, reg, config, windows)
+    result = plan(ClusterState(cluster), jobs, default_registry(), config, windows)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
         _print_plan(result, cluster.name)
-    return 0
+    return refuse_jobs(args.jobs, [(i, job.name, why) for i, job, why in result.refused])
 
 
 def _print_plan(result, cluster_name: str) -> None:

@@ -13,7 +13,8 @@ import re
 from typing import Any
 
 from ...launch.local import ANY_HOST, HOST_VARIABLE, SETTING, LocalHost
-from ...scheduler_core.errors import InputError, load_yaml, validate
+from ...scheduler_core.errors import InputError
+from ...scheduler_core.jobfile import job_request, read_jobs, wire
 from ...scheduler_core.jobspec import JobSpec, expand_hostlist
 from ..common import service_args
 
@@ -47,8 +48,7 @@ def job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
     --dependency (a file's job too) where it runs and what it waits for."""
     spec = _request(args, command)
     if getattr(args, "reservation", None):
-        spec = {**spec, "reservation": args.reservation}
-        validate(JobSpec, spec, "--reservation")
+        spec = job_request({**spec, "reservation": args.reservation}, "--reservation")
     if spec.get("array") is not None:     # one job per index: each needs its own launcher
         raise InputError("array: run starts one job here, and an array is a job per index; "
                          "submit it with `airflow-gpu submit` (each element's launcher reads "
@@ -56,11 +56,10 @@ def job_spec(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
     if args.dependency is None:
         return spec
     try:
-        validate(JobSpec, {**spec, "depends_on": args.dependency}, "run")
+        return job_request({**spec, "depends_on": args.dependency}, "run")
     except InputError as exc:
         raise InputError(str(exc).removeprefix("run: ").replace("depends_on",
                                                                "--dependency", 1)) from None
-    return {**spec, "depends_on": args.dependency}
 
 
 def _request(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
@@ -70,17 +69,11 @@ def _request(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
         if given:
             raise InputError(f"--{given[0].replace('_', '-')}: give the request in the job "
                              "file or as flags, not both", args.jobfile)
-        data = load_yaml(args.jobfile)
-        if isinstance(data, dict) and "jobs" in data:
-            jobs = data["jobs"]
-            if not isinstance(jobs, list) or len(jobs) != 1:
-                raise InputError("run starts one job; the file must hold one job spec (or "
-                                 "`jobs:` with exactly one)", args.jobfile)
-            data = jobs[0]
-        if not isinstance(data, dict):
-            raise InputError("expected a job spec mapping", args.jobfile)
-        validate(JobSpec, data, args.jobfile)
-        return data
+        jobs = read_jobs(args.jobfile)      # as plan and submit read it
+        if len(jobs) != 1:
+            raise InputError(f"run starts one job, and the file holds {len(jobs)}; keep one "
+                             "job spec (or `jobs:` with exactly one)", args.jobfile)
+        return wire(jobs[0])
     _check_counts(args)
     name = args.name or re.sub(r"[^A-Za-z0-9_.-]", "-",
                                f"run.{os.path.basename(command[0])}")[:200]
@@ -105,13 +98,12 @@ def _request(args: argparse.Namespace, command: list[str]) -> dict[str, Any]:
         if getattr(args, key) is not None:
             spec[key] = getattr(args, key)
     try:
-        validate(JobSpec, spec, "run")
+        return job_request(spec, "run")
     except InputError as exc:     # name the flags, not the fields they fill
         text = str(exc).removeprefix("run: ")
         for field, flag in FLAG_OF.items():
             text = re.sub(rf"(^|; ){re.escape(field)}(?=: )", rf"\g<1>{flag}", text)
         raise InputError(text, "run") from None
-    return spec
 
 
 def _check_counts(args: argparse.Namespace) -> None:

@@ -277,7 +277,8 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
                     "'agents', a label only)")
     tc.add_argument("--admin", action="store_true", help="may drain hosts and act for any team")
     tc.add_argument("--user", help="a user's token of the team: its jobs are that user's "
-                    "(fair share within the team, acct --by user)")
+                    "(fair share within the team, acct --by user), and it cancels, holds "
+                    "or updates only those")
     tc.add_argument("--agent", action="store_true",
                     help="a node agent's token: it may only register and report the --host "
                     "hosts (no jobs, teams or admin routes)")

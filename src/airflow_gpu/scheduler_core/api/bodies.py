@@ -16,6 +16,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
+from ..fielderrors import field_message
+
 MAX_BODY = 1 << 20          # bytes; larger request bodies get 413, chunked or not
 PARSERS = 4                 # threads that decode request bodies at once (not the API's pool)
 MAX_ERRORS = 20             # field errors a 422 lists
@@ -206,17 +208,15 @@ def safe(text: str, width: int = 2000) -> str:
 
 
 def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-    """422 naming each field (at most MAX_ERRORS), with the value it got cut short: never
-    the submitted input itself (FastAPI's own handler echoes it whole, which made NaN and
-    lone surrogates a 500 and a megabyte body a megabyte answer)."""
+    """422 naming each field (at most MAX_ERRORS) in the words job files get, with the value
+    it got cut short: never the submitted input itself (FastAPI's own handler echoes it
+    whole, which made NaN and lone surrogates a 500 and a megabyte body a megabyte
+    answer)."""
     errors = exc.errors()
     detail = []
     for err in errors[:MAX_ERRORS]:
         got = err.get("input")
-        msg = safe(str(err.get("msg", "")), 500)
-        if err.get("type") != "value_error" and got is not None and not isinstance(
-                got, dict | list):
-            msg += f" (got {_clip(got)})"
+        msg = safe(field_message(err), 500)        # the job files' words (fielderrors.py)
         detail.append({"type": err.get("type"),
                        "loc": [p if isinstance(p, int) else safe(str(p), 100)
                                for p in err.get("loc", ())],

@@ -35,6 +35,7 @@ from collections.abc import Container, Iterator
 
 from ..engine.need import Need
 from ..engine.placement import compile_needs
+from ..errors import InputError
 from ..jobspec import JobSpec
 from .quota import spec_need
 from .slack import ByLatestStart, urgent
@@ -66,6 +67,11 @@ def protect_delay(span: float, charge: float, cluster_gpus: int) -> float:
     """How much later than the smallest job a job is protected: its share of the
     cluster's GPUs x `span` (PolicyConfig.protect_span)."""
     return span * min(1.0, float(charge) / max(1, cluster_gpus))
+
+
+class NameTaken(InputError, ValueError):
+    """A job of that name is queued or running already: an expected conflict (a requeue
+    racing the pass), told in one line, not with a traceback (service/health.py)."""
 
 
 class JobQueue:
@@ -122,7 +128,7 @@ class JobQueue:
 
     def add(self, job: QueuedJob) -> None:
         if job.name in self.jobs:
-            raise ValueError(f"job {job.name!r} is already queued")
+            raise NameTaken(f"job {job.name!r} is already queued")
         self.jobs[job.name] = job
         self.shapes[job.shape] += 1
         bisect.insort(self._runtimes.setdefault(job.shape, []), job.runtime)

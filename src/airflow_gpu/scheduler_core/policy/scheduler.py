@@ -18,7 +18,7 @@ from ..plugins import Registry, default_registry
 from .config import PolicyConfig
 from .correction import source
 from .fairshare import FairShare
-from .jobqueue import JobQueue
+from .jobqueue import JobQueue, NameTaken
 from .onepass import Pass, PassResult
 from .quota import Quotas, need, over_quota
 from .reservations import Reservation
@@ -94,7 +94,7 @@ class Scheduler:
         that submits jobs out of their order (the service's leader: warm.py)."""
         spec = resolve(spec, self.reg.job_classes, defaults=self.config.defaults)
         if spec.name in self.queue or spec.name in self.running:
-            raise InputError(f"job {spec.name!r}: name: a job of that name is already queued "
+            raise NameTaken(f"job {spec.name!r}: name: a job of that name is already queued "
                              "or running; job names must be unique")
         job = self._make(spec, now, runtime, deadline, seq)
         job.preempted_by, job.behind = frozenset(preempted_by), behind

@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from ..errors import InputError
 from ..jobarray import MAX_ELEMENTS
+from ..jobfile import file_index
 from ..jobspec import JobSpec
 from ..store.models import ArrayRow, DependencyRow, JobRow
 from . import arrays, dependencies, submitlimits
@@ -38,7 +39,7 @@ ATTEMPTS = 5         # lookups and inserts, while concurrent submits insert the 
 
 
 def _which(i: int, spec: JobSpec) -> str:
-    return f"jobs[{i}] (name {spec.name!r})"
+    return file_index(i, spec.name)          # as `plan` and `submit` name a file's job
 
 
 def _named(exc: Exception, i: int, spec: JobSpec, single: bool) -> Exception:

@@ -1,10 +1,10 @@
 """Cancelling many jobs at once, as Slurm's `scancel` with filters (`-u`, `-t`, `-n`) or
 an array's id: `POST /api/v1/jobs/cancel` with job references (an array means each of
 its elements) and filters, all of which a job must match; `dry_run` answers what would be
-cancelled. A team token only ever matches its own team's jobs; an admin's, any.
+cancelled. A team token only ever matches its own team's jobs, a user's token only that
+user's (rights.py); an admin's, any.
 
-The filters are one dataclass and one condition each (`Filters.where`): a `user` filter
-(users inside teams, to come) is one more field and one more condition."""
+The filters are one dataclass and one condition each (`Filters.where`)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from ..store.models import JobRow
 from .common import CHUNK, LIVE, PENDING, Principal, _update, event, release_many, utcnow
 from .errors import Forbidden
 from .references import resolve
+from .rights import by, mine, refusal
 from .uow import Store
 
 CANCELLABLE = (PENDING, *LIVE)
@@ -59,7 +60,7 @@ class Filters:
     def where(self, who: Principal, ids: list[str] | None) -> list:
         """The conditions on jobs (ids: those the references name, None: no reference)."""
         team = self.team if who.admin else who.team      # a team token: its own jobs
-        out = [JobRow.state.in_((self.state,) if self.state else CANCELLABLE)]
+        out = [JobRow.state.in_((self.state,) if self.state else CANCELLABLE), mine(who)]
         out += [JobRow.team == team] if team else []
         out += [JobRow.name == self.name] if self.name else []
         out += [JobRow.user == self.user] if self.user else []
@@ -70,33 +71,40 @@ class Filters:
 
 def _referenced(svc: Store, refs: list[str], who: Principal) -> list[str]:
     """The jobs the references name (an array: its elements), each the caller's to
-    cancel (403 naming the first that is not)."""
+    cancel (403 naming the first that is not: rights.py)."""
     ids: list[str] = []
     for ref in refs:
         target = resolve(svc, ref)
         if target.array is not None:
-            owner = target.array.team
             with svc.reads() as s:
-                ids += s.scalars(select(JobRow.id).where(JobRow.array_id == target.array.id))
+                jobs = s.execute(select(JobRow.id, JobRow.team, JobRow.user, JobRow.name)
+                                 .where(JobRow.array_id == target.array.id)
+                                 .order_by(JobRow.array_index)).all()
         else:
-            owner = svc.get(target.job).team
-            ids.append(target.job)
-        if not who.may_act_for(owner):
-            raise Forbidden(f"jobs: {ref!r} is team {owner!r}'s ({target.describe()}); your "
-                            f"token is for team {who.team!r} and cancels only its jobs")
+            jobs = [svc.get(target.job)]
+        for j in jobs:
+            why = refusal(who, j.id, j.team, j.user, j.name)
+            if why:
+                raise Forbidden(f"jobs: {ref!r}: {why}; nothing was cancelled")
+        ids += [j.id for j in jobs]
     return list(dict.fromkeys(ids))
 
 
 def check(f: Filters, who: Principal) -> None:
     if not f.given():
         raise InputError("cancel: give job references (jobs) or at least one filter (team, "
-                         "state, name); nothing was cancelled")
+                         "user, state, name); nothing was cancelled")
     if f.state is not None and f.state not in CANCELLABLE:
         raise InputError(f"state: {f.state!r} jobs have ended and cannot be cancelled; use "
                          f"one of {', '.join(CANCELLABLE)}")
     if f.team and not who.may_act_for(f.team):
         raise Forbidden(f"team: your token is for team {who.team!r}; it cancels only that "
                         f"team's jobs, not {f.team!r}'s")
+    if f.user and who.user is not None and not who.admin and f.user != who.user:
+        raise Forbidden(f"user: your token is for user {who.user!r} of team {who.team!r}; "
+                        f"it cancels only that user's jobs, not user {f.user!r}'s: ask "
+                        f"{f.user} to, or use a token of team {who.team!r} without --user "
+                        "(its service account) or an admin token")
 
 
 def bulk_cancel(svc: Store, f: Filters, who: Principal, dry_run: bool = False) -> dict:
@@ -116,9 +124,8 @@ def bulk_cancel(svc: Store, f: Filters, who: Principal, dry_run: bool = False) -
         matched.sort(key=lambda j: (j.submitted_at, j.id))
         cancelled: list[str] = []
         if not dry_run and matched:
-            by = f"{'admin ' if who.admin else 'team '}{who.team}"
             done = set(cancel_ids(s, [j.id for j in matched],
-                                  f"cancelled by {by} (airflow-gpu cancel {_said(f)})"))
+                                  f"cancelled by {by(who)} (airflow-gpu cancel {_said(f)})"))
             cancelled = [j.id for j in matched if j.id in done]
     if cancelled:
         svc.wake.set()
@@ -132,6 +139,6 @@ def bulk_cancel(svc: Store, f: Filters, who: Principal, dry_run: bool = False) -
 def _said(f: Filters) -> str:
     """The request in the words of the command line, for the jobs' events."""
     words = list(f.jobs)
-    words += [f"--{k} {v}" for k, v in (("team", f.team), ("state", f.state),
-                                       ("name", f.name)) if v]
+    words += [f"--{k} {v}" for k, v in (("team", f.team), ("user", f.user),
+                                       ("state", f.state), ("name", f.name)) if v]
     return " ".join(words)

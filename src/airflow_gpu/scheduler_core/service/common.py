@@ -58,6 +58,13 @@ class Principal:
     def may_act_for(self, team: str) -> bool:
         return self.admin or self.team == team
 
+    def may_change(self, team: str, user: str | None) -> bool:
+        """May cancel, hold, update, heartbeat... a job of `team` whose user is `user`: an
+        admin any; a team's token any of its team's; a user's token only that user's
+        (rights.py)."""
+        return self.may_act_for(team) and (self.admin or self.user is None
+                                           or self.user == user)
+
     @property
     def who(self) -> str:
         """How events name the caller: `team vision`, `user alice of team vision`."""

@@ -16,8 +16,9 @@ log = logging.getLogger(__name__)
 
 class Failures:
     """What failed (a pass, the leader election check, a lease check) since it last
-    succeeded, for /healthz. Each failure is logged: a database's in one line with its
-    cause (the traceback at DEBUG), anything else with its traceback."""
+    succeeded, for /healthz. Each failure is logged: a database's, or an expected conflict
+    (`expected`), in one line with its cause (the traceback at DEBUG), anything else with
+    its traceback."""
 
     def __init__(self, logger: logging.Logger):
         self.log = logger
@@ -34,7 +35,7 @@ class Failures:
         why = describe(exc)
         self._errors[during] = {"message": why, "at": time.time(), "during": during}
         what = f"{who}: {_DURING[during]} failed"
-        if isinstance(exc, SQLAlchemyError):
+        if isinstance(exc, SQLAlchemyError) or expected(exc):
             self.log.error("%s: %s", what, why)
             self.log.debug("%s", what, exc_info=exc)
         else:
@@ -237,6 +238,14 @@ def _scheduling(loop, overdue: float | None, now: float) -> dict:
         out["problem"] = (f"no replica is scheduling: the leader's lease expired "
                           f"{overdue:.1f}s ago (it renews it each round)")
     return out
+
+
+def expected(exc: BaseException) -> bool:
+    """A conflict the pass meets in normal running (a job requeued while the pass had it
+    queued): one line is all it says; a traceback would bury the real failures'."""
+    from ..policy.jobqueue import NameTaken
+
+    return isinstance(exc, NameTaken)
 
 
 def describe(exc: BaseException) -> str:

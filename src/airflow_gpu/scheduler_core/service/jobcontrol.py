@@ -37,6 +37,7 @@ from .common import (
     utcnow,
 )
 from .errors import Conflict, Forbidden
+from .rights import by
 from .uow import Store
 
 REQUEUED = "requeued by "                  # preempt_reason of a requeue (preemption.py)
@@ -114,8 +115,7 @@ def hold(svc: Store, job_id: str, who: Principal) -> JobRow:
     if row.reason_code in HELD and (row.reason_code == code or not who.admin):
         return row                        # holding again is harmless (an admin's stays)
     kind = "admin" if who.admin else "user"
-    by = f"admin {who.team}" if who.admin else f"team {who.team}"
-    reason = (f"held by {by}: it is not started until released (airflow-gpu release "
+    reason = (f"held by {by(who)}: it is not started until released (airflow-gpu release "
               f"{job_id[:8]})")
     with svc.sessions.begin() as s:
         done = s.execute(_update(JobRow).where(JobRow.id == job_id,
@@ -147,8 +147,8 @@ def release(svc: Store, job_id: str, who: Principal) -> JobRow:
             JobRow.reason_code == row.reason_code).values(
             eta_at=None, promised_at=None, **_waiting(s, row)))
         if done.rowcount == 1:
-            svc._event(s, "released", f"released by {'admin ' if who.admin else 'team '}"
-                       f"{who.team}: it is scheduled again", job=job_id)
+            svc._event(s, "released", f"released by {by(who)}: it is scheduled again",
+                       job=job_id)
     svc.wake.set()
     return svc.get(job_id)
 
@@ -223,8 +223,8 @@ def update(svc: Store, job_id: str, who: Principal, priority: int | None = None,
         if done.rowcount != 1:
             raise Conflict(f"job {job_id} changed meanwhile (it is "
                            f"{s.get(JobRow, job_id).state}); look again and retry")
-        svc._event(s, "updated", f"updated by {'admin ' if who.admin else 'team '}"
-                   f"{who.team}: " + ", ".join(changes), job=job_id)
+        svc._event(s, "updated", f"updated by {by(who)}: " + ", ".join(changes),
+                   job=job_id)
     svc.wake.set()
     return svc.get(job_id)
 
@@ -251,8 +251,8 @@ def requeue(svc: Store, job_id: str, who: Principal) -> JobRow:
                        "can be requeued")
     _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), row.spec, row.id)
     now = utcnow()
-    why = (f"{REQUEUED}{'admin ' if who.admin else 'team '}{who.team} (airflow-gpu "
-           f"requeue): sending {sig}, SIGKILL after {format_duration(grace)}")
+    why = (f"{REQUEUED}{by(who)} (airflow-gpu requeue): sending {sig}, SIGKILL after "
+           f"{format_duration(grace)}")
     with svc.sessions.begin() as s:
         done = s.execute(_update(JobRow).where(
             JobRow.id == job_id, JobRow.state.in_(("admitted", "running")),

@@ -1,9 +1,9 @@
 """Who is notified of what: a job's `notify` (its spec) and its team's webhook (set by an
 admin), each with the events it asked for; the URL allow-list (the policy's
-`notifications.allowed_urls`) checked when a job is submitted or a team set; and the
-outbox: every job event written with `event()` that someone asked for becomes one
-notification row per URL, in the transaction of the event (`write_outbox`, run as the
-session commits). webhooks.py delivers them.
+`notifications.allowed_urls`) and the sender's parser (webhookurl.py) checked when a job
+is submitted or a team set; and the outbox: every job event written with `event()` that
+someone asked for becomes one notification row per URL, in the transaction of the event
+(`write_outbox`, run as the session commits). webhooks.py delivers them.
 
 A team's secret signs its jobs' notifications; it is shown once, when an admin creates
 or rotates it (`webhook_secret: new`), and never again: not in answers, events or logs."""
@@ -127,9 +127,9 @@ def webhooks(svc) -> dict[str, WebhookRow]:
 
 
 # -- the outbox ----------------------------------------------------------------------------
-_JOB = (JobRow.id, JobRow.name, JobRow.team, JobRow.state, JobRow.notify, JobRow.attempt,
-        JobRow.exit_code, JobRow.reason, JobRow.preempt_reason, JobRow.requeue_reason,
-        JobRow.idempotency_key)
+_JOB = (JobRow.id, JobRow.name, JobRow.team, JobRow.user, JobRow.array_id,
+        JobRow.array_index, JobRow.state, JobRow.notify, JobRow.attempt, JobRow.exit_code,
+        JobRow.reason, JobRow.preempt_reason, JobRow.requeue_reason, JobRow.idempotency_key)
 
 
 def write_outbox(session: Session) -> None:
@@ -201,7 +201,9 @@ def body(ev: EventRow, kind: str, job, delivery: str) -> str:
     return json.dumps({
         "version": VERSION, "delivery_id": delivery, "event_id": ev.id, "kind": kind,
         "event": ev.kind, "at": ev.at.isoformat(), "message": ev.message,
-        "job": {"id": job.id, "name": job.name, "team": job.team, "state": job.state,
+        "job": {"id": job.id, "name": job.name, "team": job.team, "user": job.user,
+                "array_id": job.array_id, "array_index": job.array_index,
+                "state": job.state,
                 "attempt": job.attempt or 0, "exit_code": job.exit_code, "reason": reason,
                 "requeue_reason": job.requeue_reason,
                 "links": {"api": f"/api/v1/jobs/{job.id}",

@@ -15,7 +15,7 @@ from ..engine.cluster import Cluster
 from ..engine.state import ClusterState
 from ..store.models import EventRow, JobRow
 from .common import LIVE, PENDING, _update, utcnow
-from .health import describe
+from .health import describe, expected
 from .uow import Store
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ def pending_job(svc: Store, s: Session, row: JobRow, exc: Exception) -> None:
                "is at fault)")
     if (row.reason_code, row.reason) == (ERROR, message):
         return                        # already told; no write (a pass must stay cheap)
-    log.error("job %s: %s", row.id, message, exc_info=exc)
+    log.error("job %s: %s", row.id, message, exc_info=None if expected(exc) else exc)
     s.execute(_update(JobRow).where(JobRow.id == row.id, JobRow.state == PENDING).values(
         reason_code=ERROR, reason=message, details={"error": type(exc).__name__},
         eta_at=None))
@@ -50,7 +50,7 @@ def live_job(svc: Store, s: Session, state: ClusterState, cluster: Cluster, row:
             state.set_drained(name)
     if svc.told.get(("job", row.id)) != message:
         svc.told[("job", row.id)] = message
-        log.error("job %s: %s", row.id, message, exc_info=exc)
+        log.error("job %s: %s", row.id, message, exc_info=None if expected(exc) else exc)
         svc._event(s, "error", message, job=row.id)
 
 

@@ -1,10 +1,13 @@
 """Quarantine: a GPU, MIG device or core that a wrong hold row holds (store/integrity.py:
-a hold whose job has ended or is gone, or that no live allocation has) gets no new work.
+a hold whose job has ended or is gone, or that no trusted live allocation has) gets no
+new work.
 Each pass finds such rows and takes what they hold from the engine's free resources, so
 the pass places jobs elsewhere instead of failing on the hold table's primary key (and
 every pass after with it). Nothing is stored: the cluster view, /readyz and /metrics
 find the same rows when asked, on any replica. The leader writes one event when a row
-turns up and one when it is gone (`airflow-gpu db repair` deletes such rows)."""
+turns up and one when it is gone (`airflow-gpu db repair` fixes such rows). The pass
+reads them in its own snapshot (warm.py): read apart, a job admitted in between looked
+wrong and its healthy GPUs were quarantined."""
 
 from __future__ import annotations
 
@@ -22,8 +25,12 @@ log = logging.getLogger(__name__)
 
 def reason(f: Finding) -> str:
     """Why the thing it holds is quarantined, with the fix (one line)."""
-    if f.repairable:
+    if f.action in ("delete", "later"):
         return f"orphan hold ({f.problem}): run `airflow-gpu db repair`"
+    if f.table == "allocations":
+        return f"wrong allocation ({f.problem}): {f.fix}"
+    if f.action in ("keep", "cancel"):
+        return f"held by a live job whose allocation is wrong ({f.problem}): {f.fix}"
     return f"conflicting holds ({f.problem}): {f.fix}"
 
 
@@ -31,7 +38,7 @@ def _allocation(cluster: Cluster, f: Finding) -> ReplicaAllocation | None:
     """What the row holds as an engine allocation without a job; None when the host has
     no such thing (nothing to take) or a live job holds it already."""
     host = cluster.by_name.get(f.host)
-    if host is None or not f.repairable:
+    if host is None or not f.holds:
         return None
     t = host.type
     if f.table == "cpu_holds":
@@ -65,7 +72,8 @@ def tell(svc, s: Session, found: list[Finding]) -> None:
     for f in found:
         key = ("quarantine", f"{f.table} {f.key} job={f.job}")
         keys.add(key)
-        message = (f"{f.thing} is quarantined: it gets no new work until the row is "
+        message = (f"{f.thing} is wrong ({f.line()})" if f.table == "allocations" else
+                   f"{f.thing} is quarantined: it gets no new work until the row is "
                    f"fixed ({f.line()})")
         if svc.told.get(key) != message:
             svc.told[key] = message
@@ -79,15 +87,17 @@ def tell(svc, s: Session, found: list[Finding]) -> None:
 
 
 def findings(svc) -> list[Finding]:
-    """The wrong hold rows now (a read of its own, for the views)."""
-    with svc.reads() as s:
+    """The wrong rows now (a snapshot of its own, for the views)."""
+    from .warm import snapshot
+
+    with snapshot(svc) as s:
         return integrity.find(s, svc.cluster)
 
 
 def listing(found: list[Finding]) -> list[dict]:
     """`found` as the cluster view and /readyz show it."""
     return [{"table": f.table, "host": f.host,
-             "gpu" if f.table != "cpu_holds" else "cpu": f.index,
+             {"cpu_holds": "cpu", "allocations": "allocation"}.get(f.table, "gpu"): f.index,
              **({"device": f.device} if f.device is not None else {}), "job": f.job,
              "problem": f.problem, "fix": f.fix, "reason": reason(f)} for f in found]
 
@@ -97,7 +107,8 @@ def gpus_by_host(found: list[Finding], cluster: Cluster) -> dict[str, dict[int, 
     out: dict[str, dict[int, str]] = {}
     for f in found:
         host = cluster.by_name.get(f.host)
-        if f.table != "cpu_holds" and host is not None and 0 <= f.index < host.type.n_gpus:
+        if f.table in ("gpu_holds", "mig_holds") and host is not None \
+                and 0 <= f.index < host.type.n_gpus:
             out.setdefault(f.host, {}).setdefault(f.index, reason(f))
     return out
 

@@ -11,6 +11,7 @@ from ..errors import InputError, describe_validation_error
 from ..policy.config import TeamPolicy
 from ..policy.quota import lending, plain
 from ..store.models import GpuHoldRow, JobRow, TeamRow
+from ..webhookurl import redact
 from .common import Principal
 from .errors import Forbidden
 from .notify import set_webhook, webhook_view, webhooks
@@ -42,7 +43,7 @@ def set_team(svc: Store, name: str, who: Principal, share: float | None,
         secret = None
         if webhook:
             hook, secret = set_webhook(svc, s, name, webhook)
-            said.append(f"webhook {hook.url or 'none'}" + (
+            said.append(f"webhook {redact(hook.url) if hook.url else 'none'}" + (
                 f" ({', '.join(hook.events)})" if hook.events else "")
                 + ("; its webhook secret was rotated" if secret else ""))
         svc._event(s, "team", f"team {name}: " + "; ".join(said or ["unchanged"]))

@@ -22,10 +22,10 @@ from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
 from ..store.db import make_engine, sessions, upgrade
 from ..store.models import JobRow, TeamRow
-from . import notify
+from . import notify, rights
 from .changes import Changes, Wake
 from .common import Principal, event, release
-from .errors import Forbidden, NotFound
+from .errors import NotFound
 
 
 @dataclass
@@ -90,11 +90,10 @@ class Store:
         return row
 
     def _owned(self, job_id: str, who: Principal) -> JobRow:
-        """The job, if `who` may act on it (its team, or an admin)."""
+        """The job, if `who` may change it (rights.py: an admin, its team's token, or its
+        user's token); Forbidden (403) otherwise. Every write to one job goes through it."""
         row = self.get(job_id)
-        if not who.may_act_for(row.team):
-            raise Forbidden(f"job {job_id} belongs to team {row.team!r}; your token is for "
-                            f"team {who.team!r}")
+        rights.check(who, row)
         return row
 
     def _policy(self) -> PolicyConfig:

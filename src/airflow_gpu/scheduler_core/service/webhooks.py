@@ -1,16 +1,21 @@
-"""Webhook deliveries: the outbox (notify.py) POSTed by the replica that leads, on
+r"""Webhook deliveries: the outbox (notify.py) POSTed by the replica that leads, on
 threads of their own, so no delivery ever holds up the API, a pass or a lease check.
 
 One thread finds each URL's oldest pending delivery and, when it is due, hands the URL
-to a sender (a few threads, one URL each at a time): deliveries to one URL go out in
-order, the next only once the one before is delivered or given up. A receiver that is
-down, times out or answers 5xx (or 408, 429) is retried with a back-off that doubles
-from the policy's `notifications.retry_first` up to `retry_max`, and given up
-`give_up_after` after the event (an event on the job says so); any other answer but 2xx
-gives up at once (redirects are not followed: the allow-list names where to POST).
+to a sender (SENDERS threads, one URL each at a time, at most PER_TEAM of them for one
+team, the teams' URLs taken in turn): deliveries to one URL go out in order, the next
+only once the one before is delivered or given up, and no team's slow receivers hold up
+another team's. Each attempt (connect, send, answer) ends by one deadline, the policy's
+`notifications.timeout`, and reads at most a few KiB of the answer (webhookhttp.py). A
+receiver that is down, too slow or answers 5xx (or 408, 429) is retried with a back-off
+that doubles from `retry_first` up to `retry_max`, and given up `give_up_after` after the
+event (an event on the job says so); any other answer but 2xx gives up at once
+(redirects are not followed: the allow-list names where to POST), and so does a URL the
+sender cannot parse (one stored before URLs were checked).
 
-Each request is signed with its team's current secret: `X-Airflow-GPU-Signature:
-t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<body>">`, and carries the delivery's id
+Each request is signed with its team's current secret over the URL it is sent to and the
+body: `X-Airflow-GPU-Signature: t=<unix time>,v2=<hex HMAC-SHA256 of "<t>\n<url>\n<body>">`
+(a body sent to one URL does not verify at another), and carries the delivery's id
 (`X-Airflow-GPU-Delivery`, the same on every retry) for receivers to deduplicate. A
 delivery is marked delivered in a transaction fenced as a pass's is (a leader taken over
 writes nothing); only a crash between the answer and that mark sends it twice."""
@@ -31,29 +36,35 @@ from sqlalchemy import func, select
 
 from ..store.models import NotificationRow, WebhookRow
 from ..units import format_duration
+from ..webhookurl import BadURL, parse, redact
 from .common import _ts, _update, utcnow
 from .leadership import NotLeader
+from .webhookhttp import Sender
 
 log = logging.getLogger(__name__)
 
 POLL = 0.5        # seconds between looks for deliveries other replicas committed
-SENDERS = 4       # URLs delivered to at once
+SENDERS = 8       # URLs delivered to at once
+PER_TEAM = 2      # of them for one team's URLs: the others stay free for other teams
 SIGNATURE = "X-Airflow-GPU-Signature"
 DELIVERY = "X-Airflow-GPU-Delivery"
 EVENT = "X-Airflow-GPU-Event"
 RETRIED = (408, 429)     # answers below 500 that are retried
+HEADERS = {"User-Agent": "airflow-gpu-webhooks/1", "Content-Type": "application/json"}
 
 
-def sign(secret: str, timestamp: int, body: bytes) -> str:
-    """The signature header's value for `body` sent at `timestamp` (unix seconds)."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return f"t={timestamp},v1={mac.hexdigest()}"
+def sign(secret: str, timestamp: int, url: str, body: bytes) -> str:
+    """The signature header's value for `body` POSTed to `url` at `timestamp` (unix
+    seconds): the URL is signed too, so the request verifies only where it was sent."""
+    message = f"{timestamp}\n{url}\n".encode() + body
+    return f"t={timestamp},v2={hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()}"
 
 
-def verify(secret: str, header: str, body: bytes, tolerance: float = 300,
+def verify(secret: str, header: str, body: bytes, url: str, tolerance: float = 300,
            now: float | None = None) -> bool:
-    """What a receiver checks (docs/notifications.md shows it standalone): a v1 signature
-    of `body` with `secret`, made within `tolerance` seconds of `now`."""
+    """What a receiver at `url` checks (docs/notifications.md shows it standalone): a v2
+    signature of `url` and `body` with `secret`, made within `tolerance` seconds of
+    `now`."""
     try:
         fields = dict(part.split("=", 1) for part in header.split(","))
         t = int(fields["t"])
@@ -61,8 +72,19 @@ def verify(secret: str, header: str, body: bytes, tolerance: float = 300,
         return False
     if abs((time.time() if now is None else now) - t) > tolerance:
         return False
-    expected = sign(secret, t, body).split("v1=", 1)[1]
-    return hmac.compare_digest(expected, fields.get("v1", ""))
+    expected = sign(secret, t, url, body).split("v2=", 1)[1]
+    return hmac.compare_digest(expected, fields.get("v2", ""))
+
+
+def in_turn(ready: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(url, team) oldest first, reordered so the teams take turns: each team's first,
+    then each team's second, ..."""
+    turns: dict[str, int] = {}
+    keyed = []
+    for i, (url, team) in enumerate(ready):
+        keyed.append((turns.get(team, 0), i, url, team))
+        turns[team] = turns.get(team, 0) + 1
+    return [(url, team) for _, _, url, team in sorted(keyed)]
 
 
 class Deliveries:
@@ -72,10 +94,11 @@ class Deliveries:
 
     def __init__(self, svc, leads: Callable[[], bool], fence: Callable, metrics=None):
         self.svc, self.leads, self.fence, self.metrics = svc, leads, fence, metrics
-        self._busy: set[str] = set()
+        self._busy: dict[str, str] = {}          # URL being delivered to: its team
+        self._waiting = False                    # due URLs left for lack of a sender
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._http: httpx.Client | None = None
+        self._sender: Sender | None = None
 
     def threads(self, stop: threading.Event) -> list[threading.Thread]:
         return [threading.Thread(target=self._run, args=(stop,), name="webhooks",
@@ -84,8 +107,8 @@ class Deliveries:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._http is not None:
-            self._http.close()
+        if self._sender is not None:
+            self._sender.close()
 
     def _run(self, stop: threading.Event) -> None:
         woken = self.svc.notified
@@ -101,33 +124,40 @@ class Deliveries:
 
     def once(self) -> None:
         """Deliver what is due now, URL by URL, on this thread."""
-        self._round(lambda url: self._drain(url, lambda: True))
+        self._round(lambda url, team: self._drain(url, lambda: True))
 
-    def _start(self, url: str) -> None:
+    def _start(self, url: str, team: str) -> None:
         with self._lock:
             if url in self._busy:
                 return
-            self._busy.add(url)
+            if (len(self._busy) >= SENDERS
+                    or sum(t == team for t in self._busy.values()) >= PER_TEAM):
+                self._waiting = True          # started when a sender is free
+                return
+            self._busy[url] = team
         if self._pool is None:
             self._pool = ThreadPoolExecutor(SENDERS, thread_name_prefix="webhook")
         self._pool.submit(self._drain, url, self.leads)
 
-    def _round(self, start: Callable[[str], None]) -> float:
-        """Start each URL whose oldest pending delivery is due; seconds until the next
-        one falls due (at most POLL)."""
+    def _round(self, start: Callable[[str, str], None]) -> float:
+        """Start each URL whose oldest pending delivery is due, the teams in turn;
+        seconds until the next one falls due (at most POLL)."""
         heads = (select(NotificationRow.url, func.min(NotificationRow.id).label("id"))
                  .where(NotificationRow.state == "pending")
                  .group_by(NotificationRow.url).subquery())
         with self.svc.reads() as s:
-            due = s.execute(select(NotificationRow.url, NotificationRow.next_attempt_at)
+            due = s.execute(select(NotificationRow.id, NotificationRow.url,
+                                   NotificationRow.team, NotificationRow.next_attempt_at)
                             .join(heads, NotificationRow.id == heads.c.id)).all()
-        now, soonest = _ts(utcnow()), POLL
-        for url, at in due:
+        now, soonest, ready = _ts(utcnow()), POLL, []
+        for _, url, team, at in sorted(due):
             left = _ts(at) - now
             if left > 0:
                 soonest = min(soonest, left)
             else:
-                start(url)
+                ready.append((url, team))
+        for url, team in in_turn(ready):
+            start(url, team)
         return max(0.01, soonest)
 
     def _drain(self, url: str, leads: Callable[[], bool]) -> None:
@@ -145,16 +175,18 @@ class Deliveries:
         except NotLeader:
             return                        # another replica delivers from here on
         except Exception as exc:          # noqa: BLE001 - the next round tries again
-            log.warning("webhook deliveries to %s: %s", url, exc)
+            log.warning("webhook deliveries to %s: %s", redact(url), exc)
         finally:
             with self._lock:
-                self._busy.discard(url)
+                self._busy.pop(url, None)
+                waiting, self._waiting = self._waiting, False
+            if waiting:                   # a sender is free: start what waits for one
+                self.svc.notified.set()
 
-    def _client(self) -> httpx.Client:
-        if self._http is None:
-            self._http = httpx.Client(follow_redirects=False, headers={
-                "User-Agent": "airflow-gpu-webhooks/1", "Content-Type": "application/json"})
-        return self._http
+    def _send(self) -> Sender:
+        if self._sender is None:
+            self._sender = Sender(HEADERS)
+        return self._sender
 
     def _attempt(self, row: NotificationRow) -> bool:
         """One POST of `row`; True when it is done with (delivered or given up), False
@@ -163,27 +195,36 @@ class Deliveries:
         if not rules.allows(row.url):
             return self._give_up(row, "its URL is no longer allowed (the policy file's "
                                  "notifications.allowed_urls)")
+        try:
+            parse(row.url)
+        except BadURL as exc:            # stored before URLs were checked as sent
+            return self._give_up(row, f"its URL {exc.why}")
         with self.svc.reads() as s:
             secret = s.scalar(select(WebhookRow.secret).where(WebhookRow.team == row.team))
         if secret is None:
             return self._give_up(row, f"team {row.team!r} has no webhook secret to sign "
                                  "with")
         body = row.body.encode()
-        headers = {SIGNATURE: sign(secret, int(time.time()), body),
+        headers = {SIGNATURE: sign(secret, int(time.time()), row.url, body),
                    DELIVERY: row.delivery_id, EVENT: row.kind}
         try:
-            r = self._client().post(row.url, content=body, headers=headers,
-                                    timeout=rules.timeout)
+            r = self._send().post(row.url, body, headers, rules.timeout)
+        except httpx.TimeoutException as exc:
+            return self._retry(row, f"{type(exc).__name__}: no answer within the attempt's "
+                               f"{rules.timeout:g} s (notifications.timeout)", rules)
         except httpx.HTTPError as exc:
             return self._retry(row, f"{type(exc).__name__}: {exc}"[:300], rules)
-        if 200 <= r.status_code < 300:
+        except Exception as exc:          # noqa: BLE001 - a request that cannot be made
+            return self._give_up(row, f"the request could not be made: "
+                                 f"{type(exc).__name__}: {exc}"[:300], tried=True)
+        if 200 <= r.status < 300:
             return self._mark(row, "delivered", state="delivered", attempts=row.attempts + 1,
                               delivered_at=utcnow(), last_error=None)
-        why = f"HTTP {r.status_code} {r.reason_phrase}".strip()
-        if r.status_code >= 500 or r.status_code in RETRIED:
+        why = f"HTTP {r.status} {r.reason}".strip()
+        if r.status >= 500 or r.status in RETRIED:
             return self._retry(row, why, rules)
         return self._give_up(row, f"the receiver answered {why}" + (
-            " (redirects are not followed)" if 300 <= r.status_code < 400 else ""),
+            " (redirects are not followed)" if 300 <= r.status < 400 else ""),
             tried=True)
 
     def _retry(self, row: NotificationRow, error: str, rules) -> bool:
@@ -201,8 +242,9 @@ class Deliveries:
         return False
 
     def _give_up(self, row: NotificationRow, why: str, tried: bool = False) -> bool:
-        message = (f"notification {row.kind!r} of event {row.event_id} to {row.url} given "
-                   f"up: {why}")
+        # the URL redacted: events are shown to every team, and it may hold a secret
+        message = (f"notification {row.kind!r} of event {row.event_id} to "
+                   f"{redact(row.url)} given up: {why}")
         log.warning("job %s: %s", row.job_id, message)
         return self._mark(row, "given_up", said=message, state="given_up",
                           attempts=row.attempts + int(tried), last_error=why)

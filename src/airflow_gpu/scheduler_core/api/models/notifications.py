@@ -16,10 +16,11 @@ class NotificationOut(BaseModel):
     event_id: int | None
     event: str | None = Field(description="the job event's kind (admitted, failed, ...)")
     kind: str = Field(description="what it notifies of: start, end, failure, preemption, "
-                      "requeue, idle, reservation")
+                      "requeue, idle, reservation, deadline")
     job_id: str | None
     team: str
-    url: str
+    url: str = Field(description="where it is POSTed; to other teams without its path "
+                     "and query (scheme://host[:port]/…)")
     source: str = Field(description="who asked: job (its notify), team (its webhook), "
                         "policy (idle.action: notify)")
     state: str = Field(description="pending (retrying while attempts > 0) | delivered | "

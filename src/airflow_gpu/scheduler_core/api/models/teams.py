@@ -67,7 +67,8 @@ class TeamOut(BaseModel):
                            "borrowed work uses now")
     error: str | None = Field(None, description="why the team's stored setting is refused "
                               "(the policy file's applies meanwhile)")
-    webhook_url: str | None = None
+    webhook_url: str | None = Field(None, description="to other teams without its path and "
+                                    "query (scheme://host[:port]/…)")
     webhook_events: list[str] | None = None
     webhook_secret_hint: str | None = Field(None, description="whsec_... and the secret's "
                                             "last 4 characters (the secret is never shown "

@@ -27,7 +27,8 @@ class TokenCreate(RequestBody):
                 "names or glob patterns of its `hosts` that it may add to the cluster; "
                 "without it, it registers only hosts the cluster file lists")
     user: str | None = Field(None, pattern=NAME, max_length=200, description="a user's "
-                             "token of the team (role team): its jobs are that user's")
+                             "token of the team (role team): its jobs are that user's, "
+                             "and it changes (cancel, hold, update...) only those")
     expires_in: Duration | None = Field(None, gt=0, description="refused after this long "
                                         "(30d, 12h, seconds); default never")
     expires_at: datetime | None = Field(None, description="refused from then on (ISO 8601; "

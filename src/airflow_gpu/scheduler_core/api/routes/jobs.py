@@ -11,7 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from ...service import notify
 from ...service.batch import submit_batch
 from ...service.common import LIVE
-from .. import submits
+from .. import shown, submits
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
 from ..models.base import NAME, States
@@ -39,7 +39,7 @@ async def submit(body: SubmitRequest, p: Who, response: Response, service: Svc,
 
 
 @router.get("/api/v1/jobs", response_model=list[JobOut])
-def list_jobs(_: Who, service: Svc, state: States | None = None,
+def list_jobs(p: Who, service: Svc, state: States | None = None,
               team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
               name: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
               order: Literal["submitted", "newest"] = "submitted",
@@ -48,15 +48,16 @@ def list_jobs(_: Who, service: Svc, state: States | None = None,
 
     jobs = service.list_jobs(state, team, limit, name, order == "newest")
     live = service.live_allocations([j.id for j in jobs if j.state in LIVE])
-    return name_blockers(service, [JobOut.of(j, live.get(j.id)) for j in jobs])
+    return shown.jobs(name_blockers(service, [JobOut.of(j, live.get(j.id)) for j in jobs]),
+                      p)
 
 
 @router.get("/api/v1/jobs/{job_id}", response_model=JobOut)
-def get_job(job_id: JobRef, _: Who, service: Svc):
+def get_job(job_id: JobRef, p: Who, service: Svc):
     from ...service.jobcontrol import name_blockers
 
     out = _with_hosts(service, service.get(job_id))
-    return name_blockers(service, [out])[0]
+    return shown.jobs(name_blockers(service, [out]), p)[0]
 
 
 def _with_hosts(service, j) -> JobOut:
@@ -71,14 +72,15 @@ def cancel(job_id: JobRef, p: Who, service: Svc):
 
 
 @router.get("/api/v1/jobs/{job_id}/explain", response_model=ExplainOut)
-def explain(job_id: JobRef, _: Who, service: Svc):
+def explain(job_id: JobRef, p: Who, service: Svc):
     from ...service.jobcontrol import blockers, name_jobs
 
     j = service.get(job_id)
     out = ExplainOut.of(j, service.events(job_id), time.time())
     out.blockers, names = blockers(service, j)     # the jobs it waits for, by name
     out.reason = name_jobs(out.reason, names)
-    out.notifications = [NotificationOut.of(n) for n in notify.of_job(service, job_id)]
+    out.notifications = shown.notifications(
+        [NotificationOut.of(n) for n in notify.of_job(service, job_id)], p)
     return out
 
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query
 
 from ...service import notify
 from ...service.errors import Forbidden
+from .. import shown
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
 from ..models.notifications import NotificationOut
@@ -17,9 +18,10 @@ router = APIRouter(route_class=DecodedOffLoop)
 
 
 @router.get("/api/v1/jobs/{job_id}/notifications", response_model=list[NotificationOut])
-def of_job(job_id: JobRef, _: Who, service: Svc):
+def of_job(job_id: JobRef, p: Who, service: Svc):
     service.get(job_id)                  # 404 for a job that does not exist
-    return [NotificationOut.of(n) for n in notify.of_job(service, job_id)]
+    return shown.notifications([NotificationOut.of(n) for n in notify.of_job(service,
+                                                                              job_id)], p)
 
 
 @router.get("/api/v1/notifications", response_model=list[NotificationOut])

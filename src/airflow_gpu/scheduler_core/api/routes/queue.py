@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from ...service.common import LIVE
+from .. import shown
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
 from ..models.base import NAME, States
@@ -21,7 +22,7 @@ router = APIRouter(route_class=DecodedOffLoop)
 
 
 @router.get("/api/v1/queue", response_model=list[QueueEntry])
-def queue(_: Who, service: Svc, all: bool = False,  # noqa: A002
+def queue(p: Who, service: Svc, all: bool = False,  # noqa: A002
           state: States | None = None,
           team: Annotated[str | None, Query(max_length=200, pattern=NAME)] = None,
           limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
@@ -39,7 +40,7 @@ def queue(_: Who, service: Svc, all: bool = False,  # noqa: A002
         if out.pending is not None:       # the reason as queue names its jobs
             out.pending.reason = extra["reason"]
         outs.append(QueueEntry(**{**out.model_dump(), **extra}))
-    return outs
+    return shown.jobs(outs, p)
 
 
 @router.get("/api/v1/priorities")

@@ -19,6 +19,7 @@ from ...service.common import LIVE
 from ...service.errors import NotFound
 from ...service.jobcontrol import name_blockers
 from ...store.models import JobRow
+from .. import shown
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
 from ..models.base import RequestBody, States
@@ -75,15 +76,17 @@ async def _wait(request: Request, service, ids: list[str], state: str,
 
 
 @router.post("/api/v1/jobs/wait", response_model=WaitOut)
-async def wait_jobs(body: WaitRequest, request: Request, _: Who, service: Svc):
+async def wait_jobs(body: WaitRequest, request: Request, p: Who, service: Svc):
     """As soon as one or more of `ids` is no longer in `state`: those jobs; at the
     timeout: every one of them as it is now (their pending reasons)."""
-    return await _wait(request, service, list(dict.fromkeys(body.ids)), body.state,
-                       body.timeout)
+    out = await _wait(request, service, list(dict.fromkeys(body.ids)), body.state,
+                      body.timeout)
+    out.jobs = shown.jobs(out.jobs, p)
+    return out
 
 
 @router.get("/api/v1/jobs/{job_id}/wait", response_model=JobOut)
-async def wait_job(job_id: JobRef, request: Request, _: Who, service: Svc,
+async def wait_job(job_id: JobRef, request: Request, p: Who, service: Svc,
                    state: States | None = None,
                    timeout: Annotated[float, Query(ge=0, le=MAX_WAIT)] = 30.0):
     """The job once it is no longer in `state` (default: the state it is in now), or as
@@ -93,4 +96,4 @@ async def wait_job(job_id: JobRef, request: Request, _: Who, service: Svc,
     out = await _wait(request, service, [job_id], state, timeout)
     if out.missing:
         raise NotFound(f"job {job_id!r} does not exist (any more)")
-    return out.jobs[0]
+    return shown.jobs(out.jobs, p)[0]
