@@ -21,7 +21,6 @@ wrong hold rows (quarantine.py) differ from what the engine holds."""
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +33,6 @@ from sqlalchemy.orm import Session
 from ..engine.cluster import Cluster
 from ..engine.mig import mig_slots
 from ..engine.state import ClusterState, ReplicaAllocation
-from ..jobspec import JobSpec
 from ..policy.config import PolicyConfig
 from ..policy.fairshare import FairShare
 from ..policy.scheduler import Rejected, Scheduler
@@ -45,8 +43,9 @@ from ..store import integrity
 from ..store.models import AllocationRow, GpuRow, HostRow, JobRow
 from . import passerrors, quarantine, reserving
 from .agents import silent_hosts
-from .common import LIVE, PENDING, _ts, _update, schedulable, spec_gpus
+from .common import LIVE, PENDING, _ts, _update, schedulable
 from .idle import queue_entry
+from .known import COLUMNS, Known
 from .wear import worn_gpus
 
 log = logging.getLogger(__name__)
@@ -57,61 +56,6 @@ CHECK_EVERY = 60.0      # seconds between checks of the engine's holdings agains
 # 5 s of CPU at 50,000 pending)
 MODEL_EVERY = 300.0
 CHUNK = 1000            # ids per IN (...) read
-
-# the columns the leader keeps of each job (the spec is kept parsed)
-COLUMNS = (JobRow.id, JobRow.rev, JobRow.state, JobRow.team, JobRow.user, JobRow.spec,
-           JobRow.priority, JobRow.submitted_at, JobRow.queued_at, JobRow.requeue_reason,
-           JobRow.preemptors, JobRow.promised_at, JobRow.reason_code, JobRow.reason,
-           JobRow.details, JobRow.eta_at, JobRow.preempt_reason, JobRow.preempted_by,
-           JobRow.admitted_at, JobRow.deadline_at, JobRow.yield_at, JobRow.borrowed,
-           JobRow.preempt_deadline_at)
-_FIELDS = tuple(c.key for c in COLUMNS if c.key != "spec")
-
-
-class Known:
-    """What the leader last read of one job: its columns (as a row: passerrors.py and
-    preemption.py read them), its spec parsed once while its priority and time limit stay,
-    and the GPUs fair share charges it."""
-
-    __slots__ = (*_FIELDS, "spec", "key", "gpus", "seq")
-
-    @classmethod
-    def of(cls, row, old: Known | None) -> Known:
-        k = cls()
-        for f in _FIELDS:
-            setattr(k, f, getattr(row, f))
-        spec = row.spec if isinstance(row.spec, dict) else {}
-        # the spec is parsed again when it changes (an update of its priority or time
-        # limit, or a write behind the service's back)
-        k.key = (row.priority, hash(json.dumps(spec, sort_keys=True, default=str)))
-        k.spec = old.spec if old is not None and old.key == k.key else spec
-        k.gpus = spec_gpus(spec)
-        # among jobs queued at the same time, the order of their ids (as the store reads
-        # them): the same order whichever pass submitted them to the engine
-        k.seq = int.from_bytes(row.id.encode()[:40].ljust(40, b"\0"), "big")
-        return k
-
-    def parsed(self) -> JobSpec:
-        if isinstance(self.spec, dict):      # parsed on first use, the dict let go
-            self.spec = JobSpec.model_validate({**self.spec, "name": self.id})
-        return self.spec
-
-    def engine_key(self) -> tuple:
-        """What the engine takes from the row: a change elsewhere (a heartbeat, the
-        reason a pass wrote) leaves the engine as it is."""
-        if self.state == PENDING:
-            return (self.state, self.key, self.submitted_at, self.queued_at,
-                    self.requeue_reason, self.preemptors, self.promised_at,
-                    self.reason_code == "Preempting" and self.details.get("victims"))
-        return (self.state, self.key, self.admitted_at, self.deadline_at, self.yield_at,
-                self.borrowed, self.preemptors, self.preempted_by, self.preempt_deadline_at)
-
-    def stop_at(self) -> float | None:
-        """When the planner counts a live job stopped: its time limit, or its yield to a
-        reservation (overrun.py) where that comes first."""
-        at = [_ts(t) for t in (self.deadline_at, self.yield_at) if t is not None]
-        return min(at) if at else None
-
 
 @dataclass
 class Hosts:
