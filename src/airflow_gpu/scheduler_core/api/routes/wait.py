@@ -50,7 +50,7 @@ def _read(service, ids: list[str], state: str | None, changed: bool) -> tuple[li
     reads again at each change, for hundreds of ids), whole rows only for those."""
     with service.reads() as s:
         states = dict(s.execute(select(JobRow.id, JobRow.state)
-                                .where(JobRow.id.in_(ids))).tuples().all())
+                                .where(JobRow.id.in_(ids))).all())
         missing = [i for i in ids if i not in states]
         want = [i for i, st in states.items() if not changed or st != state]
         rows = list(s.scalars(select(JobRow).where(JobRow.id.in_(want)))) if want else []
