@@ -88,9 +88,7 @@ def tell(svc, s: Session, found: list[Finding]) -> None:
 
 def findings(svc) -> list[Finding]:
     """The wrong rows now (a snapshot of its own, for the views)."""
-    from .warm import snapshot
-
-    with snapshot(svc) as s:
+    with svc.snapshot() as s:
         return integrity.find(s, svc.cluster)
 
 

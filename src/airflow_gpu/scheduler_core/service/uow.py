@@ -20,7 +20,7 @@ from ..engine.state import ClusterState
 from ..errors import describe_validation_error
 from ..plugins import Registry, default_registry
 from ..policy.config import PolicyConfig, TeamPolicy
-from ..store.db import make_engine, sessions, upgrade
+from ..store.db import make_engine, sessions, snapshot, upgrade
 from ..store.models import JobRow, TeamRow
 from . import notify, rights
 from .changes import Changes, Wake
@@ -53,7 +53,9 @@ class Store:
         self.notified = threading.Event()    # notifications committed (webhooks.py)
         notify.watch(self.sessions, self.notified)     # job events' outbox rows
         self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
-        self.reads = (sessions(make_engine(settings.db_url, writes=False))
+        self.read_engine = (make_engine(settings.db_url, writes=False)
+                            if self.engine.dialect.name == "sqlite" else self.engine)
+        self.reads = (sessions(self.read_engine)
                       if self.engine.dialect.name == "sqlite" else self.sessions)
         self._policy_cache: tuple[float, PolicyConfig] | None = None
         self.warm = None                     # the leader's state between passes (warm.py)
@@ -95,6 +97,10 @@ class Store:
         row = self.get(job_id)
         rights.check(who, row)
         return row
+
+    def snapshot(self):
+        """A read-only transaction whose reads all see one committed state (store.db)."""
+        return snapshot(self.read_engine)
 
     def _policy(self) -> PolicyConfig:
         """The policy file with the admins' team shares and quotas; read at most once a

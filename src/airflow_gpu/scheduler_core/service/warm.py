@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import and_, or_, select
@@ -98,17 +97,6 @@ class Read:
     anew: str | None = None                 # why the engine is built anew from memory
 
 
-@contextmanager
-def snapshot(svc) -> Iterator[Session]:
-    """A read-only session whose reads all see one committed state (PostgreSQL: REPEATABLE
-    READ; SQLite's read transaction is one already)."""
-    with svc.reads() as s:
-        if s.bind.dialect.name == "postgresql":
-            s.connection(execution_options={"isolation_level": "REPEATABLE READ",
-                                            "postgresql_readonly": True})
-        yield s
-
-
 def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
          now) -> Read:
     """Read what changed since the last pass (everything, when the state is new)."""
@@ -117,7 +105,7 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
     why = ("leader" if w is None else "cluster" if w.cluster is not cluster else None)
     if why:
         w = Warm(cluster)
-    with snapshot(svc) as s:
+    with svc.snapshot() as s:
         drained = {}
         for h in s.scalars(select(HostRow).where(HostRow.drained.is_(True))):
             if h.name in cluster.by_name and not reserving.skip_drain(h, windows, t_now):

@@ -311,3 +311,24 @@ def current_revision(engine: Engine) -> str | None:
 
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+# the tables `snapshot(write=True)` locks against other writers (store/repair.py)
+HOLD_TABLES = "allocations, gpu_holds, mig_holds, cpu_holds"
+
+
+@contextmanager
+def snapshot(engine: Engine, write: bool = False, wait: bool = True) -> Iterator[Session]:
+    """One transaction whose reads see one committed state (PostgreSQL: REPEATABLE READ;
+    SQLite's transaction is one already); `write`: with the hold and
+    allocation tables locked against other writers first (`wait`: for those in flight)."""
+    with sessions(engine).begin() as s:
+        if engine.dialect.name == "postgresql":
+            s.connection(execution_options={"isolation_level": "REPEATABLE READ",
+                                            "postgresql_readonly": not write})
+            if write:
+                # NOWAIT: never queued behind a writer while others queue behind this
+                # lock (a pass waiting on it can hold what the writer waits for)
+                s.execute(text(f"LOCK TABLE {HOLD_TABLES} IN SHARE ROW EXCLUSIVE MODE"
+                               + ("" if wait else " NOWAIT")))
+        yield s

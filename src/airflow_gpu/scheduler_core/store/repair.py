@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from sqlalchemy import delete, exc, text, update
+from sqlalchemy import delete, exc, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
 from . import integrity
-from .db import sessions
+from .db import snapshot
 from .integrity import Finding
 from .models import AllocationRow, CpuHoldRow, GpuHoldRow, MigHoldRow
 
-TABLES = "allocations, gpu_holds, mig_holds, cpu_holds"
 ROUNDS = 3            # a rewritten allocation lets go of holds the next round deletes
 WAIT = 30.0           # seconds repair waits for the writers in flight to finish
 RETRY = ("40001", "40P01", "55P03")   # serialization failure, deadlock, lock not had
@@ -42,22 +40,6 @@ class Outcome:
     def summary(self) -> str:
         return ", ".join(f"{n} {what}" for what, n in sorted(self.counts.items())) \
             or "nothing changed"
-
-
-@contextmanager
-def snapshot(engine: Engine, write: bool = False, wait: bool = True) -> Iterator[Session]:
-    """One transaction whose reads see one committed state; `write`: with the hold and
-    allocation tables locked against other writers first (`wait`: for those in flight)."""
-    with sessions(engine).begin() as s:
-        if engine.dialect.name == "postgresql":
-            s.connection(execution_options={"isolation_level": "REPEATABLE READ",
-                                            "postgresql_readonly": not write})
-            if write:
-                # NOWAIT: never queued behind a writer while others queue behind this
-                # lock (a pass waiting on it can hold what the writer waits for)
-                s.execute(text(f"LOCK TABLE {TABLES} IN SHARE ROW EXCLUSIVE MODE"
-                               + ("" if wait else " NOWAIT")))
-        yield s
 
 
 def check(engine: Engine, cluster_of: Callable[[Session], object]) -> list[Finding]:
