@@ -27,10 +27,9 @@ def admit(svc, s: Session, result, stamp: datetime, t_now: float) -> list[str]:
     ids = [job.name for job, _ in result.started]
     attempts: dict[str, int] = {}
     for i in range(0, len(ids), CHUNK):       # locked: nothing changes them until commit
-        attempts.update((job_id, n) for job_id, n in s.execute(
-            select(JobRow.id, JobRow.attempt).where(
-                JobRow.id.in_(ids[i:i + CHUNK]), JobRow.state == PENDING, not_held())
-            .with_for_update()))
+        attempts.update(s.execute(select(JobRow.id, JobRow.attempt).where(
+            JobRow.id.in_(ids[i:i + CHUNK]), JobRow.state == PENDING, not_held())
+            .with_for_update()).all())
     lease = stamp + timedelta(seconds=svc.settings.lease_ttl)
     rows, allocs, holds = [], [], {GpuHoldRow: [], MigHoldRow: [], CpuHoldRow: []}
     admitted = []

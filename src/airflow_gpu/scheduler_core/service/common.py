@@ -35,8 +35,10 @@ HELD = ("JobHeldUser", "JobHeldAdmin")     # Slurm's reason codes of held jobs
 
 
 def not_held():
-    """SQL: the job is not held (the pass's writes to pending jobs are guarded by it)."""
-    return or_(JobRow.reason_code.is_(None), JobRow.reason_code.not_in(HELD))
+    """SQL: the job is not held (the pass's writes to pending jobs are guarded by it).
+    No IN list: SQLite runs a bulk update (store/bulk.py) as executemany, which takes
+    none."""
+    return or_(JobRow.reason_code.is_(None), and_(*(JobRow.reason_code != h for h in HELD)))
 
 
 def schedulable():

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from ..errors import InputError
 from ..jobdeps import file_cycle, file_target
+from ..jobfile import file_index
 from ..jobspec import JobSpec
 from ..store.models import ArrayRow, DependencyRow, EventRow, JobRow
 from . import arrays
@@ -102,7 +103,7 @@ def prepare(svc: Store, specs: list[JobSpec], who: Principal) -> list[list[Wait]
 
 
 def _which(specs: list[JobSpec], i: int) -> str:
-    return f"jobs[{i}] (name {specs[i].name!r}): " if len(specs) > 1 else ""
+    return f"{file_index(i, specs[i].name)}: " if len(specs) > 1 else ""
 
 
 def _unresolved(where: str, ref: str, who: Principal, exc: Exception) -> str:

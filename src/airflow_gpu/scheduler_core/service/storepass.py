@@ -13,7 +13,6 @@ import contextlib
 import logging
 from datetime import datetime
 
-from sqlalchemy import and_, or_
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
@@ -25,16 +24,14 @@ from ..store.bulk import update_rows
 from ..store.models import JobRow
 from . import arrays, dependencies, passerrors, quarantine, reserving, warm
 from .admit import admit
-from .common import HELD, PENDING, _ts, spec_gpus, utcnow
+from .common import PENDING, _ts, not_held, spec_gpus, utcnow
 from .faults import handle_gpu_faults
 from .preemption import broken_guarantee, mark_preempting
 from .uow import Store
 
 log = logging.getLogger(__name__)
 
-# not_held(), spelt out: SQLite runs a bulk update as executemany, which takes no IN list
-_PENDING_NOT_HELD = (JobRow.state == PENDING, or_(JobRow.reason_code.is_(None), and_(
-    *(JobRow.reason_code != h for h in HELD))))
+_PENDING_NOT_HELD = (JobRow.state == PENDING, not_held())
 
 
 def run_pass(svc: Store, explain: bool = True) -> list[str]:
