@@ -1,11 +1,22 @@
-"""Airflow, where a test imports it in this process, gets a throw-away home; the
-database fixtures every folder shares; how pytest-xdist deals the tests out."""
+"""Airflow, where a test imports it in this process, gets a throw-away home; property
+tests draw fixed examples; the database fixtures every folder shares; how pytest-xdist
+deals the tests out."""
 
 import os
 import tempfile
 
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="airflow-gpu-tests-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+# Property tests (hypothesis) draw the same examples on every run and machine (a seed per
+# test from its code, no example database): a guarantee's test passes or fails in CI as
+# it did before, not on a lucky draw. HYPOTHESIS_PROFILE=explore draws new ones, to
+# search; add what it finds as an @example.
+from hypothesis import settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The database fixtures (`db_url`: SQLite and PostgreSQL; `api`: the real app on it) for
 # every folder: the API, service, store and CLI tests share them.

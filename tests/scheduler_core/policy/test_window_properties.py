@@ -67,7 +67,10 @@ def test_windows_keep_their_hosts_and_their_jobs_inside(data):
     graces: dict[str, float] = {}
     ends: dict[str, float] = {}
 
+    passes: list[float] = []
+
     def observe(s, result):
+        passes.append(result.now)
         check_state(s, result)
         now = result.now
         for job, placed in result.started:
@@ -89,8 +92,11 @@ def test_windows_keep_their_hosts_and_their_jobs_inside(data):
                 assert ok or stopping or name in s.stopping, (
                     f"{name} on {sorted(hosts & set(w.hosts))} of {w.name} at {now}")
 
-    simulate(cluster, trace, SimOptions(PolicyConfig(fairshare_weight=0), windows=windows),
-             observe=observe)
+    res = simulate(cluster, trace, SimOptions(PolicyConfig(fairshare_weight=0),
+                                              windows=windows), observe=observe)
+    # the checks above ran in the callback: it saw every pass and every job that started
+    assert len(passes) == res.passes > 0
+    assert set(seen) == {r.job_id for r in res.records if r.start is not None}
     for name, (start, hosts) in seen.items():
         w = by_name.get(asks.get(name) or "")
         if w is None:

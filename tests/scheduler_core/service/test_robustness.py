@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import traceback
 
 import httpx
 import pytest
@@ -35,6 +35,39 @@ def setup(db_url, tmp_path):
     for s in servers:
         s.stop()
     engine.dispose()
+
+
+class Clients:
+    """Client threads whose failures the test sees: an exception or a failed assert in a
+    thread ends only that thread, and the test would pass without its checks. Each
+    failure is kept, and `ok` and `join` fail the test with them in the main thread."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.failures: list[str] = []
+
+    def start(self, target, *args) -> None:
+        def run() -> None:
+            try:
+                target(*args)
+            except BaseException as exc:   # anything: the main thread reports it
+                self.failures.append("".join(traceback.format_exception(exc)))
+
+        t = threading.Thread(target=run, daemon=True)
+        self.threads.append(t)
+        t.start()
+
+    def ok(self) -> bool:
+        """True while no client has failed (for `until`, which then stops at once)."""
+        assert not self.failures, "a client thread failed:\n" + "\n".join(self.failures)
+        return True
+
+    def join(self, timeout: float = 60) -> None:
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.0, end - time.monotonic()))
+        self.ok()
+        assert not any(t.is_alive() for t in self.threads), "a client thread never ended"
 
 
 def job_body(i: int) -> dict:
@@ -91,16 +124,20 @@ def test_fifty_concurrent_submitters_and_a_churning_launcher(setup):
         with httpx.Client(base_url=server.url, timeout=30,
                           headers={"Authorization": f"Bearer {setup['token']}"}) as c:
             while not stop.is_set():
-                for j in c.get("/api/v1/jobs", params={"state": "admitted"}).json()[:5]:
-                    c.post(f"/api/v1/jobs/{j['id']}/finish", json={"outcome": "succeeded"})
+                admitted = c.get("/api/v1/jobs", params={"state": "admitted"})
+                assert admitted.status_code == 200, admitted.text
+                for j in admitted.json()[:5]:
+                    r = c.post(f"/api/v1/jobs/{j['id']}/finish",
+                               json={"outcome": "succeeded"})
+                    assert r.status_code == 200, r.text
                 time.sleep(0.05)
 
-    churn = threading.Thread(target=launcher)
-    churn.start()
-    with ThreadPoolExecutor(50) as pool:
-        for k in range(50):
-            pool.submit(submit_many, server.url, setup["token"], range(k * 4, k * 4 + 4),
-                        acked)
+    churn, submitters = Clients(), Clients()
+    churn.start(launcher)
+    for k in range(50):
+        submitters.start(submit_many, server.url, setup["token"], range(k * 4, k * 4 + 4),
+                         acked)
+    submitters.join()
     time.sleep(1.0)
     stop.set()
     churn.join()
@@ -114,17 +151,14 @@ def test_sigkill_mid_load_loses_nothing_acknowledged(setup):
     server = setup["start"]()
     acked: dict[str, str] = {}
     stop = threading.Event()
-    threads = [threading.Thread(target=submit_many, args=(
-        server.url, setup["token"], range(k * 100, k * 100 + 100), acked, stop))
-        for k in range(8)]
-    for t in threads:
-        t.start()
-    while len(acked) < 40:
-        time.sleep(0.01)
+    clients = Clients()
+    for k in range(8):
+        clients.start(submit_many, server.url, setup["token"], range(k * 100, k * 100 + 100),
+                      acked, stop)
+    until(lambda: clients.ok() and len(acked) >= 40, "40 acknowledged jobs", 60, 0.01)
     server.kill()
     stop.set()
-    for t in threads:
-        t.join()
+    clients.join()
     before = check_store(setup["engine"])
     assert set(acked.values()) <= set(before)
     # restart on the same database: everything is still there and scheduling resumes
@@ -243,28 +277,27 @@ def test_leader_sigkill_and_a_database_restart_under_load_lose_nothing(tmp_path)
     servers = [Server(pg.url, cluster, args=("--replicas", "2")) for _ in range(2)]
     acked: dict[str, str] = {}
     stop = threading.Event()
-    clients = [threading.Thread(target=submit_retrying, args=(
-        [servers[k % 2].url, servers[1 - k % 2].url], token, range(k * 1000, k * 1000 + 1000),
-        acked, stop))
-        for k in range(8)]
+    clients = Clients()
     try:
         until(lambda: [s.healthy()["scheduling"] for s in servers].count(True) == 1,
               "one of the two replicas leads")
         leader, other = sorted(servers, key=lambda s: not s.healthy()["scheduling"])
-        for t in clients:
-            t.start()
-        until(lambda: len(acked) >= 40, "the clients' first jobs are acknowledged", 60)
+        for k in range(8):
+            clients.start(submit_retrying, [servers[k % 2].url, servers[1 - k % 2].url],
+                          token, range(k * 1000, k * 1000 + 1000), acked, stop)
+        until(lambda: clients.ok() and len(acked) >= 40,
+              "the clients' first jobs are acknowledged", 60)
         leader.kill()
         pg.stop()
         time.sleep(1.0)
         pg.start()
         at_restart = len(acked)
-        until(lambda: len(acked) >= at_restart + 40, "submits work again after it", 60)
+        until(lambda: clients.ok() and len(acked) >= at_restart + 40,
+              "submits work again after it", 60)
         until(lambda: (other.healthy() or {}).get("scheduling") is True,
               "the other replica leads", 60)
         stop.set()
-        for t in clients:
-            t.join(timeout=60)
+        clients.join()
         check = make_engine(pg.url)
         jobs = check_store(check)
         assert set(acked.values()) <= set(jobs), "an acknowledged job was lost"
