@@ -131,7 +131,7 @@ class Launchers(threading.Thread):
     `every` seconds (a launcher beats every third of its 60 s lease), by `threads`
     connections, so that no job is lost for want of a launcher."""
 
-    def __init__(self, url: str, token: str, every: float = 20.0, threads: int = 4):
+    def __init__(self, url: str, token: str, every: float = 20.0, threads: int = 16):
         super().__init__(daemon=True)
         self.url, self.token, self.every, self.threads = url, token, every, threads
         self.stop = threading.Event()
@@ -181,14 +181,23 @@ def running_1gpu(c: httpx.Client) -> list[str]:
             [(r.get("replicas", 1), r.get("gpus")) for r in j["spec"]["roles"]] == [(1, 1)]]
 
 
+def again(call, *args, **kw):
+    """A request, sent again once where the server closed an idle kept-alive connection
+    as it was reused (a race of HTTP keep-alive, not an answer)."""
+    try:
+        return call(*args, **kw)
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        return call(*args, **kw)
+
+
 def finish(c: httpx.Client, job_id: str) -> None:
-    c.post(f"/api/v1/jobs/{job_id}/heartbeat", json={})
-    c.post(f"/api/v1/jobs/{job_id}/finish", json={"outcome": "succeeded"})
+    again(c.post, f"/api/v1/jobs/{job_id}/heartbeat", json={})
+    again(c.post, f"/api/v1/jobs/{job_id}/finish", json={"outcome": "succeeded"})
 
 
 def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dict:
     """The steady phase: one finish a second, a probe every 10 s, a submit burst once."""
-    lat, submit = [], {}
+    lat, submit, slow, why = [], {}, [], None
     end = time.monotonic() + minutes * 60
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"},
                       timeout=120) as c, httpx.Client(
@@ -198,19 +207,23 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
         victims: list[str] = []
         while time.monotonic() < end:
             if not victims:
-                victims = running_1gpu(c)
+                victims = again(running_1gpu, c)
                 random.shuffle(victims)
             if time.monotonic() >= nxt_probe and victims:
-                probe = t.post("/api/v1/jobs", json={"spec": {
+                probe = again(t.post, "/api/v1/jobs", json={"spec": {
                     **job_spec(f"probe-{uuid.uuid4().hex[:6]}", 1), "priority": 100}}).json()
                 time.sleep(2.5)                # a pass or more sees it waiting
                 finish(c, victims.pop())
                 t0 = time.perf_counter()
-                while t.get(f"/api/v1/jobs/{probe['id']}").json()["state"] == "pending":
+                while (seen := again(t.get, f"/api/v1/jobs/{probe['id']}").json())[
+                        "state"] == "pending":
                     if time.perf_counter() - t0 > 60:
                         break
                     time.sleep(0.005)
+                    why = (seen.get("pending") or {}).get("reason")
                 lat.append(time.perf_counter() - t0)
+                if lat[-1] > 1.0:            # slow: what the probe was told meanwhile
+                    slow.append({"s": round(lat[-1], 2), "reason": why})
                 nxt_probe = time.monotonic() + 10
             elif burst_at and time.monotonic() >= burst_at:
                 submit = submit_burst(url, team)
@@ -222,7 +235,8 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
                 time.sleep(1.0)
     return {"admission_median_s": round(statistics.median(lat), 4) if lat else None,
             "admission_p95_s": round(sorted(lat)[int(0.95 * (len(lat) - 1))], 4)
-            if lat else None, "admission_rounds": len(lat), **submit}
+            if lat else None, "admission_rounds": len(lat), "admission_slow": slow[:10],
+            **submit}
 
 
 def submit_burst(url: str, token: str, seconds: float = 10.0, threads: int = 8) -> dict:
@@ -283,15 +297,18 @@ def settle(url: str, quiet: int = 3, most: float = 120.0) -> float:
     return time.monotonic() - t0
 
 
-def pass_errors(url: str) -> tuple[float, dict[str, float]]:
-    """The passes that failed, and the times the leader rebuilt its state, by why."""
-    failed, rebuilt = 0.0, {}
+def pass_errors(url: str) -> tuple[float, dict[str, float], float]:
+    """The passes that failed, the times the leader rebuilt its state, by why, and the
+    jobs lost for want of a heartbeat (the launcher stand-ins fell behind)."""
+    failed, rebuilt, lost = 0.0, {}, 0.0
     for line in httpx.get(f"{url}/metrics", timeout=60).text.splitlines():
         if line.startswith('airflow_gpu_pass_errors_total{kind="pass"}'):
             failed = float(line.split()[-1])
+        elif line.startswith("airflow_gpu_lease_expiries_total "):
+            lost = float(line.split()[-1])
         elif line.startswith("airflow_gpu_state_rebuilds_total{"):
             rebuilt[line.split('"')[1]] = float(line.split()[-1])
-    return failed, rebuilt
+    return failed, rebuilt, lost
 
 
 def run_one(kind: str, args, tmp: Path) -> dict:
@@ -321,7 +338,7 @@ def run_one(kind: str, args, tmp: Path) -> dict:
             ramp = list(watch.passes)
             watch.passes.clear()              # what follows: the steady state
             out = steady(server.url, admin, tokens[0], args.minutes, watch)
-            failed, rebuilt = pass_errors(server.url)
+            failed, rebuilt, lost = pass_errors(server.url)
         finally:
             watch.stop.set()
             beats.stop.set()
@@ -338,7 +355,8 @@ def run_one(kind: str, args, tmp: Path) -> dict:
            "minutes": args.minutes, "fill_submits_per_s": round(fill_rate, 1),
            "passes": len(p), "pass_p50_s": round(statistics.median(p), 4) if p else None,
            "pass_p95_s": round(p[int(0.95 * (len(p) - 1))], 4) if p else None,
-           "passes_failed": failed, "state_rebuilds": rebuilt, **out, "heartbeats": beats.beats,
+           "passes_failed": failed, "state_rebuilds": rebuilt, "jobs_lost": lost, **out,
+           "heartbeats": beats.beats,
            "heartbeats_failed": beats.failed,
            "heartbeat_p50_s": round(statistics.median(beats.slow), 4) if beats.slow else None,
            "heartbeat_p95_s": round(sorted(beats.slow)[int(0.95 * (len(beats.slow) - 1))], 4)
@@ -351,7 +369,7 @@ def run_one(kind: str, args, tmp: Path) -> dict:
           f"{filled:.0f} s ({len(ramp)} passes, longest {res['fill_up_pass_max_s']} s); "
           "then pass p50 "
           f"{res['pass_p50_s']} s p95 {res['pass_p95_s']} s ({len(p)} passes, "
-          f"{failed:g} failed, state rebuilt {rebuilt}); "
+          f"{failed:g} failed, state rebuilt {rebuilt}, {lost:g} jobs lost); "
           f"free -> admitted median {res['admission_median_s']} s; "
           f"submits {res.get('submits_per_s')}/s; heartbeat p95 {res['heartbeat_p95_s']} s; "
           f"RSS {res['rss_mb']} MB", flush=True)

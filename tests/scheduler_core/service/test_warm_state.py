@@ -56,6 +56,33 @@ def test_a_pass_reads_again_only_the_jobs_that_changed(api):
     assert api.service.rebuilt == []
 
 
+def test_a_heartbeat_that_only_extends_the_lease_keeps_the_revision(api):
+    ids = [submit(api, f"j{i}", 8) for i in range(2)]
+    assert set(api.tick()) == set(ids)
+    a, b = ids
+    first = rev(api, a)
+    r = api.post(f"/api/v1/jobs/{a}/heartbeat", headers=auth(api, "vision"))
+    assert r.status_code == 200 and r.json()["state"] == "running"   # a change: bumped
+    assert rev(api, a) == first + 1 and r.json()["replicas"][0]["gpus"]
+    api.tick()
+    known = api.service.warm.jobs[a]
+    lease = r.json()["lease_expires_at"]
+    r = api.post(f"/api/v1/jobs/{a}/heartbeat", headers=auth(api, "vision"))
+    assert r.status_code == 200 and r.json()["lease_expires_at"] >= lease
+    assert rev(api, a) == first + 1                  # only the lease: kept
+    api.tick()
+    assert api.service.warm.jobs[a] is known         # so the leader read nothing again
+    with api.service.engine.begin() as conn:        # any other write still bumps
+        conn.exec_driver_sql(f"UPDATE jobs SET priority = 5 WHERE id = '{a}'")
+    assert rev(api, a) == first + 2
+    before = rev(api, b)
+    other = api.post(f"/api/v1/jobs/{b}/heartbeat", headers=auth(api, "nlp"))
+    assert other.status_code == 403 and rev(api, b) == before     # another team's: refused
+    gone = api.post("/api/v1/jobs/00000000-0000-0000-0000-000000000000/heartbeat",
+                    headers=auth(api, "vision"))
+    assert gone.status_code == 404
+
+
 def test_an_allocation_changed_behind_the_leaders_back_is_found_and_read_anew(
         api, monkeypatch):
     a = submit(api, "a", 1)

@@ -25,6 +25,9 @@ UTILIZATION = ("utilization_gpu", "utilization_memory", "memory_used_bytes", "po
 # live: holding resources; `preempting`: being stopped for another job (it keeps them
 # until its launcher says it has stopped, or its preempt deadline passes)
 LIVE = ("admitted", "running", "preempting")
+# `rev` set to this keeps a job row's revision (migration 0021): for writes of what the
+# scheduling leader does not read (a heartbeat's lease), so it does not read the row again
+QUIET = -1
 ENDED = ("succeeded", "failed", "cancelled", "lost", "timeout")
 SLACK = STOP_SLACK    # seconds past a victim's grace before it is requeued by force
 # what keeps a pending job from the pass (JobRow.blocked), with the reason code it shows

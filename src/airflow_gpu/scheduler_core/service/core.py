@@ -128,7 +128,9 @@ class Service(Store):
                exit_code: int | None, attempt: int | None = None) -> JobRow:
         return jobs.finish(self, job_id, who, outcome, exit_code, attempt)
 
-    def heartbeat(self, job_id: str, who: Principal, attempt: int | None = None) -> JobRow:
+    def heartbeat(self, job_id: str, who: Principal, attempt: int | None = None
+                  ) -> tuple[JobRow, list[AllocationRow]]:
+        """The job after its launcher's heartbeat, and its allocations."""
         return jobs.heartbeat(self, job_id, who, attempt)
 
     # -- the scheduling pass (storepass.py) ---------------------------------------------------

@@ -4,9 +4,9 @@ memory and brought up to date with what changed in the store since the last pass
 slurmctld keeps its job and node tables instead of rereading the world every cycle.
 
 The store stays the truth. Every UPDATE of a job row bumps its revision (migration
-0020's trigger, whoever writes it), so a pass reads the revisions of the pending and
-live jobs (two columns), then only the rows whose revision it has not seen, all in one
-snapshot: a new job is submitted to the engine, a gone one finished, one whose change
+0020's trigger, whoever writes it; a heartbeat that only extends a lease keeps it: 0021),
+so a pass reads the revisions of the pending and live jobs (two columns), then only
+the rows whose revision it has not seen, all in one snapshot: a new job is submitted to the engine, a gone one finished, one whose change
 matters to the engine (its state, priority, limits, preemption) replaced, and one whose
 change does not (a heartbeat, a reason written by the pass) only noted. Hosts (drains,
 unreachable agents, GPU health and wear) are compared with the last pass's and changed
@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from ..engine.cluster import Cluster
 from ..engine.mig import mig_slots
 from ..engine.state import ClusterState, ReplicaAllocation
+from ..jobclasses import Defaults
 from ..policy.config import PolicyConfig
 from ..policy.fairshare import FairShare
 from ..policy.scheduler import Rejected, Scheduler
@@ -72,6 +73,7 @@ class Warm:
         self.jobs: dict[str, Known] = {}
         self.sched: Scheduler | None = None
         self.policy: PolicyConfig | None = None
+        self.defaults = Defaults()      # the policy's, which jobs' specs are resolved with
         self.tm_version: tuple | None = None
         self.built_at = time.monotonic()             # when the engine was last built
         self.hosts = Hosts({}, {}, {})
@@ -234,6 +236,7 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
         sched = w.sched = Scheduler(state, policy, svc.reg, now=t_now,
                                     timemodel=r.timemodel)
         w.policy, w.tm_version, w.hosts = policy, r.timemodel.version, r.hosts
+        w.defaults = policy.defaults
         w.built_at = time.monotonic()
         w.broken, w.failed = {}, set()
         todo = list(w.jobs.values())
@@ -278,7 +281,8 @@ def _drop(sched: Scheduler, job_id: str, t_now: float) -> None:
 def _submit(svc, w: Warm, sched: Scheduler, k: Known, later: list) -> None:
     try:
         queued, behind = queue_entry(k)      # requeued as idle: behind
-        sched.submit(k.parsed(), queued, preempted_by=frozenset(k.preemptors or ()),
+        sched.submit(k.resolved(sched.reg.job_classes, w.defaults), queued,
+                     preempted_by=frozenset(k.preemptors or ()),
                      behind=behind, seq=k.seq)
         if k.promised_at is not None:
             sched.promised[k.id] = k.promised_at
@@ -299,7 +303,8 @@ def _restore(svc, w: Warm, sched: Scheduler, k: Known, r: Read, later: list,
     """A live job into the engine: with the allocations read (a row read again), else
     with those the engine it replaces held (`kept`: built anew from memory)."""
     if k.id not in r.rows and kept is not None:
-        sched.restore(k.parsed(), kept, _ts(k.admitted_at), deadline=k.stop_at(),
+        sched.restore(k.resolved(sched.reg.job_classes, w.defaults), kept,
+                      _ts(k.admitted_at), deadline=k.stop_at(),
                       borrowed=k.borrowed, preempted_by=frozenset(k.preemptors or ()),
                       stopping=_stopping(k))
         return
@@ -308,7 +313,8 @@ def _restore(svc, w: Warm, sched: Scheduler, k: Known, r: Read, later: list,
         if any(a.host not in w.cluster.by_name for a in held):
             w.broken[k.id] = set()   # not in the engine: no check of its holdings
             return    # its host left the cluster; the lease decides what happens
-        sched.restore(k.parsed(), [to_engine(w.cluster, a) for a in held], _ts(k.admitted_at),
+        sched.restore(k.resolved(sched.reg.job_classes, w.defaults),
+                      [to_engine(w.cluster, a) for a in held], _ts(k.admitted_at),
                       deadline=k.stop_at(), borrowed=k.borrowed,
                       preempted_by=frozenset(k.preemptors or ()), stopping=_stopping(k))
     except Exception as exc:  # noqa: BLE001 - one job's bad data must not stop the pass

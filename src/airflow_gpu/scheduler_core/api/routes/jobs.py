@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from ...service import notify
 from ...service.batch import submit_batch
 from ...service.common import LIVE
+from ...service.duedates import due
 from .. import shown, submits
 from ..bodies import DecodedOffLoop
 from ..deps import JobRef, Svc, Who
@@ -48,22 +49,24 @@ def list_jobs(p: Who, service: Svc, state: States | None = None,
 
     jobs = service.list_jobs(state, team, limit, name, order == "newest")
     live = service.live_allocations([j.id for j in jobs if j.state in LIVE])
-    return shown.jobs(name_blockers(service, [JobOut.of(j, live.get(j.id)) for j in jobs]),
-                      p)
+    now = time.time()
+    return shown.jobs(name_blockers(service, [JobOut.of(j, live.get(j.id), due=due(
+        service, j, now)) for j in jobs]), p)
 
 
 @router.get("/api/v1/jobs/{job_id}", response_model=JobOut)
 def get_job(job_id: JobRef, p: Who, service: Svc):
     from ...service.jobcontrol import name_blockers
 
-    out = _with_hosts(service, service.get(job_id))
+    j = service.get(job_id)
+    out = _with_hosts(service, j, due(service, j, time.time()))
     return shown.jobs(name_blockers(service, [out]), p)[0]
 
 
-def _with_hosts(service, j) -> JobOut:
+def _with_hosts(service, j, due: dict | None = None) -> JobOut:
     """A job read on its own: its replicas carry their hosts' addresses (launchers)."""
     service.refresh_cluster()
-    return JobOut.of(j, service.allocations(j.id), service.cluster.by_name)
+    return JobOut.of(j, service.allocations(j.id), service.cluster.by_name, due)
 
 
 @router.delete("/api/v1/jobs/{job_id}", response_model=JobOut)
@@ -76,7 +79,8 @@ def explain(job_id: JobRef, p: Who, service: Svc):
     from ...service.jobcontrol import blockers, name_jobs
 
     j = service.get(job_id)
-    out = ExplainOut.of(j, service.events(job_id), time.time())
+    now = time.time()
+    out = ExplainOut.of(j, service.events(job_id), now, due(service, j, now))
     out.blockers, names = blockers(service, j)     # the jobs it waits for, by name
     out.reason = name_jobs(out.reason, names)
     out.notifications = shown.notifications(
@@ -87,7 +91,9 @@ def explain(job_id: JobRef, p: Who, service: Svc):
 @router.post("/api/v1/jobs/{job_id}/heartbeat", response_model=JobOut)
 def heartbeat(job_id: JobRef, p: Who, service: Svc,
               attempt: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None):
-    return _with_hosts(service, service.heartbeat(job_id, p, attempt))
+    j, allocations = service.heartbeat(job_id, p, attempt)
+    service.refresh_cluster()
+    return JobOut.of(j, allocations, service.cluster.by_name)
 
 
 @router.post("/api/v1/jobs/{job_id}/finish", response_model=JobOut)
