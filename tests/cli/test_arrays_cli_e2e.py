@@ -1,6 +1,7 @@
 """Arrays, dependencies, bulk cancel and host ranges from the command line, against
 `airflow-gpu server` in its own process, on SQLite and PostgreSQL: sbatch --array and
---dependency, squeue's one line for an array's waiting elements, scancel of an array, an
+--dependency, squeue's one line for an array's waiting elements, scontrol hold, release
+and update (ArrayTaskThrottle) of an array, scancel of an array, an
 element and by filters (asking first), drain and resume of ranges, and every bad input
 as one line with exit code 2."""
 
@@ -73,6 +74,19 @@ def test_arrays_and_dependencies_from_the_command_line(server, tmp_path):  # noq
     why = until(lambda: (w := json.loads(run("explain", "report", "--json").stdout))["code"]
                 == "Dependency" and "array sweep" in w["reason"] and w, "report waits")
     assert "to end (afterany" in why["reason"]
+    # hold, release and update the whole array by name (scontrol hold ARRAY,
+    # ArrayTaskThrottle): its pending elements at once
+    out = run("hold", "sweep").stdout
+    assert "(sweep_2, team vision): pending - JobHeldUser" in out
+    assert "held 4 of 6 jobs; 2 passed over" in out
+    assert "released 4 of 6 jobs" in run("release", "sweep").stdout
+    out = run("update", "sweep", "--max-running", "3", "--priority", "4").stdout
+    assert f"array sweep ({array_id[:8]}): at most 3 of its 6 elements run at once" in out
+    why = json.loads(run("explain", "sweep_5", "--json").stdout)
+    assert "runs at most 3 of its 6" in why["reason"]
+    assert json.loads(run("status", "sweep_5", "--json").stdout)["priority"] == 4
+    assert "--max-running: -1 is below 0" in run("update", "sweep", "--max-running", "-1",
+                                                 rc=2).stderr
     # cancel one element, then the whole array by name
     out = run("cancel", "sweep_1").stdout
     assert "(sweep_1, team vision): cancelled" in out

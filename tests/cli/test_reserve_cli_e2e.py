@@ -74,6 +74,13 @@ def test_reservations_from_the_command_line(server, tmp_path):  # noqa: F811
     out = run("reserve", "create", "y", "--hosts", "dgx-1", "--gpus", "8", "--duration",
               "1h", "--maint", rc=2)
     assert "--hosts" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = run("reserve", "create", "big", "--hosts", "dgx-a-[01-9999999]", "--duration",
+              "1h", "--maint", rc=2)
+    assert "hosts: host range 'dgx-a-[01-9999999]' names 9,999,999 hosts" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    out = run("reserve", "create", "twice", "--hosts", "dgx-2", "--start", "now+5h",
+              "--duration", "1h", "--team", "vision", "--team", "vision", rc=2)
+    assert "teams: 'vision' is named twice; name each team once" in out.stderr
     out = run("reserve", "create", "z", "--hosts", "dgx-2", "--duration", "1h",
               "--maint", who=env, rc=1)
     assert "only admins" in out.stderr
@@ -87,3 +94,8 @@ def test_reservations_from_the_command_line(server, tmp_path):  # noqa: F811
     assert shown["duration_s"] == 3 * 3600
     assert "deleted maintenance reservation fw" in run("reserve", "delete", "fw").stdout
     assert [r["name"] for r in json.loads(run("reserve", "list", "--json").stdout)] == ["vis"]
+
+    # a deleted reservation stays in the accounting, up to its deletion, with its jobs
+    run("reserve", "delete", "vis")
+    rows = json.loads(run("acct", "--by", "reservation", "--json", who=env).stdout)["rows"]
+    assert [(r["reservation"], r["state"], r["jobs"]) for r in rows] == [("vis", "deleted", 2)]

@@ -70,7 +70,7 @@ def test_admission_timeout_fails_the_task_and_cancels_the_job(airflow_home, sche
     out = finish(proc, 90)
     assert time.monotonic() - waited < 60, out[-4000:]
     assert proc.returncode != 0, out[-4000:]
-    assert f"GPU job {job['id']}: not admitted within 4s (admission_timeout)" in out
+    assert f"GPU job {job['id'][:8]}: not admitted within 4s (admission_timeout)" in out
     reason = job["pending"]["reason"].split(";")[0]           # the stable part of it
     assert f"waiting for: {reason}" in out, out[-4000:]
     assert scheduler.job(job["id"])["state"] == "cancelled"
@@ -84,6 +84,6 @@ def test_sigterm_while_waiting_stops_the_run_and_cancels_the_job(airflow_home, s
     proc.send_signal(signal.SIGTERM)
     out = finish(proc, 30)
     assert proc.returncode != 0, out[-4000:]
-    assert f"cancelled GPU job {job['id']}" in out, out[-4000:]
+    assert f"cancelled GPU job {job['id'][:8]}" in out, out[-4000:]
     assert scheduler.job(job["id"])["state"] == "cancelled"
     assert scheduler.job(blocker)["state"] == "admitted"

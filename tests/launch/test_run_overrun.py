@@ -66,12 +66,12 @@ def test_an_overrunning_backfilled_command_is_requeued_and_runs_again(server):
         "succeeded", 2, "overrun")
     assert text(server, "liar", "out").split("\n")[:2] == ["attempt 1", "attempt 2 overrun"]
     said = text(server, "liar", "err")
-    assert "stopped: overran its expected runtime of 1s (ran " in said and big["id"] in said
+    assert "stopped: overran its expected runtime of 1s (ran " in said and big["id"][:8] in said
     assert "sending SIGTERM to all replicas, SIGKILL after 5s" in said
     events = server["admin"].get(f"/api/v1/jobs/{liar['id']}/explain").json()["events"]
     kinds = [e["kind"] for e in events]
     first = next(e["message"] for e in events if e["kind"] == "admitted")
-    assert f"backfills ahead of the reservation for job {big['id']}" in first
+    assert f"backfills ahead of the reservation for job {big['id'][:8]}:" in first
     assert "timeout" not in kinds and kinds.count("overrun") == 1, kinds
     # the reserved job started before the overrunner's second admission
     second = [e["at"] for e in events if e["kind"] == "admitted"][1]

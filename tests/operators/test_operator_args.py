@@ -113,7 +113,7 @@ def test_the_task_log_warns_once_when_the_idle_policy_flags_the_job(tmp_path, ca
         server.stop()
     out = capsys.readouterr()
     idle = [line for line in (out.out + out.err).splitlines() if "stayed idle" in line]
-    assert len(idle) == 1 and job["id"] in idle[0]
+    assert len(idle) == 1 and f"GPU job {job['id'][:8]}:" in idle[0]
 
 
 def test_notify_goes_into_the_spec_and_a_bad_one_fails_when_parsed():

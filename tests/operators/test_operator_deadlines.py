@@ -96,7 +96,8 @@ def test_the_task_argument_tightens_the_dags_and_never_loosens_it():
     dag = dag_with(alert(DeadlineReference.DAGRUN_QUEUED_AT, 2))
     with dag:
         tight, loose = gpu("tight", deadline="1h"), gpu("loose", deadline="3h")
-    context = {"dag": dag, "dag_run": RUN}
+    # a run queued now: a deadline already passed is not sent (below)
+    context = {"dag": dag, "dag_run": SimpleNamespace(start_date=datetime.now(UTC))}
     assert due_of(tight, context, LOG).why == "the task's deadline=: queued_at + 1h"
     assert due_of(loose, context, LOG).why == "DAG run's DeadlineAlert: queued_at + 2h"
 
@@ -194,6 +195,7 @@ def test_a_task_without_a_deadline_sends_none_and_reads_nothing_more(monkeypatch
     from tests.operators.test_submit_overlap import Client, Conn, TaskInstance
 
     monkeypatch.setenv("AIRFLOW__GPU_SCHEDULER__LOCAL_HOST", "*")
+    now = SimpleNamespace(start_date=datetime.now(UTC).replace(microsecond=0))  # queued now
     for alerts, calls in (((), ["jobs", "submit"]),
                           ((alert(DeadlineReference.DAGRUN_QUEUED_AT, 2),),
                            ["jobs", "jobs", "submit"])):
@@ -203,8 +205,27 @@ def test_a_task_without_a_deadline_sends_none_and_reads_nothing_more(monkeypatch
         client = Client()
         first._client, first._connection = client, Conn()
         monkeypatch.setattr(first, "_run", lambda context, job: job["state"])
-        assert first._submit({"ti": TaskInstance(), "dag": dag, "dag_run": RUN}) == "running"
+        assert first._submit({"ti": TaskInstance(), "dag": dag, "dag_run": now}) == "running"
         assert client.calls[:-2] == calls           # the history: this task's, then second's
         assert ("deadline" in client.spec) == bool(alerts)
-    assert client.spec["deadline"] == "2026-12-05T06:00:00+00:00"
+    assert client.spec["deadline"] == (now.start_date + timedelta(hours=2)).isoformat()
     assert client.spec["downstream"] == 0          # second has no estimate at all
+
+
+def test_a_deadline_already_passed_is_not_sent(monkeypatch, capsys):
+    """The scheduler refuses a deadline in the past (a late DAG run's): the task sends
+    its job without one, and says so, rather than failing."""
+    from tests.operators.test_submit_overlap import Client, Conn, TaskInstance
+
+    monkeypatch.setenv("AIRFLOW__GPU_SCHEDULER__LOCAL_HOST", "*")
+    late = SimpleNamespace(start_date=datetime.now(UTC) - timedelta(hours=3))
+    with dag_with(alert(DeadlineReference.DAGRUN_QUEUED_AT, 2)) as dag:
+        first, second = gpu("t", expected_runtime="1h"), gpu("second", expected_runtime="1h")
+        first >> second
+    client = Client()
+    first._client, first._connection = client, Conn()
+    monkeypatch.setattr(first, "_run", lambda context, job: job["state"])
+    assert first._submit({"ti": TaskInstance(), "dag": dag, "dag_run": late}) == "running"
+    assert "deadline" not in client.spec and "downstream" not in client.spec
+    said = capsys.readouterr()                    # the task's log (structlog's output)
+    assert "has passed: the GPU job is sent without a deadline" in said.out + said.err

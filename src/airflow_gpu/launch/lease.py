@@ -81,7 +81,7 @@ class Lease:
             self.idle_logged = flagged
             log.warning("GPU job %s: its GPUs have stayed idle since %s and the "
                         "scheduler flagged it (idle-GPU policy; see airflow-gpu "
-                        "explain %s)", job["id"], job.get("idle_since"), job["id"])
+                        "explain %s)", job["id"][:8], job.get("idle_since"), job["id"][:8])
             self.notified(client, job["id"], ("idle",), log)
 
     def reservation_warning(self, job: dict, log: logging.Logger) -> None:
@@ -93,7 +93,7 @@ class Lease:
             log.warning("GPU job %s: reservation %s starts on its host(s) at %s; if the "
                         "job still runs then, it is stopped (its class's signal and grace) "
                         "and requeued under the same id (airflow-gpu reserve show %s)",
-                        job["id"], name, at, name)
+                        job["id"][:8], name, at, name)
 
     def notified(self, client, job_id: str, kinds: tuple[str, ...],
                  log: logging.Logger) -> None:
@@ -110,7 +110,7 @@ class Lease:
             if n["kind"] in kinds and n["delivery_id"] not in self.notes_logged:
                 self.notes_logged.add(n["delivery_id"])
                 log.info("GPU job %s: %s notification (%s) to %s, asked by its %s: %s",
-                         job_id, n["kind"], n["event"], n["url"], n["source"],
+                         job_id[:8], n["kind"], n["event"], n["url"], n["source"],
                          delivery_state(n))
 
     def preempted(self, job: dict, log: logging.Logger, client=None) -> Interrupted:
@@ -125,10 +125,14 @@ class Lease:
         limits = [t for t in (job.get("preempt_grace"),
                               seconds_left(job.get("preempt_deadline_at"))) if t is not None]
         grace = max(0.0, min(limits)) if limits else None
-        why = (f"preempted by job {job['preempted_by']} "
-               f"({job.get('preempt_reason') or 'no reason given'})"
-               if job.get("preempted_by") else
-               f"stopped: {job.get('preempt_reason') or 'no reason given'}")
+        reason = job.get("preempt_reason") or "no reason given"
+        if reason.startswith("preempted by job "):     # it names the job (service's words)
+            cut = reason.find("); ")                   # its signal and grace: said below
+            why = reason[:cut + 1] if cut > 0 else reason
+        elif job.get("preempted_by"):
+            why = f"preempted by job {job['preempted_by'][:8]} ({reason})"
+        else:
+            why = f"stopped: {reason}"
         if self.preempt_logged != (job["id"], job.get("attempt")):  # each beat repeats it
             self.preempt_logged = (job["id"], job.get("attempt"))
             after = "the default grace" if grace is None else f"{round(grace, 1):g}s"

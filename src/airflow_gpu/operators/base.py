@@ -195,7 +195,7 @@ class GpuBaseOperator(BaseOperator):
         self._job_id = job["id"]            # on_kill cancels it from here on
         # the XCom goes while the scheduler admits the job and confirms its start
         pushed = Background(ti.xcom_push, key="gpu_job_id", value=job["id"])
-        self.log.info("GPU job %s submitted (%s)", job["id"], job["state"])
+        self.log.info("GPU job %s submitted (%s)", job["id"][:8], job["state"])
         since = time.time()
         try:
             job = self._grace(client, job)
@@ -210,7 +210,7 @@ class GpuBaseOperator(BaseOperator):
         if job["state"] in LIVE:
             return self._run(context, job)
         if job["state"] != "pending":
-            raise AirflowException(f"GPU job {job['id']} is already {job['state']}")
+            raise AirflowException(f"GPU job {job['id'][:8]} is already {job['state']}")
         self._defer(job, since)
 
     def _runtime_and_host(self, client, name: str) -> tuple[int | None, str | None]:
@@ -241,7 +241,7 @@ class GpuBaseOperator(BaseOperator):
                 break
             job = client.wait(job["id"], "pending", min(left, 60))
         if self._stop.is_set():                 # on_kill: the job is cancelled
-            raise AirflowException(f"GPU job {job['id']}: the task was stopped while "
+            raise AirflowException(f"GPU job {job['id'][:8]}: the task was stopped while "
                                    "waiting for admission; the job is cancelled")
         return job
 
@@ -261,8 +261,8 @@ class GpuBaseOperator(BaseOperator):
     def execute_admitted(self, context: Context, event: dict[str, Any]) -> Any:
         self._deferred = False
         if event["status"] != "admitted":
-            raise AirflowException(f"GPU job {event['job_id']}: {event['message']}")
-        self.log.info("GPU job %s %s", event["job_id"], event["message"])
+            raise AirflowException(f"GPU job {event['job_id'][:8]}: {event['message']}")
+        self.log.info("GPU job %s %s", event["job_id"][:8], event["message"])
         try:
             return self._run(context, self._start(self._scheduler(), event["job_id"]))
         finally:
@@ -275,7 +275,7 @@ class GpuBaseOperator(BaseOperator):
         try:
             return client.heartbeat(job_id)
         except ApiError as exc:
-            raise AirflowException(f"GPU job {job_id} cannot start: {exc}") from None
+            raise AirflowException(f"GPU job {job_id[:8]} cannot start: {exc}") from None
 
     def _run(self, context: Context, job: dict) -> Any:
         job_id = job["id"]
@@ -301,7 +301,7 @@ class GpuBaseOperator(BaseOperator):
         try:            # the finish is reported while exited containers are removed
             if outcome.timed_out:
                 self._finish(client, job_id, attempt, "timeout", None)
-                raise AirflowException(f"GPU job {job_id}: " + timeout_message(
+                raise AirflowException(f"GPU job {job_id[:8]}: " + timeout_message(
                     job["time_limit_s"], job.get("stop_grace") or 0, outcome.ended()))
             return self._conclude(client, job_id, attempt, replicas, outcome)
         finally:
@@ -316,7 +316,7 @@ class GpuBaseOperator(BaseOperator):
         if why is not None and why.state == "preempting":
             self.log.warning("GPU job %s: the replicas stopped after the preemption (exit "
                              "codes %s); waiting for a new placement under the same id",
-                             job_id, outcome.codes or "-")
+                             job_id[:8], outcome.codes or "-")
             self._finish(client, job_id, attempt, "preempted", None)
             self._lease.notified(client, job_id, ("requeue",), self.log)
             self._defer(client.job(job_id))
@@ -326,7 +326,7 @@ class GpuBaseOperator(BaseOperator):
             self._lease.notified(client, job_id, ("requeue",), self.log)
             self._defer(client.job(job_id))
         if why is not None:
-            raise AirflowException(f"GPU job {job_id}: {why}")
+            raise AirflowException(f"GPU job {job_id[:8]}: {why}")
         self._finish(client, job_id, attempt, "failed", outcome.exit_code)
         tail = "\n".join(f"  [{outcome.failed}] {line}" for line in outcome.tail)
         raise AirflowException(f"replica {outcome.failed} exited with code "
@@ -351,7 +351,7 @@ class GpuBaseOperator(BaseOperator):
         try:
             client.finish(job_id, outcome, code, attempt)
         except (ApiError, InputError) as exc:
-            self.log.warning("could not report the end of GPU job %s: %s", job_id, exc)
+            self.log.warning("could not report the end of GPU job %s: %s", job_id[:8], exc)
 
     def _launch(self, context: Context, replicas: list[Replica],
                 started: list[Handle]) -> None:
@@ -375,9 +375,9 @@ class GpuBaseOperator(BaseOperator):
                 try:
                     client.cancel(self._job_id)
                 except (ApiError, InputError) as exc:
-                    self.log.warning("could not cancel GPU job %s: %s", self._job_id, exc)
+                    self.log.warning("could not cancel GPU job %s: %s", self._job_id[:8], exc)
                 else:
-                    self.log.info("cancelled GPU job %s", self._job_id)
+                    self.log.info("cancelled GPU job %s", self._job_id[:8])
         if self._deferred:
-            raise SystemExit(f"stopped while GPU job {self._job_id} waited for admission "
+            raise SystemExit(f"stopped while GPU job {self._job_id[:8]} waited for admission "
                              "(SIGTERM); the job is cancelled")

@@ -154,7 +154,15 @@ def due_of(task, context, log) -> Due | None:
     run = context.get("dag_run")
     dag = context.get("dag") or (task.dag if task.has_dag() else None)
     found = [d for d in (dag_due(dag, run, log), task_due(task.deadline, run)) if d]
-    return min(found, key=lambda d: d.at, default=None)
+    due = min(found, key=lambda d: d.at, default=None)
+    if due is not None and due.at <= datetime.now(UTC):
+        # the scheduler refuses a deadline in the past: the run is late already, and no
+        # order of the queue can make it on time; the job goes as one without a deadline
+        log.warning("deadline %s (%s) has passed: the GPU job is sent without a deadline "
+                    "(the DAG run is late; its DeadlineAlert's callback is Airflow's)",
+                    stamp(due.at), due.why)
+        return None
+    return due
 
 
 # -- the work after this task -------------------------------------------------------------

@@ -254,6 +254,21 @@ class Client:
                 if v is not None}
         return self.request("PATCH", f"/api/v1/jobs/{_ref(job)}", json=body)
 
+    def hold_jobs(self, jobs: list[str]) -> dict:
+        """Hold every job the references name (an array: each pending element)."""
+        return self.request("POST", "/api/v1/jobs/hold", json={"jobs": jobs})
+
+    def release_jobs(self, jobs: list[str]) -> dict:
+        return self.request("POST", "/api/v1/jobs/release", json={"jobs": jobs})
+
+    def update_jobs(self, jobs: list[str], priority: int | None = None,
+                    time_limit: str | int | None = None,
+                    max_running: int | None = None) -> dict:
+        """Change every job the references name; `max_running`: an array's throttle."""
+        body = {k: v for k, v in (("priority", priority), ("time_limit", time_limit),
+                                  ("max_running", max_running)) if v is not None}
+        return self.request("POST", "/api/v1/jobs/update", json={"jobs": jobs, **body})
+
     def drain_host(self, host: str, reason: str | None = None) -> dict:
         """Drain a host, saying why (admins)."""
         return self.request("POST", f"/api/v1/hosts/{_ref(host)}/drain",

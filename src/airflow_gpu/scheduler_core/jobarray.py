@@ -9,6 +9,9 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .fielderrors import shown
+from .newspecs import submit_now
+
 MAX_ELEMENTS = 10_000        # elements of one array (Slurm's MaxArraySize is 1001)
 MAX_INDEX = 1_000_000_000    # the largest index (an index is no count: it may be large)
 MAX_TEXT = 10_000            # characters in a range
@@ -69,6 +72,22 @@ def parse_indexes(text: str) -> list[int]:
     return sorted({i for first, last, step in entries for i in range(first, last + 1, step)})
 
 
+def each_once(text: str, given: str) -> None:
+    """A new spec gives each index once (`0,0,0` or `0-9,5-15` is a slip: Slurm would
+    quietly make fewer elements than written); a stored one may repeat (newspecs.py).
+    `given`: the range as written (with its %N)."""
+    entries = _entries(text)
+    seen: set[int] = set()
+    for first, last, step in entries:
+        for i in range(first, last + 1, step):
+            if i in seen:
+                indexes = parse_indexes(text)
+                raise ValueError(f"index {i} is given more than once in {shown(given)}; "
+                                 f"give each index once, e.g. {format_indexes(indexes)} "
+                                 f"({len(indexes)} element{'s' if len(indexes) > 1 else ''})")
+            seen.add(i)
+
+
 def format_indexes(indexes: list[int], max_running: int | None = None) -> str:
     """Indexes written compactly, as squeue shows an array's pending elements: runs with a
     common step as `first-last` (`:step` when it is not 1), others by themselves, then
@@ -113,6 +132,8 @@ class ArraySpec(BaseModel):
     def _indexes(cls, v: str) -> str:
         indexes, _ = split_limit(v.strip())
         parse_indexes(indexes)
+        if submit_now() is not None:
+            each_once(indexes, v.strip())
         return v.strip()
 
     @model_validator(mode="after")

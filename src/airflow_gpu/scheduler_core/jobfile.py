@@ -2,7 +2,8 @@
 files with read_jobs, and they and the Airflow operators turn what they will send into
 the service's JSON with job_request. A value one of them accepts is then a value every
 one accepts, in the same words when it is refused (errors.py, fielderrors.py), and what
-is sent is what the service stores: JSON values, only the fields given."""
+is sent is what the service stores: JSON values, only the fields given. Both check specs
+as new ones (newspecs.py: a deadline ahead, downstream with a deadline), as the API does."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from .errors import InputError, load_yaml, validate
 from .jobspec import JobsFile, JobSpec
+from .newspecs import submitting
 
 
 def read_jobs(path: str | Path) -> list[JobSpec]:
@@ -21,7 +23,8 @@ def read_jobs(path: str | Path) -> list[JobSpec]:
     if not isinstance(data, dict):
         raise InputError("expected a mapping with 'jobs: [...]' (a list of job specs)",
                          str(path))
-    return validate(JobsFile, data, str(path)).jobs
+    with submitting():
+        return validate(JobsFile, data, str(path)).jobs
 
 
 def wire(spec: JobSpec) -> dict[str, Any]:
@@ -33,7 +36,8 @@ def wire(spec: JobSpec) -> dict[str, Any]:
 
 def job_request(data: Any, source: str) -> dict[str, Any]:
     """`data` checked as a job spec (InputError naming `source` and the field), as sent."""
-    return wire(validate(JobSpec, data, source))
+    with submitting():
+        return wire(validate(JobSpec, data, source))
 
 
 def file_index(i: int, name: str) -> str:

@@ -20,6 +20,7 @@ from pydantic import (
 
 from .jobarray import ArraySpec
 from .jobdeps import DependsOn, file_cycle
+from .newspecs import check_deadline, check_downstream
 from .units import Deadline, Duration, Size, format_duration
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -92,25 +93,38 @@ def compress_hostlist(names: list[str]) -> str:
     return ",".join(out)
 
 
+def host_names(entries: list[str], repeats: bool = True,
+               fix: str = "name fewer hosts") -> list[str]:
+    """The names that host names and ranges give, in order, each once, at most MAX_HOSTS
+    (counted while expanding, so a huge range costs little): placement.hosts and a
+    reservation's hosts. ValueError naming the entry that goes over, or (`repeats`
+    False) the first name given twice."""
+    if len(entries) > MAX_HOSTS:
+        raise ValueError(f"{len(entries)} entries, over the most that may be named "
+                         f"({MAX_HOSTS}); use host ranges such as dgx-[01-16]")
+    names: dict[str, str] = {}
+    for entry in entries:
+        for name in expand_hostlist(entry):
+            if not repeats and name in names:
+                where = (f"in {entry!r}" if names[name] == entry else
+                         f"in {names[name]!r} and in {entry!r}")
+                raise ValueError(f"{name} is named twice, {where}; name each host once")
+            names.setdefault(name, entry)
+        if len(names) > MAX_HOSTS:
+            raise ValueError(f"{entry!r} brings the hosts named to more than {MAX_HOSTS}; "
+                             f"{fix}")
+    return list(names)
+
+
 def _host_ranges(v):
     """placement.hosts: names or ranges, one string or a list; expanded, duplicates
-    dropped, at most MAX_HOSTS names (counted while expanding, so a huge range costs
-    little)."""
+    dropped (host_names)."""
     entries = _one_or_many(v)
     if not isinstance(entries, list | tuple):
         return entries
-    if len(entries) > MAX_HOSTS:
-        raise ValueError(f"{len(entries)} entries, over the most a job may name "
-                         f"({MAX_HOSTS}); use host ranges such as dgx-[01-16]")
-    names: dict[str, None] = {}
-    for entry in entries:
-        if not isinstance(entry, str):
-            return entries                  # the list's own check names the bad item
-        names.update(dict.fromkeys(expand_hostlist(entry)))
-        if len(names) > MAX_HOSTS:
-            raise ValueError(f"{entry!r} brings the hosts named to more than {MAX_HOSTS}; "
-                             "name fewer hosts, or leave hosts out (any host)")
-    return list(names)
+    if not all(isinstance(entry, str) for entry in entries[:MAX_HOSTS + 1]):
+        return entries                      # the list's own check names the bad item
+    return host_names(list(entries), fix="name fewer hosts, or leave hosts out (any host)")
 
 
 # placement.hosts: names or host ranges (dgx-a-[01-04])
@@ -248,11 +262,17 @@ def web_url(v: str) -> str:
 
 
 def notify_events(v: list[str]) -> list[str]:
-    """Events to notify of, each once, in the order given; at least one."""
+    """Events to notify of, each once, in the order given; at least one. Stored lists
+    were kept without repeats, so a repeat is refused: it is a slip (a job's spec, a
+    team's webhook_events)."""
     if not v:
         raise ValueError("give at least one of " + ", ".join(NOTIFY_EVENTS)
                          + " (or leave events out: end, failure)")
-    return list(dict.fromkeys(v))
+    again = next((e for i, e in enumerate(v) if e in v[:i]), None)
+    if again is not None:
+        raise ValueError(f"{again!r} is given twice; give each event once: "
+                         f"{', '.join(map(str, dict.fromkeys(v)))}")
+    return list(v)
 
 
 class Notify(_Spec):
@@ -311,6 +331,22 @@ class JobSpec(_Spec):
                                          "start only once these hold, as Slurm's "
                                          "--dependency: 'afterok:prep,afterany:7c1e' or "
                                          "[{afterok: [prep]}, {afterany: [7c1e]}]")
+
+    @field_validator("deadline", mode="wrap")
+    @classmethod
+    def _deadline_ahead(cls, v, handler):
+        """A new spec's deadline is ahead, and at most a year ahead (newspecs.py)."""
+        when = handler(v)
+        if when is not None:
+            check_deadline(when, v)
+        return when
+
+    @field_validator("downstream")
+    @classmethod
+    def _downstream_of_a_deadline(cls, v: int, info: ValidationInfo) -> int:
+        if "deadline" in info.data:        # else the deadline's own error says it
+            check_downstream(v, info.data["deadline"])
+        return v
 
     @field_validator("roles", mode="before")
     @classmethod

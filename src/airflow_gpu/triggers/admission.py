@@ -92,7 +92,7 @@ class AdmissionTrigger(BaseTrigger):
                                          0 if now else self.poll_interval) or job
             except ApiError as exc:
                 if exc.status == 404:
-                    yield self._event("missing", f"job {self.job_id} is not in the "
+                    yield self._event("missing", f"job {self.job_id[:8]} is not in the "
                                       "scheduler (was its database reset?)")
                     return
                 raise
@@ -116,7 +116,7 @@ class AdmissionTrigger(BaseTrigger):
                 await asyncio.sleep(self.poll_interval)
                 continue
             if state != "pending":
-                yield self._event(state, f"job {self.job_id} became {state} while "
+                yield self._event(state, f"job {self.job_id[:8]} became {state} while "
                                   "waiting for admission")
                 return
             reason = (job.get("pending") or {}).get("reason")

@@ -194,7 +194,8 @@ def test_admins_set_quotas_and_they_apply(api):
     r = api.put("/api/v1/teams/vision", json={"quota_gpus": 8, "share": 2},
                 headers=auth(api, "admin"))
     assert r.json() == {"name": "vision", "share": 2.0, "quota_gpus": 8, "held_gpus": 0,
-                       "borrow_gpus": 0, "borrowed_gpus": 0, "lent_gpus": 0, "error": None,
+                       "borrow_gpus": 0, "borrowed_gpus": 0, "lent_gpus": 0,
+                       "reservation_gpus": 0, "error": None,
                        "webhook_url": None, "webhook_events": None, "webhook_secret": None,
                        "webhook_secret_hint": None, "webhook_secret_at": None}
     a = submit(api, "vision", spec("a", 8)).json()

@@ -106,14 +106,18 @@ def test_a_team_reservation_runs_only_its_teams_jobs_that_ask_for_it(api):
     (r,) = listed
     assert (r["state"], len(r["hosts"]), r["teams"]) == ("active", 2, ["vision"])
     inside = submit(api, "vision", "in", 8, "1h", reservation="vis")
-    too_long = submit(api, "vision", "too-long", 8, "3h", reservation="vis")
+    r_wide = api.post("/api/v1/jobs", headers=auth(api, "vision"), json={"spec": {
+        "name": "wide", "roles": [{"name": "w", "replicas": 2, "gpus": 8}],
+        "expected_runtime": "1h", "reservation": "vis"}})
+    assert r_wide.status_code == 201, r_wide.text
+    wide = r_wide.json()
     outside = [submit(api, "nlp", f"other-{i}", 8, "30m") for i in range(3)]
     api.tick()
     got = job(api, inside["id"])
     assert got["state"] == "admitted" and hosts_of(got) <= set(r["hosts"])
     assert got["deadline_at"]         # stopped at the reservation's end
-    late = job(api, too_long["id"])["pending"]
-    assert late["code"] == "Reservation" and "would end after" in late["reason"]
+    full = job(api, wide["id"])["pending"]    # half of it is taken: it says by whom
+    assert full["code"] == "Reservation" and "is full: held by in (" in full["reason"]
     placed = [job(api, j["id"]) for j in outside]
     assert sum(j["state"] == "admitted" for j in placed) == 2
     assert all(hosts_of(j).isdisjoint(r["hosts"]) for j in placed)
@@ -128,11 +132,15 @@ def test_a_team_reservation_runs_only_its_teams_jobs_that_ask_for_it(api):
         "name": "y", "roles": [{"name": "w", "replicas": 3, "gpus": 8}],
         "reservation": "vis"}})
     assert r3.status_code == 422 and "cannot hold it" in r3.text
+    r4 = api.post("/api/v1/jobs", headers=auth(api, "vision"), json={"spec": {
+        "name": "too-long", "roles": [{"name": "w", "gpus": 8}], "expected_runtime": "3h",
+        "reservation": "vis"}})      # longer than the reservation: refused, not left waiting
+    assert r4.status_code == 422 and "expected_runtime: 3h would end after" in r4.text
 
     # deleted, the jobs waiting for it are cancelled
     assert api.delete("/api/v1/reservations/vis", headers=auth(api, "admin")).status_code == 200
     api.tick()
-    gone = job(api, too_long["id"])
+    gone = job(api, wide["id"])
     assert gone["state"] == "cancelled", gone
 
 

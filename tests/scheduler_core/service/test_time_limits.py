@@ -104,7 +104,7 @@ def test_backfill_keeps_the_limit_and_sets_the_yield_of_a_job_ahead_of_a_reserva
     assert 3500 <= left <= 3600                          # a's planned end
     explain = client.get(f"/api/v1/jobs/{small['id']}/explain").json()
     admitted = next(e["message"] for e in explain["events"] if e["kind"] == "admitted")
-    assert "time limit 1d" in admitted and big["id"] in admitted
+    assert "time limit 1d" in admitted and big["id"][:8] in admitted    # by short id
     assert "requeued under the same id" in admitted
     with client.service.sessions.begin() as s:           # the promise survives the pass
         assert s.get(JobRow, big["id"]).promised_at is not None
@@ -140,7 +140,7 @@ def test_a_backfilled_job_that_overruns_is_stopped_and_requeued_never_timed_out(
     assert (got["state"], got["preempt_signal"], got["preempt_grace"]) == (
         "preempting", "SIGTERM", 20)
     assert got["preempt_reason"].startswith("overran its expected runtime of 10m")
-    assert big["id"] in got["preempt_reason"]
+    assert big["id"][:8] in got["preempt_reason"]
     r = client.post(f"/api/v1/jobs/{small['id']}/heartbeat")
     assert r.status_code == 200 and r.json()["state"] == "preempting"   # the launcher hears
     if launcher == "confirms":

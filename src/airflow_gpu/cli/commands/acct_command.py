@@ -90,7 +90,8 @@ def _cells(r: dict, by: str, mig: bool = False) -> list[str]:
         return [r["day"], r["team"], str(r["jobs"]), *common]
     elapsed = r.get("elapsed_seconds")
     state = r["state"] + (f":{r['exit_code']}" if r.get("exit_code") is not None else "")
-    return [r["job"], r["name"], r["team"], state + (" idle!" if r["idle_flagged"] else ""),
+    # the short id, as queue shows it (--csv and --json keep the whole id)
+    return [r["job"][:8], r["name"], r["team"], state + (" idle!" if r["idle_flagged"] else ""),
             _gpus(r), "-" if elapsed is None else format_duration(elapsed), *common]
 
 

@@ -76,6 +76,7 @@ def _job_flags(spec: dict, args: argparse.Namespace, jobs: int) -> dict:
     from ...scheduler_core.fielderrors import field_message
     from ...scheduler_core.jobfile import wire
     from ...scheduler_core.jobspec import JobSpec
+    from ...scheduler_core.newspecs import submitting
 
     given = {k: v for k, v in (("array", args.array), ("depends_on", args.dependency))
              if v is not None}
@@ -84,7 +85,8 @@ def _job_flags(spec: dict, args: argparse.Namespace, jobs: int) -> dict:
         raise InputError(f"{FLAGS[key]}: it applies to a file of one job, and this one holds "
                          f"{jobs}; give each job its own `{key}:` instead", args.file)
     try:
-        return wire(JobSpec.model_validate({**spec, **given}))
+        with submitting():            # a new spec, as the file's jobs were read
+            return wire(JobSpec.model_validate({**spec, **given}))
     except ValidationError as exc:
         for err in exc.errors():
             key = str(err["loc"][0]) if err["loc"] else ""
@@ -164,6 +166,9 @@ def _explain_table(e: dict) -> Table:
         lines.append(elapsed_line(e))
     if e.get("preemptions"):
         lines.append(f"preempted {e['preemptions']} time(s); last: {e['preempt_reason']}")
+    from .status_view import due_line  # its pipeline's deadline and slack
+
+    lines += [x for x in (due_line(e),) if x]
     t.caption = "\n".join(lines) or None
     if e.get("notifications"):
         return Group(t, notifications_table(e["notifications"], "Notifications"))
@@ -217,7 +222,7 @@ def elapsed_line(e: dict) -> str:
     text += (" (no time limit)" if limit is None else
              f" of its {format_duration(limit)} time limit")
     if e.get("limit_cut_by"):
-        text += (f"; backfilled ahead of the reservation of job {e['limit_cut_by']}: "
+        text += (f"; backfilled ahead of the reservation of job {e['limit_cut_by'][:8]}: "
                  "stopped and requeued if still running when it starts")
     return text
 

@@ -14,6 +14,7 @@ from ...scheduler_core.jobspec import compress_hostlist
 from ...scheduler_core.units import format_duration, parse_duration
 from ..common import api_client, console, output
 from .slurm_command import _at
+from .status_view import label
 
 WHEN = "an ISO 8601 time (UTC unless it names a zone), now, or now+DURATION (now+1h)"
 
@@ -43,7 +44,7 @@ def made_line(r: dict) -> str:
                  "if still running then, each is stopped and requeued under the same id "
                  "(they are told in their events and task logs):")
         for j in stops:
-            line += (f"\n  {j['id'][:8]}  {j['name']}  team {j['team']}  {j['state']}  "
+            line += (f"\n  {j['id'][:8]}  {label(j)}  team {j['team']}  {j['state']}  "
                      f"expected to end {_at(j['expected_end'])}"
                      + (f", time limit {_at(j['deadline'])}" if j.get("deadline") else ""))
     return line
@@ -71,8 +72,9 @@ def cmd_create(args: argparse.Namespace) -> int:
     if bool(args.hosts) == (args.gpus is not None):
         raise InputError("--hosts: give the hosts (--hosts dgx-[01-04]) or a GPU count "
                          "(--gpus 16), one of them")
-    if args.gpu_model and args.gpus is None:
-        raise InputError("--gpu-model: only with --gpus")
+    if args.gpu_model is not None and args.gpus is None:
+        raise InputError(f"--gpu-model: {args.gpu_model!r} chooses among the hosts of "
+                         "--gpus N; give it with --gpus, or leave it out with --hosts")
     body = {"name": args.name, "start": args.start, "end": args.end,
             "duration": _duration(args.duration), "hosts": args.hosts, "gpus": args.gpus,
             "gpu_model": args.gpu_model, "teams": args.team or [], "maint": args.maint}

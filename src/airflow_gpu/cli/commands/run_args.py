@@ -122,6 +122,14 @@ def _check_counts(args: argparse.Namespace) -> None:
     if args.mig and args.min_gpu_memory:
         raise InputError(f"--min-gpu-memory: a MIG device's memory is its profile's "
                          f"({args.mig}); leave --min-gpu-memory out, or ask a larger profile")
+    if args.gpu_model is not None and not re.sub(r"[\s,|]", "", args.gpu_model):
+        raise InputError(f"--gpu-model: {args.gpu_model!r} names no GPU model; give models "
+                         "such as A100,H100, or leave --gpu-model out (any model)")
+    for flag, value, left_out in (("--nodelist", args.nodelist, "any host"),
+                                  ("--exclude", args.exclude, "no host excluded")):
+        if value is not None and not _hostlist(flag, value):
+            raise InputError(f"{flag}: {value!r} names no host; give names or ranges such "
+                             f"as dgx-a-[01-04],dgx-h-05, or leave {flag} out ({left_out})")
     if (args.gpu_model or args.min_gpu_memory) and not args.mig and not args.gpus:
         flag = "--gpu-model" if args.gpu_model else "--min-gpu-memory"
         raise InputError(f"{flag}: a GPU constraint, but the job asks for no GPUs; add "
@@ -163,7 +171,7 @@ def pin_host(spec: dict[str, Any], args: argparse.Namespace, cluster: dict,
         asked = _shown(listed or [])
     else:
         where = "--nodelist"
-        listed = _hostlist("--nodelist", args.nodelist) if args.nodelist else None
+        listed = _hostlist("--nodelist", args.nodelist) if args.nodelist is not None else None
         asked = args.nodelist
     excluded = _hostlist("--exclude", args.exclude) if args.exclude else []
     _known(where, listed or [], hosts, name)

@@ -152,7 +152,7 @@ class Run:
 
     def run(self, job: dict) -> int:
         job_id = job["id"]
-        log.info("job %s submitted (%s)", job_id, job["name"])
+        log.info("job %s submitted (%s)", job_id[:8], job["name"])   # ids shown: 8 chars
         while True:
             job_or_code = self.wait(job)
             if isinstance(job_or_code, int):
@@ -175,8 +175,8 @@ class Run:
                     return job
                 if job["state"] not in WAITING:
                     self.status.close()
-                    log.error("job %s is %s%s (see airflow-gpu explain %s)", job["id"],
-                              job["state"], ended_why(self.client, job), job["id"])
+                    log.error("job %s is %s%s (see airflow-gpu explain %s)", job["id"][:8],
+                              job["state"], ended_why(self.client, job), job["id"][:8])
                     return EXIT_ENDED
                 self.status.show(*pending_line(job))
                 job = self._refresh(job)
@@ -202,9 +202,9 @@ class Run:
     def cancel(self, job_id: str, why: str, code: int) -> int:
         try:
             self.client.cancel(job_id)
-            log.warning("%s: job %s cancelled", why, job_id)
+            log.warning("%s: job %s cancelled", why, job_id[:8])
         except (ApiError, InputError) as exc:
-            log.warning("%s: could not cancel job %s: %s", why, job_id, exc)
+            log.warning("%s: could not cancel job %s: %s", why, job_id[:8], exc)
         return code
 
     # running
@@ -262,7 +262,7 @@ class Run:
     def refuse(self, job_id: str, attempt: int, exc: LaunchError) -> int:
         log.error("%s", exc)
         self.finish(job_id, attempt, "failed", None)
-        log.error("job %s finished as failed", job_id)
+        log.error("job %s finished as failed", job_id[:8])
         return EXIT_INPUT
 
     def conclude(self, job: dict, attempt: int, outcome: Outcome) -> int | None:
@@ -275,7 +275,7 @@ class Run:
             from ...scheduler_core.jobclasses import timeout_message
 
             self.finish(job_id, attempt, "timeout", None)
-            log.error("job %s: %s", job_id, timeout_message(
+            log.error("job %s: %s", job_id[:8], timeout_message(
                 job["time_limit_s"], job.get("stop_grace") or 0,
                 outcome.ended()))
             return EXIT_TIMEOUT
@@ -285,20 +285,20 @@ class Run:
         why = outcome.interrupted
         if why is not None and why.state == "preempting":
             log.warning("job %s: the command stopped after the preemption (exit codes %s); "
-                        "waiting for a new placement under the same id", job_id,
+                        "waiting for a new placement under the same id", job_id[:8],
                         outcome.codes or "-")
             self.finish(job_id, attempt, "preempted", None)
             return None
         if why is not None and why.state == "pending":
             log.warning("the scheduler requeued job %s (%s): waiting for a new placement",
-                        job_id, why)
+                        job_id[:8], why)
             return None
         if why is not None:
-            log.error("job %s: %s", job_id, why)
+            log.error("job %s: %s", job_id[:8], why)
             return EXIT_ENDED
         self.finish(job_id, attempt, "failed", outcome.exit_code)
         code = exit_code(outcome.exit_code if outcome.exit_code is not None else 1)
-        log.warning("job %s failed: %s exited with code %s", job_id, outcome.failed,
+        log.warning("job %s failed: %s exited with code %s", job_id[:8], outcome.failed,
                     outcome.exit_code)
         return code
 
@@ -306,7 +306,7 @@ class Run:
         try:
             self.client.finish(job_id, outcome, code, attempt)
         except (ApiError, InputError) as exc:
-            log.warning("could not report the end of job %s: %s", job_id, exc)
+            log.warning("could not report the end of job %s: %s", job_id[:8], exc)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -51,13 +51,13 @@ class StatusLine:
 def pending_line(job: dict) -> tuple[str, tuple]:
     why = job.get("pending") or {}
     if job["state"] == "preempting":
-        return f"{PREFIX}job {job['id']} is being preempted", reason_key(job)
+        return f"{PREFIX}job {job['id'][:8]} is being preempted", reason_key(job)
     if not why.get("code"):
-        return (f"{PREFIX}job {job['id']} pending: queued (the next scheduling pass "
+        return (f"{PREFIX}job {job['id'][:8]} pending: queued (the next scheduling pass "
                 "places it)", reason_key(job))
     eta = why.get("eta_seconds")
     when = f" (ETA {format_duration(eta)})" if eta is not None else " (no ETA)"
-    return (f"{PREFIX}job {job['id']} pending: {why['code']}: {why.get('reason') or ''}"
+    return (f"{PREFIX}job {job['id'][:8]} pending: {why['code']}: {why.get('reason') or ''}"
             f"{when}", reason_key(job))
 
 

@@ -1,10 +1,11 @@
 """Client commands for users coming from Slurm and Grid Engine (docs/service.md, "Coming
 from Slurm / Grid Engine"): `queue` (squeue, qstat), `prio` (sprio), `share` (sshare),
 `hold` / `release` (scontrol hold/release, qhold/qrls), `update` (scontrol update,
-qalter), `requeue` (scontrol requeue), `drain HOSTS --reason` and `resume HOSTS`
-(scontrol update State=DRAIN Reason=, State=RESUME; host ranges) and `cluster` (sinfo,
-qhost). Job arguments take an id, a unique id prefix (4 characters or more), a job name or
-an array's element (NAME_3): the service resolves them."""
+qalter; an array: each element, and its ArrayTaskThrottle), `requeue` (scontrol
+requeue), `drain HOSTS --reason` and `resume HOSTS` (scontrol update State=DRAIN Reason=,
+State=RESUME; host ranges) and `cluster` (sinfo, qhost). Job arguments take an id, a
+unique id prefix (4 characters or more), a job name or an array's element (NAME_3): the
+service resolves them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from rich.table import Table
 from ...scheduler_core.errors import InputError
 from ...scheduler_core.units import format_duration, format_size
 from ..common import show
+from .changed_view import changed_run, job_line
 from .status_view import label
 
 LIVE = ("admitted", "running", "preempting")
@@ -89,8 +91,11 @@ def prio_table(d: dict) -> Table:
               f"size (weight {w['size']:g}) + age (weight {w['age']:g}/h)",
               title_justify="left")
     slack = any(j.get("slack_s") is not None for j in d["jobs"])    # a deadline job waits
+    # a rule on_deadline: whether each deadline job's team may preempt for it (policy)
+    rule = slack and d.get("on_deadline_rule")
     for col in ("#", "id", "name", "team/user", "priority", "class", "band", "fair share",
-                "size", "age", "score", *(("slack",) if slack else ()), "protected"):
+                "size", "age", "score", *(("slack",) if slack else ()),
+                *(("may preempt",) if rule else ()), "protected"):
         t.add_column(col, justify="left" if col in ("id", "name", "team") else "right")
     for j in d["jobs"]:
         team = j["team"] + (f"/{j['user']}" if j.get("user") else "")
@@ -99,15 +104,23 @@ def prio_table(d: dict) -> Table:
         t.add_row(str(j["rank"]), _short(j["id"]), j["name"], team, str(j["priority"]),
                   f"{j['class_weight']:+g}", f"{j['band']:g}", f"{j['fairshare']:.2f}",
                   f"{j['size']:.2f}", f"{j['age']:.2f}", f"{j['score']:.2f}",
-                  *((_slack(j.get("slack_s")),) if slack else ()), first)
+                  *((_slack(j.get("slack_s")),) if slack else ()),
+                  *((_yes(j.get("deadline_preempts")),) if rule else ()), first)
     if slack:
         t.caption = (f"slack: time left before a job must start for its pipeline's deadline; "
                      f"under deadline_slack ({format_duration(d.get('deadline_slack_s') or 0)})"
                      " a job goes ahead of its band's others (protected: deadline)")
+    if rule:
+        t.caption += ("\nmay preempt: whether the job's team may preempt for its deadline "
+                      "under the rule on_deadline (the policy's deadline_preempts)")
     if d.get("not_queued"):
         t.caption = ((t.caption + "\n") if t.caption else "") + "not considered: " + ", ".join(
             f"{_short(j['id'])} {j['name']} ({j['code']})" for j in d["not_queued"])
     return t
+
+
+def _yes(flag: bool | None) -> str:
+    return "-" if flag is None else "yes" if flag else "no"
 
 
 def _slack(seconds: float | None) -> str:
@@ -150,13 +163,7 @@ def _most(n: int | None) -> str:
     return "-" if n is None else f"{n:,}"
 
 
-# -- hold, release, update, requeue ----------------------------------------------------------
-def job_line(j: dict) -> str:
-    p = j.get("pending") or {}
-    why = f" - {p['code']}: {p['reason']}" if p.get("code") else ""
-    return f"job {j['id']} ({label(j)}, team {j['team']}): {j['state']}{why}"
-
-
+# -- drain, resume (hold, release, update, requeue: changed_view.py) -----------------------
 def host_lines(hosts: list[dict]) -> str:
     """A line per host drained or resumed."""
     return "\n".join(f"{h['name']}: drained" + (f" (reason: {h['drain_reason']})"
@@ -272,7 +279,8 @@ def _mig_cell(h: dict) -> str:
 
 
 # -- the parsers ------------------------------------------------------------------------------
-JOB_HELP = "job id, unique id prefix (4+ characters) or job name"
+JOB_HELP = ("job id, unique id prefix (4+ characters), job name or array (hold, release, "
+            "update: each element; NAME_3: one)")
 # the API's job states (slurmroutes.States), here so that a typo fails before a request
 STATES = ("pending", "admitted", "running", "preempting", "succeeded", "failed",
           "cancelled", "lost", "timeout")
@@ -285,9 +293,12 @@ def check_queue(args: argparse.Namespace) -> None:
 
 
 def check_update(args: argparse.Namespace) -> None:
-    if args.priority is None and args.time_limit is None:
-        raise InputError(f"update {args.id}: nothing to change; give --priority N and/or "
-                         "--time-limit DURATION (e.g. 2h)")
+    if args.priority is None and args.time_limit is None and args.max_running is None:
+        raise InputError(f"update {args.id}: nothing to change; give --priority N, "
+                         "--time-limit DURATION (e.g. 2h) and/or --max-running N (an array)")
+    if args.max_running is not None and args.max_running < 0:
+        raise InputError(f"--max-running: {args.max_running} is below 0; give the most "
+                         "elements running at once (0: no limit)")
 
 
 def checked(check, run):
@@ -325,20 +336,25 @@ def add_commands(sub, client: argparse.ArgumentParser) -> None:
         (("--user", "-u"), {"help": "only this user's jobs"}))
     add("share", show(lambda c, a: c.shares(), share_table),
         "teams' shares, decayed usage, fair-share factor and quota use (sshare)")
-    add("hold", show(lambda c, a: c.hold(a.id), job_line),
-        "keep a pending job from starting until released (scontrol hold, qhold)", job)
-    add("release", show(lambda c, a: c.release(a.id), job_line),
-        "release a held job (scontrol release, qrls); an admin's hold only by an admin",
-        job)
+    add("hold", changed_run(lambda c, a: c.hold_jobs([a.id]), "held"),
+        "keep a pending job (an array: each pending element) from starting until "
+        "released (scontrol hold, qhold)", job)
+    add("release", changed_run(lambda c, a: c.release_jobs([a.id]), "released"),
+        "release a held job or an array's held elements (scontrol release, qrls); an "
+        "admin's hold only by an admin", job)
     add("requeue", show(lambda c, a: c.requeue(a.id), job_line),
         "stop a running job and put it back in the queue under the same id (scontrol "
         "requeue)", job)
-    add("update", checked(check_update, show(lambda c, a: c.update(a.id, a.priority,
-                                                                  a.time_limit), job_line)),
-        "change a pending job's priority or a job's time limit (scontrol update, qalter)",
+    add("update", checked(check_update, changed_run(
+        lambda c, a: c.update_jobs([a.id], a.priority, a.time_limit, a.max_running),
+        "updated")),
+        "change a pending job's priority or a job's time limit, an array's for each "
+        "element, or an array's max_running (scontrol update, qalter)",
         job, (("--priority",), {"type": int, "help": "new priority (pending jobs)"}),
         (("--time-limit",), {"help": "new time limit, e.g. 2h (within the job class's and "
-                             "the policy's maximum; raising a running job's: admins)"}))
+                             "the policy's maximum; raising a running job's: admins)"}),
+        (("--max-running",), {"type": int, "help": "an array's most elements admitted or "
+                              "running at once (Slurm's ArrayTaskThrottle; 0: no limit)"}))
     add("drain", show(lambda c, a: c.drain_hosts(a.host, True, a.reason), host_lines),
         "keep new work off hosts, saying why (admin; scontrol update State=DRAIN): names "
         "or ranges, dgx-a-[01-04],dgx-h-05, all or none",

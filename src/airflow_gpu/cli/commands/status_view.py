@@ -50,12 +50,33 @@ def _at(value: str | None) -> str:
     return value[:19].replace("T", " ") if value else "-"
 
 
+def due_line(j: dict) -> str | None:
+    """Its pipeline's deadline and the slack (the API's pipeline_deadline_at and
+    deadline_slack_s), apart from its time limit: "pipeline deadline 2026-12-06 06:00:00
+    (UTC): 1h30m to spare", "...: at risk, about 30m late"."""
+    if not j.get("pipeline_deadline_at"):
+        return None
+    line = f"pipeline deadline {_at(str(j['pipeline_deadline_at']))} (UTC)"
+    slack = j.get("deadline_slack_s")
+    if slack is None:
+        return line
+    if j["state"] not in LIVE and j["state"] != "pending":
+        return line + (f": met, {format_duration(slack)} to spare" if slack >= 0
+                       else f": missed by {format_duration(-slack)}")
+    if j.get("deadline_at_risk"):
+        return line + (f": at risk, about {format_duration(-slack)} late" if slack < 0
+                       else f": at risk ({format_duration(slack)} of slack left)")
+    return line + f": {format_duration(slack)} to spare"
+
+
 def job_table(j: dict) -> Table | Group:
     now, history = split(j)
     title = f"Job {j['id']} ({label(j)}, team {j['team']}): {j['state']}" + (
         f" - element {j['array_index']} of array {j['array_id']}" if j.get("array_id") else "")
     p = j.get("pending")
     why = f"{p['code']}: {p['reason']} (ETA {_eta(j)})" if p and p.get("code") else None
+    due = due_line(j)
+    why = "\n".join(x for x in (why, due) if x) or None
     parts: list = []
     if now:
         t = Table(title=title, title_justify="left", caption=why)

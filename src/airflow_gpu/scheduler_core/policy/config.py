@@ -112,6 +112,10 @@ class TeamPolicy(_Spec):
                                         "the policy's max_submit_jobs)")
     user_max_submit_jobs: int | None = Field(None, ge=0, le=JOBS_MAX, description="the same "
                                              "for each of its users (none: the policy's)")
+    deadline_preempts: bool | None = Field(None, description="whether the team's jobs "
+                                           "whose deadline is at risk may preempt under a "
+                                           "rule on_deadline (none: the policy's "
+                                           "preemption.deadline_preempts)")
 
     _share = field_validator("share")(check_share)
     _quota = field_validator("quota_gpus", "borrow_gpus", "user_quota_gpus")(check_quota)
@@ -175,6 +179,10 @@ class Preemption(_Spec):
                                      "wait (so far plus still expected) stays within this")
     max_victims: int = Field(64, ge=1, le=10_000, description="the most jobs one "
                              "preemption may stop")
+    deadline_preempts: bool = Field(True, description="whether the jobs of a team that does "
+                                    "not say (teams' deadline_preempts) may preempt for "
+                                    "their deadline under a rule on_deadline: a deadline is "
+                                    "the job's own claim, so an admin chooses whose counts")
 
     def victims_below(self, band: float, job_class: str | None, late: bool = False) -> float:
         """The band below which a job of `band` and `job_class` may preempt (-inf: none);
@@ -390,6 +398,13 @@ class PolicyConfig(_Spec):
         u = t.users.get(user)
         return u.quota_gpus if u and u.quota_gpus is not None else t.user_quota_gpus
 
+
+    def deadline_preempts(self, team: str) -> bool:
+        """Whether `team`'s jobs may preempt for their deadline (rules on_deadline)."""
+        t = self.teams.get(team)
+        if t is not None and t.deadline_preempts is not None:
+            return t.deadline_preempts
+        return self.preemption.deadline_preempts
 
     def submit_limits(self, team: str, user: str | None) -> tuple[int | None, int | None]:
         """The most jobs `team`, and `user` of it, may have submitted and not ended (None:

@@ -19,7 +19,7 @@ from .reservations import Reservation, earliest_end, place_best
 from .slack import at_risk
 from .types import Pending, QueuedJob
 from .upcoming import upcoming
-from .windows import confined, full, waiting_for
+from .windows import confined, full, holders, waiting_for
 
 if TYPE_CHECKING:
     from .types import SchedulerView
@@ -188,20 +188,27 @@ class Pass:
         inside = dataclasses.replace(job, spec=confined(job.spec, w))
         self.plan.hold_first(0)
         got = place_best(inside, s.state, s.reg, s.best_tier(job))
-        end = math.inf if got is None else self.now + s.runtime(job, got.tier)
-        if got is None or end > w.end or self.plan.blocks(
+        if got is None:            # full: say who holds it, not that the job is too long
+            return self.wait(job, full(w, s.runtime(job, s.best_tier(job)), math.inf,
+                                       self.now, holders(s.state, w)))
+        end = self.now + s.runtime(job, got.tier)
+        if end > w.end or self.plan.blocks(
                 got.allocations, end, ignore=self.plan.windows.get(w.name)):
             return self.wait(job, full(w, s.runtime(job, s.best_tier(job)), end, self.now))
         self.start(job, got, until=w.end)
 
     def late(self, job: QueuedJob) -> bool:
         """Whether the job's deadline is at risk unless it preempts (rules `on_deadline`):
-        its latest start has come, or it is urgent (slack under deadline_slack) and its
+        its latest start is now, or it is urgent (slack under deadline_slack) and its
         earliest start without preempting (the walk its reservation would make, past the
         pass's reservations so far) is after its latest start. Once per job and pass,
         and walked only while the pass still makes reservations (reservation_depth); a
-        job with more slack waits (what runs may end sooner than planned)."""
-        if self._late is None:
+        job with more slack waits (what runs may end sooner than planned). A lost cause
+        (its latest start has passed: it misses even if it started now) never preempts,
+        nor does a job of a team whose deadlines the policy lets preempt no one."""
+        if self._late is None or job.latest_start < self.now:
+            return False
+        if not self.s.config.deadline_preempts(job.team):
             return False
         if job.latest_start <= self.now:
             return True

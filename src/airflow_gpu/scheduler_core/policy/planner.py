@@ -19,7 +19,7 @@ from ..jobspec import JobSpec
 from ..plugins import Registry
 from .config import PolicyConfig
 from .scheduler import Pending, Rejected, Scheduler
-from .windows import Window
+from .windows import Window, too_long
 
 
 @dataclass
@@ -59,6 +59,13 @@ def plan(state: ClusterState, jobs: list[JobSpec], reg: Registry | None = None,
             result.rejected.append((spec, exc.reason))
         except InputError as exc:       # its class or the policy: the others still plan
             result.refused.append((i, spec, str(exc).removeprefix(f"job {spec.name!r}: ")))
+        else:                           # longer than its reservation: the service refuses it
+            job, w = sched.queue.jobs.get(spec.name), sched.windows.get(spec.reservation or "")
+            why = None if w is None or job is None else too_long(
+                w, job.spec, job.runtime, 0.0, asked=spec.time_limit)
+            if why:
+                sched.finish(spec.name, 0.0)
+                result.rejected.append((spec, why))
     done = sched.schedule(0.0, explain=True)
     result.admitted = [(j.spec, placed) for j, placed in done.started]
     waiting = sched.queue.jobs

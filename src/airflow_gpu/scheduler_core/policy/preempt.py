@@ -97,7 +97,8 @@ def _team_frees(p: PassView, job: QueuedJob) -> float | None:
     job waiting for its team's quota waits for at least)."""
     s = p.s
     ends = [s.state.expected_end[n] for n, j in s.running.items()
-            if j.team == job.team and n not in s.stopping]
+            if j.team == job.team and n not in s.stopping
+            and j.spec.reservation is None]        # a reservation's jobs free no quota
     return min(ends) - p.now if ends else None
 
 

@@ -188,7 +188,9 @@ class Scheduler:
         return job
 
     def rejection(self, job: QueuedJob) -> str | None:
-        why = over_quota(self.config, job.team, need(job), job.preemptible)
+        # a job inside an admin's reservation counts against no quota
+        why = None if job.spec.reservation is not None else over_quota(
+            self.config, job.team, need(job), job.preemptible)
         if why:
             return why
         if self.config.mode == "count":

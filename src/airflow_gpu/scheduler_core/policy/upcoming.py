@@ -88,7 +88,7 @@ def quota_eta(p: PassView, job: QueuedJob, why: Pending) -> None:
     over = [h + n - cap for h, n, cap in zip(
         held, need(job), most(s.config, job.team, job.preemptible), strict=True)]
     ends = sorted((s.state.expected_end[n], n) for n, j in s.running.items()
-                  if j.team == job.team)
+                  if j.team == job.team and j.spec.reservation is None)  # on no quota
     for end, name in ends:
         if all(x <= 0 for x in over):
             break

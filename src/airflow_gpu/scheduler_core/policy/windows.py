@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..engine.migfit import HOLDERS_KEPT
 from ..engine.state import ReplicaAllocation
 from ..jobspec import JobSpec, Placement
 from ..units import format_duration
@@ -122,10 +123,23 @@ def blocked_by(w: Window, job: QueuedJob, runtime: float, now: float) -> Pending
                     "reservation_hosts": list(w.hosts)})
 
 
-def full(w: Window, runtime: float, end: float, now: float) -> Pending:
-    """A job inside its window that cannot start there now."""
+def full(w: Window, runtime: float, end: float, now: float,
+         holders: list[tuple[str, int]] | None = None) -> Pending:
+    """A job inside its window that cannot start there now: the window is full (no
+    placement: `holders`, the jobs holding its GPUs, most first), or what is left of it
+    is too short for the job."""
     details = {"reservation": w.name, "window_start": w.start, "window_end": w.end,
                "reservation_hosts": list(w.hosts)}
+    if holders is not None:
+        if not holders:
+            return Pending("Reservation", f"its reservation {w.name!r} ({', '.join(w.hosts)})"
+                           " has no room for it now; it starts there as room frees up",
+                           details)
+        details["held_by"] = dict(holders[:HOLDERS_KEPT])
+        who = ", ".join(f"{j} ({n})" for j, n in holders[:3])
+        more = f" and {len(holders) - 3} more jobs" if len(holders) > 3 else ""
+        return Pending("Reservation", f"its reservation {w.name!r} ({', '.join(w.hosts)}) "
+                       f"is full: held by {who}{more}; it starts there as they end", details)
     if end > w.end:
         return Pending("Reservation", f"its expected runtime ({format_duration(runtime)}) "
                        f"would end after its reservation {w.name!r} does (in "
@@ -134,6 +148,52 @@ def full(w: Window, runtime: float, end: float, now: float) -> Pending:
     return Pending("Reservation", f"its reservation {w.name!r} ({', '.join(w.hosts)}) has "
                    "no room for it now; it starts there as the reservation's jobs end",
                    details)
+
+
+def holders(state, w: Window) -> list[tuple[str, int]]:
+    """The jobs holding GPUs on the window's hosts (job, GPUs), most first."""
+    hosts, counts = set(w.hosts), {}
+    for job, allocs in state.allocations.items():
+        n = sum(a.gpu_mask.bit_count() for a in allocs if a.host.name in hosts)
+        if n:
+            counts[job] = n
+    return sorted(counts.items(), key=lambda x: (-x[1], x[0]))
+
+
+def too_long(w: Window, spec: JobSpec, runtime: float, now: float,
+             end: str | None = None, asked: float | None = None) -> str | None:
+    """Why a job can never end inside its window (it starts at the window's start or
+    now, whichever is later): its planned `runtime` passes the window's end, or the time
+    limit it `asked` for does (its spec's; a class's default limit is cut at the end).
+    Names the field; None if it fits. `end`: the window's end as the caller shows it
+    (else: in how long)."""
+    left = w.end - max(now, w.start)
+    if asked is not None and asked > left:
+        field, value = "time_limit", format_duration(asked)
+    elif runtime <= left:
+        return None
+    elif spec.time_limit is not None and runtime >= spec.time_limit:
+        field, value = "time_limit", format_duration(runtime)
+    elif spec.expected_runtime is not None:
+        field, value = "expected_runtime", format_duration(runtime)
+    else:
+        field, value = "expected_runtime", (f"not given (the policy's default_runtime, "
+                                            f"{format_duration(runtime)})")
+    most = at_most(left)
+    when = end or f"in {format_duration(max(0.0, w.end - now))}"
+    if end or w.start > now:          # "in 2h" says the rest already
+        when += f", {most} {'after its start' if w.start > now else 'from now'}"
+    return (f"{field}: {value} would end after its reservation {w.name!r} does ({when}"
+            f"); a job in a reservation must end inside it: give "
+            f"{'an' if field[0] in 'aeiou' else 'a'} {field} of at most {most}, or ask an "
+            f"admin to extend the reservation (airflow-gpu reserve update {w.name} --end "
+            "WHEN)")
+
+
+def at_most(seconds: float) -> str:
+    """The longest time that fits in `seconds`, as a user would type it: whole minutes
+    (2h, 1h59m), whole seconds under a minute."""
+    return format_duration(seconds // 60 * 60 if seconds >= 60 else max(0, int(seconds)))
 
 
 def choose_hosts(cluster, gpus: int, model: str | None, taken: set[str],

@@ -90,7 +90,7 @@ def limit_note(limit: float, left: float, cut_by: str | None,
     if cut_by and window_of(cut_by):
         return own + reserving.yield_note(window_of(cut_by), left)
     if cut_by:
-        return (f"{own}; it backfills ahead of the reservation for job {cut_by}: if it "
+        return (f"{own}; it backfills ahead of the reservation for job {cut_by[:8]}: if it "
                 f"runs past its expected runtime into it (in {format_duration(max(0, left))})"
                 ", it is stopped and requeued under the same id")
     return own

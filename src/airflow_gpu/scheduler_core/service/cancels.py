@@ -18,7 +18,7 @@ from ..errors import InputError
 from ..store.models import JobRow
 from .common import CHUNK, LIVE, PENDING, Principal, _update, event, release_many, utcnow
 from .errors import Forbidden
-from .references import resolve
+from .references import Target, resolve
 from .rights import by, mine, refusal
 from .uow import Store
 
@@ -72,7 +72,17 @@ class Filters:
 def _referenced(svc: Store, refs: list[str], who: Principal) -> list[str]:
     """The jobs the references name (an array: its elements), each the caller's to
     cancel (403 naming the first that is not: rights.py)."""
-    ids: list[str] = []
+    ids = [i for _, _, these in targets_of(svc, refs, who) for i in these]
+    return list(dict.fromkeys(ids))
+
+
+def targets_of(svc: Store, refs: list[str], who: Principal, done: str = "cancelled"
+               ) -> list[tuple[str, Target, list[str]]]:
+    """(reference, its target, the ids of its jobs: an array's elements by index) of each
+    reference, every job the caller's to change (403 naming the first that is not, and
+    that nothing was `done`: rights.py). hold, release and update take them so too
+    (bulkcontrol.py)."""
+    out = []
     for ref in refs:
         target = resolve(svc, ref)
         if target.array is not None:
@@ -85,9 +95,9 @@ def _referenced(svc: Store, refs: list[str], who: Principal) -> list[str]:
         for j in jobs:
             why = refusal(who, j.id, j.team, j.user, j.name)
             if why:
-                raise Forbidden(f"jobs: {ref!r}: {why}; nothing was cancelled")
-        ids += [j.id for j in jobs]
-    return list(dict.fromkeys(ids))
+                raise Forbidden(f"jobs: {ref!r}: {why}; nothing was {done}")
+        out.append((ref, target, [j.id for j in jobs]))
+    return out
 
 
 def check(f: Filters, who: Principal) -> None:

@@ -113,14 +113,18 @@ def mig_counts(gpus: list[dict]) -> dict:
             "mig_gpus_held": round(float(share), 4)}
 
 
-def mig_shares(cluster, s) -> dict[str, Fraction]:
-    """Per team, the GPU share of the MIG devices its live jobs hold (gpu_share each)."""
+def mig_shares(cluster, s, in_reservation: bool | None = None) -> dict[str, Fraction]:
+    """Per team, the GPU share of the MIG devices its live jobs hold (gpu_share each);
+    `in_reservation`: only those of jobs inside (True) or outside (False) a reservation."""
     profile = {(h.name, x.gpu, x.index): x.profile for h in cluster.hosts if h.type.mig
                for x in h.type.mig.slices}
     out: dict[str, Fraction] = {}
-    for host, gpu, device, team in s.execute(
-            select(MigHoldRow.host, MigHoldRow.gpu, MigHoldRow.device, JobRow.team)
-            .join(JobRow, JobRow.id == MigHoldRow.job_id)):
+    q = (select(MigHoldRow.host, MigHoldRow.gpu, MigHoldRow.device, JobRow.team)
+         .join(JobRow, JobRow.id == MigHoldRow.job_id))
+    if in_reservation is not None:
+        q = q.where(JobRow.reservation.is_not(None) if in_reservation
+                    else JobRow.reservation.is_(None))
+    for host, gpu, device, team in s.execute(q):
         name = profile.get((host, gpu, device))
         if name:
             out[team] = out.get(team, Fraction(0)) + gpu_share(name)

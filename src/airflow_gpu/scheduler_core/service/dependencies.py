@@ -25,7 +25,7 @@ from ..jobdeps import file_cycle, file_target
 from ..jobfile import file_index
 from ..jobspec import JobSpec
 from ..store.models import ArrayRow, DependencyRow, EventRow, JobRow
-from . import arrays
+from . import arrays, duedates
 from .cancels import cancel_ids
 from .common import (
     CHUNK,
@@ -38,16 +38,17 @@ from .common import (
     not_held,
     utcnow,
 )
+from .depcascade import NEVER, cascade
 from .errors import Conflict, NotFound
 from .references import resolve
 from .uow import Store
 
 CODE = WAIT_CODES[WAIT_DEPENDENCY]
-NEVER = "DependencyNeverSatisfied"
 NOT_OK = tuple(s for s in ENDED if s != "succeeded")
 WANTS = {"afterok": "to succeed", "afterany": "to end", "afternotok": "to end without "
          "success"}
-ROUNDS = 10          # a pass follows chains of jobs that can never start this many deep
+ROUNDS = 10          # evaluations a pass makes while cancels change what others wait for
+                     # (the chain below a cancelled job goes whole at once: depcascade.py)
 
 
 @dataclass(frozen=True)
@@ -250,22 +251,30 @@ def advance(svc: Store, s: Session) -> dict[str, str | None]:
         waiting = _waiting_owners(s, list(by_owner))
         _close(s, [o for o in by_owner if o not in waiting])     # cancelled, or gone
         targets = _targets(s, [d for o in waiting for d in by_owner[o]])
-        cancelled = False
+        cancelled: list[str] = []
         now = utcnow()
+        # whose pipeline's deadline is lost while they wait (duedates.py)
+        risky = duedates.dependency_risks(svc, s, {o: (a, [
+            d.target for d in by_owner[o] if not d.target_array]) for o, a in waiting.items()},
+            now)
         for owner, is_array in waiting.items():
             verdict, why, details = _verdict(by_owner[owner], targets)
             mine = (_owned(owner, is_array), JobRow.state == PENDING)
+            code = CODE
+            if verdict == "wait" and owner in risky:
+                code, why, details = duedates.dependency_reason(risky[owner], why, details)
             if verdict == "never":
                 ids = list(s.scalars(select(JobRow.id).where(*mine)))
-                cancel_ids(s, ids, why, reason_code=NEVER, reason=why, details=details)
-                cancelled = True
+                cancelled += cancel_ids(s, ids, why, reason_code=NEVER, reason=why,
+                                        details=details)
             elif verdict == "met":
                 then = arrays.after_dependencies(s, owner) if is_array else None
                 ids = list(s.scalars(select(JobRow.id).where(
                     *mine, JobRow.blocked == WAIT_DEPENDENCY)))
                 s.execute(_update(JobRow).where(*mine, JobRow.blocked == WAIT_DEPENDENCY)
                           .values(blocked=then))
-                s.execute(_update(JobRow).where(*mine, JobRow.reason_code == CODE).values(
+                s.execute(_update(JobRow).where(*mine, JobRow.reason_code.in_(
+                    (CODE, duedates.AT_RISK))).values(
                     **(_array_reason(s, owner) if then else
                        {"reason_code": None, "reason": None, "details": {}})))
                 s.add_all(EventRow(at=now, job_id=i, kind="dependency", message=(
@@ -273,15 +282,20 @@ def advance(svc: Store, s: Session) -> dict[str, str | None]:
                     else "its dependencies hold: it waits for its turn in its array"))
                     for i in ids)
             elif svc.dep_reasons.get(owner) != why:
+                where = (*mine, JobRow.blocked == WAIT_DEPENDENCY, not_held())
+                if code == duedates.AT_RISK:
+                    duedates.tell(svc, s, where, why)
                 s.execute(_update(JobRow).where(
-                    *mine, JobRow.blocked == WAIT_DEPENDENCY, not_held(),
-                    JobRow.reason.is_distinct_from(why)).values(
-                    reason_code=CODE, reason=why, details=details, eta_at=None))
+                    *where, JobRow.reason.is_distinct_from(why)).values(
+                    reason_code=code, reason=why, details=details, eta_at=None))
             said[owner] = why if verdict == "wait" else None
             if verdict != "wait":
                 _close(s, [owner])
-        if not cancelled:         # a cancel may make a job's dependents never start
+        if not cancelled:
             return said
+        # the chains below them, whole, in a read per level; then a round for the rest
+        # of what a cancel changes (an afterany on one of them now holds)
+        said.update(dict.fromkeys(cascade(s, cancelled)))
     return said
 
 

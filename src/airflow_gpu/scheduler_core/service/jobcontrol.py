@@ -37,6 +37,7 @@ from .common import (
     utcnow,
 )
 from .errors import Conflict, Forbidden
+from .reservation_jobs import limit_refusal
 from .rights import by
 from .uow import Store
 
@@ -110,7 +111,7 @@ def hold(svc: Store, job_id: str, who: Principal) -> JobRow:
     row = svc._owned(job_id, who)
     code = "JobHeldAdmin" if who.admin else "JobHeldUser"
     if row.state != PENDING:
-        raise Conflict(f"job {job_id} is {row.state}; only a pending job can be held "
+        raise Conflict(f"job {_named(row)} is {row.state}; only a pending job can be held "
                        "(requeue a running one first: airflow-gpu requeue)")
     if row.reason_code in HELD and (row.reason_code == code or not who.admin):
         return row                        # holding again is harmless (an admin's stays)
@@ -124,8 +125,8 @@ def hold(svc: Store, job_id: str, who: Principal) -> JobRow:
             details={"hold": kind, "hold_by": who.team, "hold_at": utcnow().isoformat()},
             eta_at=None, promised_at=None))
         if done.rowcount != 1:
-            raise Conflict(f"job {job_id} is {s.get(JobRow, job_id).state}; only a pending "
-                           "job can be held")
+            raise Conflict(f"job {_named(row)} is {s.get(JobRow, job_id).state}; only a "
+                           "pending job can be held")
         svc._event(s, "held", reason, job=job_id)
     svc.wake.set()
     return svc.get(job_id)
@@ -136,10 +137,10 @@ def release(svc: Store, job_id: str, who: Principal) -> JobRow:
     if not is_held(row):
         if row.state == PENDING:
             return row                    # not held: nothing to release
-        raise Conflict(f"job {job_id} is {row.state}; only a held pending job can be "
+        raise Conflict(f"job {_named(row)} is {row.state}; only a held pending job can be "
                        "released")
     if row.reason_code == "JobHeldAdmin" and not who.admin:
-        raise Forbidden(f"job {job_id} is held by an admin (JobHeldAdmin, "
+        raise Forbidden(f"job {_named(row)} is held by an admin (JobHeldAdmin, "
                         f"{(row.details or {}).get('hold_by')}); only an admin releases it")
     with svc.sessions.begin() as s:
         done = s.execute(_update(JobRow).where(
@@ -172,13 +173,37 @@ def update(svc: Store, job_id: str, who: Principal, priority: int | None = None,
     jobclasses.resolve). A live job's limit may be lowered by its team and raised by an
     admin (a backfilled job's yield to a reservation stays where it was: overrun.py)."""
     row = svc._owned(job_id, who)
+    values, guard, changes = plan_update(svc, row, who, priority, time_limit)
+    with svc.sessions.begin() as s:
+        done = s.execute(_update(JobRow).where(JobRow.id == job_id, *guard).values(**values))
+        if done.rowcount != 1:
+            raise Conflict(f"job {_named(row)} changed meanwhile (it is "
+                           f"{s.get(JobRow, job_id).state}); look again and retry")
+        svc._event(s, "updated", f"updated by {by(who)}: " + ", ".join(changes),
+                   job=job_id)
+    svc.wake.set()
+    return svc.get(job_id)
+
+
+def _named(row: JobRow) -> str:
+    """A job as messages name it: its short id and name (an element's with its index)."""
+    name = row.name if row.array_index is None else f"{row.name}_{row.array_index}"
+    return f"{row.id[:8]} ({name})"
+
+
+def plan_update(svc: Store, row: JobRow, who: Principal, priority: int | None,
+                time_limit: int | str | None) -> tuple[dict, list, list[str]]:
+    """What an update of `row` writes (values), the guard of its UPDATE and the changes
+    its event tells; InputError, Conflict or Forbidden when it may not be made (an
+    array's update plans each kind of element with it: bulkcontrol.py)."""
+    job = _named(row)
     if priority is None and time_limit is None:
         raise InputError("update: give --priority and/or --time-limit")
     if row.state not in (PENDING, *LIVE):
-        raise Conflict(f"job {job_id} is {row.state}; only pending or live jobs can be "
+        raise Conflict(f"job {job} is {row.state}; only pending or live jobs can be "
                        "updated")
     if priority is not None and row.state != PENDING:
-        raise Conflict(f"job {job_id} is {row.state}: priority orders pending jobs only; "
+        raise Conflict(f"job {job} is {row.state}: priority orders pending jobs only; "
                        "a live job's time limit may still be changed")
     raw = dict(row.spec)
     changes = []
@@ -202,6 +227,10 @@ def update(svc: Store, job_id: str, who: Principal, priority: int | None = None,
     except ValidationError as exc:
         raise InputError(describe_validation_error(exc, JobSpec)) from None
     resolved = resolve(spec, svc.reg.job_classes, defaults=svc._policy().defaults)
+    if limit is not None:           # inside a reservation: never past its end
+        why = limit_refusal(svc, row, resolved)
+        if why:
+            raise InputError(why)
     values: dict = {"spec": {**spec.model_dump(mode="json", exclude_unset=True),
                              "team": row.team, "name": row.name}}
     if priority is not None:
@@ -213,20 +242,12 @@ def update(svc: Store, job_id: str, who: Principal, priority: int | None = None,
                        f"{format_duration(resolved.time_limit)}")
         if row.state in LIVE:
             if old is not None and limit > old and not who.admin:
-                raise Forbidden(f"job {job_id} is {row.state}: only an admin may raise a "
+                raise Forbidden(f"job {job} is {row.state}: only an admin may raise a "
                                 "running job's time limit (its team may lower it)")
             values["deadline_at"] = datetime.fromtimestamp(
                 _ts(row.admitted_at) + resolved.time_limit, UTC)
             guard.append(JobRow.attempt == row.attempt)
-    with svc.sessions.begin() as s:
-        done = s.execute(_update(JobRow).where(JobRow.id == job_id, *guard).values(**values))
-        if done.rowcount != 1:
-            raise Conflict(f"job {job_id} changed meanwhile (it is "
-                           f"{s.get(JobRow, job_id).state}); look again and retry")
-        svc._event(s, "updated", f"updated by {by(who)}: " + ", ".join(changes),
-                   job=job_id)
-    svc.wake.set()
-    return svc.get(job_id)
+    return values, guard, changes
 
 
 def _limit_of(row: JobRow) -> int | None:
@@ -247,8 +268,8 @@ def requeue(svc: Store, job_id: str, who: Principal) -> JobRow:
     if row.state == "preempting":
         return row                        # already stopping
     if row.state not in ("admitted", "running"):
-        raise Conflict(f"job {job_id} is {row.state}; only an admitted or running job "
-                       "can be requeued")
+        raise Conflict(f"job {_named(row)} is {row.state}; only an admitted or running "
+                       "job can be requeued")
     _, sig, grace = stop_options(svc.reg.job_classes, svc._policy(), row.spec, row.id)
     now = utcnow()
     why = (f"{REQUEUED}{by(who)} (airflow-gpu requeue): sending {sig}, SIGKILL after "
@@ -258,8 +279,8 @@ def requeue(svc: Store, job_id: str, who: Principal) -> JobRow:
             JobRow.id == job_id, JobRow.state.in_(("admitted", "running")),
             JobRow.attempt == row.attempt).values(**stopping(why, sig, grace, now)))
         if done.rowcount != 1:
-            raise Conflict(f"job {job_id} is {s.get(JobRow, job_id).state} now; only an "
-                           "admitted or running job can be requeued")
+            raise Conflict(f"job {_named(row)} is {s.get(JobRow, job_id).state} now; only "
+                           "an admitted or running job can be requeued")
         svc._event(s, "requeue", f"{why}; back in the queue under the same id once its "
                    "replicas have stopped", job=job_id)
     svc.wake.set()

@@ -50,7 +50,7 @@ def stop_overrunners(svc: Store, s: Session, now: datetime) -> list[str]:
         else:
             why = (f"{OVERRAN}{f' of {format_duration(expected)}' if expected else ''} "
                    f"(ran {format_duration(ran)}) into the reservation of job "
-                   f"{row.limit_cut_by}, which it backfilled ahead of")
+                   f"{row.limit_cut_by[:8]}, which it backfilled ahead of")
         done = s.execute(_update(JobRow).where(
             JobRow.id == row.id, JobRow.state.in_(STOPPABLE),
             JobRow.attempt == row.attempt).values(**stopping(why, sig, grace, now)))

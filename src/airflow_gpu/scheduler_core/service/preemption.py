@@ -21,7 +21,7 @@ from ..store.models import JobRow
 from .common import PENDING, SLACK, _same_attempt, _stale, _update, requeued, utcnow
 from .errors import Conflict
 from .idle import requeued_idle
-from .jobcontrol import REQUEUED
+from .jobcontrol import REQUEUED, name_jobs
 from .overrun import OVERRAN, WINDOW
 from .uow import Store
 
@@ -29,20 +29,36 @@ from .uow import Store
 def mark_preempting(svc: Store, s: Session, p: Preemption) -> bool:
     """The victim starts stopping; False if it ended meanwhile (its GPUs are free)."""
     v = p.victim
+    names = labels(s, [v.name, p.by.name])
+    message = name_jobs(p.message, names)     # the engine names jobs by their ids
     done = s.execute(_update(JobRow).where(
         JobRow.id == v.name, JobRow.state.in_(("admitted", "running"))).values(
-        state="preempting", preempted_by=p.by.name, preempt_reason=p.message,
+        state="preempting", preempted_by=p.by.name, preempt_reason=message,
         preempt_deadline_at=datetime.fromtimestamp(p.stop_at + SLACK, UTC),
         preemptors=sorted(v.preempted_by | {p.by.name}),
         preempt_signal=v.preempt_signal, preempt_grace=round(v.preempt_grace),
         preemptions=JobRow.preemptions + 1))
     if done.rowcount != 1:
         return False
-    svc._event(s, "preempted", p.message, job=v.name)
-    svc._event(s, "preempting", f"preempts job {v.name} ({p.reason}, team {v.team}, "
+    svc._event(s, "preempted", message, job=v.name)
+    svc._event(s, "preempting", f"preempts job {names[v.name]} ({p.reason}, team {v.team}, "
                f"band {v.base:g}, {v.gpus} GPUs); it starts once that job has stopped"
-               + (f"; {p.broken}" if p.broken else ""), job=p.by.name)
+               + (f"; {name_jobs(p.broken, names)}" if p.broken else ""), job=p.by.name)
     return True
+
+
+def labels(s: Session, ids: list[str]) -> dict[str, str]:
+    """{id: "name (short id)"} of these jobs (an element's name with its index), as
+    messages name jobs; an id not found names itself by its short id."""
+    found = {r.id: r for r in s.execute(select(JobRow.id, JobRow.name, JobRow.array_index)
+                                         .where(JobRow.id.in_(ids)))}
+    out = {}
+    for i in ids:
+        r = found.get(i)
+        name = None if r is None else r.name if r.array_index is None else \
+            f"{r.name}_{r.array_index}"
+        out[i] = f"{name} ({i[:8]})" if name else i[:8]
+    return out
 
 
 def broken_guarantee(row: JobRow, why: Pending) -> Pending:
@@ -77,7 +93,8 @@ def requeue(svc: Store, s: Session, job_id: str, *where, forced: bool = False) -
     svc._release(s, job_id)
     how = (f"its launcher did not confirm the stop within its grace (+{SLACK:g}s)"
            if forced else "its launcher stopped the replicas")
-    who = (f"preempted by job {row.preempted_by}" if row.preempted_by else
+    who = (f"preempted by job {labels(s, [row.preempted_by])[row.preempted_by]}"
+           if row.preempted_by else
            text.split(" (")[0] if asked else
            text if overran or window else "idle GPUs")
     more, held = requeued_idle(svc, s, job_id, utcnow()) if reason == "idle" else ("", None)

@@ -83,6 +83,8 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
     rows = {r.id: r for r in snap.pending}
     out = []
     urgent = snap.sched.urgent_before(snap.now)
+    # whose deadlines may preempt (rules on_deadline): the policy's, per team
+    on_deadline = any(r.on_deadline for r in cfg.preemption.rules)
     for rank, (job, protected, terms) in enumerate(snap.order(), 1):
         row = rows[job.name]
         if team and row.team != team or user and row.user != user:
@@ -104,7 +106,9 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
             # ahead of its band for it now
             "latest_start_at": _iso(job.latest_start) if job.latest_start < math.inf
             else None, "slack_s": _num(job.latest_start - snap.now),
-            "deadline_first": job.latest_start < urgent})
+            "deadline_first": job.latest_start < urgent,
+            "deadline_preempts": cfg.deadline_preempts(row.team)
+            if on_deadline and job.latest_start < math.inf else None})
     later = [{"rank": None, "id": r.id, "name": r.name, "team": r.team, "user": r.user,
               "priority": r.priority, "code": snap.skipped[r.id],
               "submitted_at": r.submitted_at}
@@ -115,7 +119,8 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
                         if cfg.mode == "backfill" else 0.0, "age": cfg.age_weight},
             "reserve_after_s": cfg.reserve_after,
             "reserve_after_scale": cfg.reserve_after_scale,
-            "deadline_slack_s": cfg.deadline_slack, "jobs": out,
+            "deadline_slack_s": cfg.deadline_slack, "on_deadline_rule": on_deadline,
+            "jobs": out,
             "not_queued": later}
 
 
@@ -157,6 +162,7 @@ def shares(svc: Service) -> list[dict]:
         t = teams.get(name) or {"name": name, "share": policy.share(name),
                                 "quota_gpus": policy.quota(name), "borrow_gpus": None,
                                 "held_gpus": 0, "borrowed_gpus": 0, "lent_gpus": 0,
+                                "reservation_gpus": 0,
                                 "error": None}
         users = [{"user": a.split("/", 1)[1] if "/" in a else None,
                   "share": policy.user_share(name, a.split("/", 1)[1] if "/" in a else None),

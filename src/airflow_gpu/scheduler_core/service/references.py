@@ -152,7 +152,8 @@ def resolve_job(svc: Store, ref: str) -> str:
     if target.array is not None:
         a = target.array
         first = a.indexes.split(",")[0].split("-")[0]
-        raise Conflict(f"job {ref!r} is the array {a.id} ({a.name}, {a.size} jobs): this "
-                       f"takes one job; name one element as {ref}_{first} (queue shows "
-                       f"them), or cancel them all with airflow-gpu cancel {ref}")
+        raise Conflict(f"job {ref!r} is the array {a.id[:8]} ({a.name}, {a.size} jobs): "
+                       f"this takes one job; name one element as {ref}_{first} (queue "
+                       f"shows them), or act on them all with airflow-gpu cancel, hold, "
+                       f"release or update {ref}")
     return target.job

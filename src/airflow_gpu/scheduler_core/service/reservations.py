@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, text
 
 from ..errors import InputError
-from ..jobspec import expand_hostlist
+from ..jobspec import host_names
 from ..policy.windows import choose_hosts
-from ..store.models import JobRow, ReservationRow, TeamRow, TokenRow
+from ..store.models import DeletedReservationRow, JobRow, ReservationRow, TeamRow, TokenRow
 from ..units import format_duration, parse_duration
 from .common import Principal, _ts, utcnow
 from .errors import Conflict, Forbidden, NotFound
@@ -21,6 +21,12 @@ from .uow import Store
 
 PAST_SLACK = 60.0          # seconds a start may lie in the past (clocks, typing "now")
 MAX_SPAN = 366 * 86400.0   # the longest reservation, seconds
+# The furthest ahead a reservation may start, seconds: two years is more than any
+# maintenance plan needs, and a year such as 9999 is a typo.
+MAX_AHEAD = 730 * 86400.0
+# pg_advisory_xact_lock(LOCK, hashtext(schema)): reservations are checked and written
+# one at a time in each deployment's schema (_one_at_a_time)
+LOCK = 0x72737276          # "rsrv"
 _RELATIVE = re.compile(r"^now(?:\s*\+\s*(?P<ahead>.+))?$", re.IGNORECASE)
 
 
@@ -38,10 +44,11 @@ def _when(text: str | datetime, now: datetime, field: str) -> datetime:
     if m:
         ahead = m.group("ahead")
         try:
-            return now + timedelta(seconds=parse_duration(ahead) if ahead else 0)
+            seconds = parse_duration(ahead) if ahead else 0
         except (InputError, ValueError):
             raise InputError(f"{field}: {raw!r}: {ahead!r} is no duration; write e.g. "
                              "now+90m, now+4h or now+1d") from None
+        return now + timedelta(seconds=seconds)   # at most 100 years: no overflow
     try:
         at = datetime.fromisoformat(raw)
     except ValueError:
@@ -62,13 +69,13 @@ def known_teams(svc: Store) -> set[str]:
 
 
 def _hosts(svc: Store, hosts: str | list[str]) -> list[str]:
+    """The names and ranges as a job's placement.hosts takes them (jobspec.host_names:
+    the same ranges and limits), each host named once."""
     entries = [hosts] if isinstance(hosts, str) else list(hosts)
-    names: dict[str, None] = {}
-    for entry in entries:
-        try:
-            names.update(dict.fromkeys(expand_hostlist(entry)))
-        except InputError as exc:
-            raise InputError(f"hosts: {entry!r}: {exc}") from None
+    try:
+        names = host_names(entries, repeats=False)
+    except (InputError, ValueError) as exc:
+        raise InputError(f"hosts: {exc}") from None
     svc.refresh_cluster()
     unknown = [n for n in names if n not in svc.cluster.by_name]
     if unknown:
@@ -78,7 +85,36 @@ def _hosts(svc: Store, hosts: str | list[str]) -> list[str]:
                          "or ranges of the cluster file (dgx-a-[01-04])")
     if not names:
         raise InputError("hosts: names no host; give names or ranges (dgx-a-[01-04])")
-    return list(names)
+    return names
+
+
+def _teams(teams: list[str] | None) -> list[str]:
+    """The teams as given, each named once."""
+    seen: set[str] = set()
+    for t in teams or ():
+        if t in seen:
+            raise InputError(f"teams: {t!r} is named twice; name each team once "
+                             f"(--team {t})")
+        seen.add(t)
+    return list(teams or ())
+
+
+def _ahead(start_at: datetime, now: datetime) -> None:
+    if _ts(start_at) - _ts(now) > MAX_AHEAD:
+        raise InputError(f"start: {_utc(start_at)} is more than {format_duration(MAX_AHEAD)} "
+                         f"ahead (the latest a reservation may start is "
+                         f"{_utc(now + timedelta(seconds=MAX_AHEAD))}); check the year, or "
+                         "make it nearer the time")
+
+
+def _one_at_a_time(s) -> None:
+    """Check and write a reservation as the only one being made or changed: the overlap
+    check reads what is committed, so two replicas checking at once would both find the
+    hosts free. On PostgreSQL a transaction lock, taken before the check and held to the
+    commit; SQLite's writers are one at a time already (BEGIN IMMEDIATE, store/db.py)."""
+    if s.get_bind().dialect.name == "postgresql":
+        s.execute(text("SELECT pg_advisory_xact_lock(:k, "
+                       "hashtext(coalesce(current_schema(), '')))"), {"k": LOCK})
 
 
 def _overlapping(s, name: str | None, start: datetime, end: datetime
@@ -137,9 +173,11 @@ def create(svc: Store, who: Principal, name: str, start, end=None,
     if _ts(start_at) < _ts(now) - PAST_SLACK:
         raise InputError(f"start: {_utc(start_at)} is in the past; start now or later "
                          "(start: now)")
+    _ahead(start_at, now)
     end_at = _end(start_at, end, duration, now)
-    teams = list(dict.fromkeys(teams or ()))
+    teams = _teams(teams)
     with svc.sessions.begin() as s:
+        _one_at_a_time(s)
         if s.get(ReservationRow, name) is not None:
             raise Conflict(f"name: reservation {name!r} exists; pick another name, or "
                            f"change it (airflow-gpu reserve update {name})")
@@ -173,6 +211,12 @@ def _choose(svc: Store, s, name: str | None, hosts, gpus: int | None,
     if (hosts is None) == (gpus is None):
         raise InputError("hosts: give either hosts (--hosts dgx-[01-04]) or a GPU count "
                          "(--gpus 16, whole hosts are taken), not both or neither")
+    if gpu_model is not None and not gpu_model.strip():
+        raise InputError(f"gpu_model: {gpu_model!r} names no GPU model; give part of the "
+                         "GPU name (A100, H100), or leave it out (any model)")
+    if gpu_model is not None and gpus is None:
+        raise InputError(f"gpu_model: {gpu_model!r} chooses the hosts of a GPU count; "
+                         "give it with gpus (--gpus 16), or leave it out with hosts")
     if hosts is not None:
         return _hosts(svc, hosts)
     if gpus <= 0:
@@ -189,12 +233,14 @@ def update(svc: Store, who: Principal, name: str, start=None, end=None,
            duration: float | None = None, hosts=None, teams: list[str] | None = None
            ) -> tuple[dict, list[dict]]:
     """Change a reservation's time, hosts or teams (what is left out stays)."""
+    from .reservation_jobs import restop
     from .reserving import warn_jobs
 
     if not who.admin:
         raise Forbidden("only admins change reservations")
     now = utcnow()
     with svc.sessions.begin() as s:
+        _one_at_a_time(s)
         row = s.get(ReservationRow, name)
         if row is None:
             raise NotFound(f"reservation {name!r} does not exist (airflow-gpu reserve list)")
@@ -203,12 +249,14 @@ def update(svc: Store, who: Principal, name: str, start=None, end=None,
                 _ts(start_at) != _ts(row.start_at):
             raise InputError(f"start: {_utc(start_at)} is in the past; start now or "
                              "later")
+        if start is not None:
+            _ahead(start_at, now)
         if end is None and duration is None:
             end_at = row.end_at if start is None else start_at + (row.end_at - row.start_at)
         else:
             end_at = _end(start_at, end, duration, now)
         chosen = row.hosts if hosts is None else _hosts(svc, hosts)
-        teams = row.teams if teams is None else list(dict.fromkeys(teams))
+        teams = row.teams if teams is None else _teams(teams)
         _check(svc, s, name, chosen, start_at, end_at, teams, row.maint, now)
         row.start_at, row.end_at, row.hosts, row.teams = start_at, end_at, chosen, teams
         if hosts is not None:
@@ -216,6 +264,7 @@ def update(svc: Store, who: Principal, name: str, start=None, end=None,
         s.flush()
         svc._event(s, "reservation", f"{describe(row)}: changed by {who.team}")
         conflicts = warn_jobs(svc, s, row)
+        restop(svc, s, row, f"reservation {name!r} was changed")   # its jobs' stop: its end
         view_ = view(row, now)
     svc.wake.set()
     return view_, conflicts
@@ -235,6 +284,12 @@ def remove(svc: Store, who: Principal, name: str) -> dict:
             raise NotFound(f"reservation {name!r} does not exist (airflow-gpu reserve list)")
         out = view(row, now)
         end_reservation(svc, s, row, now, f"reservation {name!r} was deleted")
+        if _ts(row.start_at) < _ts(now):      # it held its hosts: accounting keeps it
+            s.add(DeletedReservationRow(
+                name=row.name, hosts=list(row.hosts), teams=list(row.teams or ()),
+                maint=bool(row.maint), start_at=row.start_at,
+                end_at=datetime.fromtimestamp(min(_ts(row.end_at), _ts(now)), UTC),
+                deleted_at=now, deleted_by=who.team))
         s.execute(delete(ReservationRow).where(ReservationRow.name == name))
         svc._event(s, "reservation", f"{describe(row)} deleted by {who.team}")
     svc.wake.set()

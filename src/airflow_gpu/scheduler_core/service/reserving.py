@@ -21,6 +21,7 @@ from ..policy.windows import Window
 from ..store.models import AllocationRow, HostRow, JobRow, ReservationRow
 from ..units import format_duration
 from .common import LIVE, PENDING, _ts, _update, utcnow
+from .reservation_jobs import restop, runtime_refusal
 from .uow import Store
 
 DRAINED_BY = "reservation "      # HostRow.drained_by of the hosts a reservation drained
@@ -96,9 +97,11 @@ def _cancel(svc: Store, s: Session, job: JobRow, why: str, now: datetime) -> Non
 
 def end_reservation(svc: Store, s: Session, row: ReservationRow, now: datetime,
                     why: str) -> None:
-    """A reservation goes: its drained hosts resume, its yields are lifted, the pending
-    jobs that asked for it are cancelled."""
+    """A reservation goes: its drained hosts resume, its yields are lifted, its running
+    jobs are stopped by their own time limit again (not its end), the pending jobs that
+    asked for it are cancelled."""
     _resume(svc, s, row, set(row.drained or ()))
+    restop(svc, s, row, f"{why}: its end no longer stops this job", gone=True)
     for job in s.scalars(select(JobRow).where(JobRow.yield_reservation == row.name,
                                               JobRow.state.in_(LIVE))):
         job.yield_at = job.yield_reservation = None
@@ -134,6 +137,7 @@ def warn_jobs(svc: Store, s: Session, row: ReservationRow) -> list[dict]:
         end = _expected_end(svc, job, policy)
         if end > start:
             named.append({"id": job.id, "name": job.name, "team": job.team,
+                          "array_index": job.array_index,
                           "state": job.state, "expected_end": _iso(end),
                           "deadline": _iso(limit)})
         kind = "maintenance reservation" if row.maint else "reservation"
@@ -172,8 +176,11 @@ def yield_note(name: str, left: float) -> str:
             "requeued under the same id")
 
 
-def reservation_refusal(svc: Store, spec: JobSpec) -> str | None:
-    """Why a job that asks for a reservation can never run in it, else None."""
+def reservation_refusal(svc: Store, spec: JobSpec, asked_limit: float | None = None
+                        ) -> str | None:
+    """Why a job that asks for a reservation can never run in it, else None: the
+    reservation is gone, not its team's, cannot hold it, or ends before the job would
+    (its planned runtime or the time limit it asked for)."""
     from ..engine.placement import compile_needs, never_fits
     from ..policy.windows import confined
 
@@ -193,5 +200,6 @@ def reservation_refusal(svc: Store, spec: JobSpec) -> str | None:
     w = Window(row.name, tuple(row.hosts), _ts(row.start_at), _ts(row.end_at),
                frozenset(row.teams), False)
     why = never_fits(confined(spec, w), svc._empty, svc.reg, compile_needs(spec))
-    return None if why is None else (f"reservation: {name!r} ({', '.join(row.hosts)}) "
-                                     f"cannot hold it: {why}")
+    if why is not None:
+        return f"reservation: {name!r} ({', '.join(row.hosts)}) cannot hold it: {why}"
+    return runtime_refusal(svc, row, spec, asked_limit)

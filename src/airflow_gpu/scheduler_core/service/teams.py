@@ -54,17 +54,24 @@ def set_team(svc: Store, name: str, who: Principal, share: float | None,
 
 
 def teams(svc: Store) -> dict[str, dict]:
-    """Every team with a policy, a job or a quota: share, quota and GPUs held now."""
+    """Every team with a policy, a job or a quota: share, quota and GPUs held now (those
+    its jobs hold inside admins' reservations apart: they count against no quota)."""
     policy = svc._policy()
+    held, inside = {}, {}
     with svc.reads() as s:
-        held = dict(s.execute(select(JobRow.team, func.count(GpuHoldRow.gpu))
-                              .join(GpuHoldRow, GpuHoldRow.job_id == JobRow.id)
-                              .group_by(JobRow.team)).all())
+        for team, reserved, n in s.execute(
+                select(JobRow.team, JobRow.reservation.is_not(None), func.count(GpuHoldRow.gpu))
+                .join(GpuHoldRow, GpuHoldRow.job_id == JobRow.id)
+                .group_by(JobRow.team, JobRow.reservation.is_not(None))):
+            into = inside if reserved else held
+            into[team] = into.get(team, 0) + n
         names = set(s.scalars(select(JobRow.team).distinct()))
         from .clusterview import mig_shares
 
-        for team, share in mig_shares(svc.cluster, s).items():   # MIG: by share
-            held[team] = held.get(team, 0) + share
+        for reserved in (False, True):                            # MIG: by share
+            into = inside if reserved else held
+            for team, share in mig_shares(svc.cluster, s, reserved).items():
+                into[team] = into.get(team, 0) + share
     hooks = webhooks(svc)
     names |= set(policy.teams) | set(hooks)
     lent = lending(policy, held, svc.cluster.total_gpus)
@@ -72,6 +79,7 @@ def teams(svc: Store) -> dict[str, dict]:
                 "borrow_gpus": policy.teams[t].borrow_gpus if t in policy.teams else None,
                 "held_gpus": plain(held.get(t, 0)),
                 "borrowed_gpus": lent.get(t, (0, 0))[0],
-                "lent_gpus": lent.get(t, (0, 0))[1], "error": svc.policy_errors.get(t),
+                "lent_gpus": lent.get(t, (0, 0))[1],
+                "reservation_gpus": plain(inside.get(t, 0)), "error": svc.policy_errors.get(t),
                 **webhook_view(hooks.get(t))}
             for t in sorted(names)}

@@ -372,6 +372,23 @@ class ReservationRow(Base):
     drained: Mapped[list[Any] | None] = mapped_column()
 
 
+class DeletedReservationRow(Base):
+    """A reservation deleted after its start, for `acct --by reservation`: what it held
+    from its start to `end_at` (its deletion, or its end if that came first). Its name
+    may be given to a new one; its jobs keep the name (JobRow.reservation)."""
+
+    __tablename__ = "deleted_reservations"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(NAME))
+    hosts: Mapped[list[Any]] = mapped_column()
+    teams: Mapped[list[Any]] = mapped_column(default=list)
+    maint: Mapped[bool] = mapped_column(Boolean, default=False)
+    start_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    end_at: Mapped[datetime] = mapped_column(UtcDateTime, index=True)
+    deleted_at: Mapped[datetime] = mapped_column(UtcDateTime)
+    deleted_by: Mapped[str] = mapped_column(String(NAME))
+
+
 class WebhookRow(Base):
     """A team's webhook, set by an admin: every job of the team is notified there of
     `events`; and the secret the team's notifications (its jobs' own too) are signed

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from ...jobdeps import REF
 from .base import NAME, RequestBody
 from .hosts import DrainRequest
+from .jobs import JobOut
 
 Ref = Annotated[str, Field(min_length=1, max_length=220, pattern=REF)]   # a job reference
 
@@ -53,6 +54,45 @@ class CancelOut(BaseModel):
     cancelled: list[str] = Field(description="the ids of the jobs cancelled (none in a dry "
                                  "run)")
     jobs: list[JobBrief] = Field(description="the first jobs matched, described")
+
+
+class JobsRequest(RequestBody):
+    """hold, release: the jobs (an array: each element; scontrol hold ARRAY)."""
+
+    jobs: list[Ref] = Field(min_length=1, max_length=1000, description="job references "
+                            "(id, id prefix, name; an array: every element; NAME_3: one "
+                            "element)")
+
+
+class JobsUpdateRequest(JobsRequest):
+    """update: what changes, for every job named (scontrol update jobid=ARRAY ...)."""
+
+    priority: int | None = Field(None, ge=-1_000_000, le=1_000_000,
+                                 description="the new priority (pending jobs)")
+    time_limit: str | int | None = Field(None, description="the new time limit (e.g. 2h), "
+                                         "as PATCH /api/v1/jobs/{id} takes it")
+    max_running: int | None = Field(None, strict=True, description="arrays only: the most "
+                                    "elements admitted or running at once (Slurm's "
+                                    "ArrayTaskThrottle; 0: no limit)")
+
+
+class ArrayBrief(BaseModel):
+    id: str
+    name: str
+    size: int
+    max_running: int | None
+
+
+class JobsChangedOut(BaseModel):
+    count: int = Field(description="jobs named (an array's elements)")
+    matched: list[str] = Field(description="the ids of the jobs named")
+    changed: list[str] = Field(description="the ids of the jobs changed; the others "
+                               "were passed over (ended; a hold of a live job, ...)")
+    one_job: bool = Field(description="one reference named one job (not an array): the "
+                          "one-job routes' rules applied (409 for a hold of a running job)")
+    jobs: list[JobOut] = Field(description="the first jobs named, as they are now")
+    arrays: list[ArrayBrief] = Field([], description="the arrays whose max_running "
+                                     "changed")
 
 
 class HostsRequest(RequestBody):

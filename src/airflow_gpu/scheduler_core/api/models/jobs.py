@@ -6,10 +6,12 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from ...jobspec import JobSpec
-from ...service.common import _ts, eta_seconds
+from ...newspecs import submitting
+from ...service.common import _ts, eta_seconds, utcnow
+from ...service.duedates import deadline_of
 from ...store.models import AllocationRow, EventRow, JobRow
 from .base import RequestBody
 from .notifications import NotificationOut
@@ -24,6 +26,13 @@ class SubmitRequest(RequestBody):
         None, min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$",
         description="the same key (per team) returns the job it created first; Airflow uses "
         "dag id, task id, run id, map index and try number")
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _new(cls, data, handler):
+        """A spec submitted is a new one: its deadline ahead (newspecs.py), as a file's."""
+        with submitting(utcnow()):
+            return handler(data)
 
 
 class FinishRequest(RequestBody):
@@ -113,7 +122,18 @@ class JobOut(BaseModel):
     attempt: int = Field(0, description="admissions so far; heartbeat and finish name the "
                          "one they launched")
     deadline_at: datetime | None = Field(None, description="a live job is stopped then "
-                                         "(SIGTERM; SIGKILL stop_grace seconds later)")
+                                         "(SIGTERM; SIGKILL stop_grace seconds later): its "
+                                         "time limit's end, not its pipeline's deadline")
+    pipeline_deadline_at: datetime | None = Field(None, description="when its pipeline "
+                                                  "must be done (the spec's deadline)")
+    deadline_slack_s: int | None = Field(None, description="what it may still lose and its "
+                                         "pipeline end in time: waiting, its latest start "
+                                         "less now; live or ended, deadline - downstream - "
+                                         "its (expected) end; negative: late by that much")
+    deadline_at_risk: bool = Field(False, description="its pipeline will miss its deadline "
+                                   "unless something changes: live and expected to end "
+                                   "after deadline - downstream, or waiting past its latest "
+                                   "start or behind a job that lost its deadline")
     time_limit_s: int | None = Field(None, description="its time limit as admitted: from "
                                      "admission to deadline_at")
     stop_grace: int | None = None
@@ -156,10 +176,12 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, j: JobRow, allocations: list[AllocationRow] | None = None,
-           hosts: Mapping[str, Host] | None = None) -> JobOut:
+           hosts: Mapping[str, Host] | None = None, due: dict | None = None) -> JobOut:
         """`hosts` (the cluster's, by name): each replica with its host's addresses, so a
-        launcher needs no read of the whole cluster."""
-        return cls(id=j.id, name=j.name, team=j.team, user=j.user,
+        launcher needs no read of the whole cluster; `due`: its pipeline deadline's
+        fields (service/duedates.py)."""
+        return cls(**{"pipeline_deadline_at": deadline_of(j.spec), **(due or {})},
+                   id=j.id, name=j.name, team=j.team, user=j.user,
                    idempotency_key=j.idempotency_key,
                    state=j.state, priority=j.priority,
                    spec=j.spec,
@@ -211,6 +233,9 @@ class ExplainOut(BaseModel):
     elapsed_s: int | None = Field(None, description="since admission: to now while live, "
                                   "to its end once ended")
     time_limit_s: int | None = Field(None, description="its limit as admitted (none: none)")
+    pipeline_deadline_at: datetime | None = Field(None, description="as the job's")
+    deadline_slack_s: int | None = Field(None, description="as the job's")
+    deadline_at_risk: bool = Field(False, description="as the job's")
     limit_cut_by: str | None = None
     preempted_by: str | None = Field(None, description="the job that preempted it last")
     preempt_reason: str | None = None
@@ -222,10 +247,12 @@ class ExplainOut(BaseModel):
                                                  "notifications and their delivery state")
 
     @classmethod
-    def of(cls, j: JobRow, events: list[EventRow], now: float) -> ExplainOut:
+    def of(cls, j: JobRow, events: list[EventRow], now: float,
+           due: dict | None = None) -> ExplainOut:
         start = _ts(j.admitted_at) if j.admitted_at else None
         end = _ts(j.finished_at) if j.finished_at else now
-        return cls(id=j.id, state=j.state, code=j.reason_code, reason=j.reason,
+        return cls(**{"pipeline_deadline_at": deadline_of(j.spec), **(due or {})},
+                   id=j.id, state=j.state, code=j.reason_code, reason=j.reason,
                    details=j.details, eta_seconds=eta_seconds(j),
                    events=[EventOut.of(e) for e in events],
                    elapsed_s=None if start is None else round(max(0.0, end - start)),

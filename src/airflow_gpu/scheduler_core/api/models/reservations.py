@@ -59,6 +59,8 @@ class ConflictOut(BaseModel):
     id: str
     name: str
     team: str
+    array_index: int | None = Field(None, description="an array element's index (its "
+                                    "name then reads NAME_3, as queue shows it)")
     state: str
     expected_end: str | None = Field(description="by its expected runtime (null: none)")
     deadline: str | None = Field(description="its time limit (null: none)")

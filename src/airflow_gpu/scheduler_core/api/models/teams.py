@@ -65,6 +65,8 @@ class TeamOut(BaseModel):
                                        "reclaimable")
     lent_gpus: int = Field(0, description="GPUs of its idle guarantee that other teams' "
                            "borrowed work uses now")
+    reservation_gpus: int | float = Field(0, description="GPUs its jobs hold inside admins' "
+                                          "reservations (not in held_gpus: no quota)")
     error: str | None = Field(None, description="why the team's stored setting is refused "
                               "(the policy file's applies meanwhile)")
     webhook_url: str | None = Field(None, description="to other teams without its path and "

@@ -70,14 +70,14 @@ def hold(job_id: JobRef, p: Who, service: Svc):
     an admin holds it, which only an admin releases)."""
     from ...service.jobcontrol import hold as do
 
-    return JobOut.of(do(service, job_id, p))
+    return _named(service, JobOut.of(do(service, job_id, p)))
 
 
 @router.post("/api/v1/jobs/{job_id}/release", response_model=JobOut)
 def release(job_id: JobRef, p: Who, service: Svc):
     from ...service.jobcontrol import release as do
 
-    return JobOut.of(do(service, job_id, p))
+    return _named(service, JobOut.of(do(service, job_id, p)))
 
 
 @router.post("/api/v1/jobs/{job_id}/requeue", response_model=JobOut)
@@ -94,5 +94,12 @@ def update(job_id: JobRef, body: UpdateRequest, p: Who, service: Svc):
     """Change a pending job's priority, or a job's time limit."""
     from ...service.jobcontrol import update as do
 
-    return JobOut.of(do(service, job_id, p, body.priority, body.time_limit),
-                     service.allocations(job_id))
+    return _named(service, JobOut.of(do(service, job_id, p, body.priority, body.time_limit),
+                                      service.allocations(job_id)))
+
+
+def _named(service, out: JobOut) -> JobOut:
+    """The job as GET gives it: the jobs its pending reason names, by name and short id."""
+    from ...service.jobcontrol import name_blockers
+
+    return name_blockers(service, [out])[0]
