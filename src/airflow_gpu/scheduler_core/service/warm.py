@@ -4,13 +4,13 @@ memory and brought up to date with what changed in the store since the last pass
 slurmctld keeps its job and node tables instead of rereading the world every cycle.
 
 The store stays the truth. Every UPDATE of a job row bumps its revision (migration
-0020's trigger, whoever writes it; a heartbeat that only extends a lease keeps it: 0021),
-so a pass reads the revisions of the pending and live jobs (two columns), then only
-the rows whose revision it has not seen, all in one snapshot: a new job is submitted to the engine, a gone one finished, one whose change
-matters to the engine (its state, priority, limits, preemption) replaced, and one whose
-change does not (a heartbeat, a reason written by the pass) only noted. Hosts (drains,
-unreachable agents, GPU health and wear) are compared with the last pass's and changed
-host by host.
+0020's trigger, whoever writes it; a heartbeat that only extends a lease keeps it:
+0021), so a pass reads the revisions of the pending and live jobs (two columns), then
+only the rows whose revision it has not seen, all in one snapshot: a new job is
+submitted to the engine, a gone one finished, one whose change matters to the engine
+(its state, priority, limits, preemption) replaced, and one whose change does not (a
+heartbeat, a reason written by the pass) only noted. Hosts (drains, unreachable agents,
+GPU health and wear) are compared with the last pass's and changed host by host.
 
 The scheduler is built anew from memory when the policy changes or the learned time model
 did (at most every `MODEL_EVERY` seconds), the running jobs holding what they held, and
