@@ -8,6 +8,7 @@ import os
 import shutil
 import sqlite3
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from fastapi.testclient import TestClient
@@ -45,6 +46,7 @@ class Templates:
 
     def __init__(self, folder):
         self.folder, self.sqlite, self.pg = folder, None, None
+        self._drops: ThreadPoolExecutor | None = None
 
     def sqlite_file(self, path) -> str:
         if self.sqlite is None:
@@ -68,7 +70,15 @@ class Templates:
         _pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.pg}"')
         return name, _pg_url(name)
 
+    def drop(self, database: str) -> None:
+        """Drop a test's database later, in the order asked; `close` waits for them."""
+        if self._drops is None:
+            self._drops = ThreadPoolExecutor(1, thread_name_prefix="drop-db")
+        self._drops.submit(_pg_admin, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+
     def close(self) -> None:
+        if self._drops is not None:
+            self._drops.shutdown(wait=True)
         if self.pg is not None:
             _pg_admin(f'DROP DATABASE IF EXISTS "{self.pg}" WITH (FORCE)')
 
@@ -113,8 +123,8 @@ def db_url(request, tmp_path, templates):
     name, url = templates.pg_database()
     try:
         yield url
-    finally:
-        _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:       # dropped by a thread of its own: the next test need not wait for it
+        templates.drop(name)
 
 
 # two dgx-a100 hosts under one switch

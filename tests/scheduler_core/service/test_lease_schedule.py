@@ -184,6 +184,8 @@ def test_a_replica_that_leads_again_after_following_does_not_extend_leases(pg, m
 
 # -- 3: a real freeze of the server still extends the leases -------------------------------
 
+# the stall clock is the process's, the same on either store: run on PostgreSQL only
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_sigstopped_server_extends_the_leases_it_could_not_be_reached_for(store):
     server = Server(store["url"], store["cluster"], lease_ttl=TTL, interval=0.1,
                     log=store["tmp"] / "server.log")

@@ -121,7 +121,7 @@ def sqlite_server(tmp_path):
 
 
 def test_sqlite_recovers_within_seconds_after_its_files_were_read_only(sqlite_server):
-    """The database file, its WAL and its folder read-only for 7s (root ignores chmod, so
+    """The database file, its WAL and its folder read-only for 4s (root ignores chmod, so
     the immutable flag; the -shm file is left alone: SQLite maps it, and a mapping that can
     no longer write kills the process). Requests that must write get 503 meanwhile,
     connections opened then are read-only, /readyz is 503 and /livez 200; once writable
@@ -137,21 +137,21 @@ def test_sqlite_recovers_within_seconds_after_its_files_were_read_only(sqlite_se
         time.sleep(1)
         live = httpx.get(f"{server.url}/livez")
         ready_ro = httpx.get(f"{server.url}/readyz", timeout=10)
-        time.sleep(6)
+        time.sleep(3)
         load.clients = 4         # fewer clients than the pool holds: nothing churns it
         _immutable(files, False)
         t_rw = time.monotonic()
-        time.sleep(10)
+        time.sleep(7)
         ready_rw = httpx.get(f"{server.url}/readyz", timeout=10)
     finally:
         load.close()
     during = load.between(t_ro, t_rw)
     assert any(r[1] == 503 for r in during), collections.Counter(r[1] for r in during)
     # a few seconds to recover, then every request succeeds
-    after = load.between(t_rw + 3, t_rw + 10)
+    after = load.between(t_rw + 3, t_rw + 7)
     failed = [r for r in after if r[1] not in (200, 201)]
     assert len(after) > 100 and not failed, (
-        f"{len(failed)} of {len(after)} requests failed 3-10s after the files were writable "
+        f"{len(failed)} of {len(after)} requests failed 3-7s after the files were writable "
         f"again: {collections.Counter(r[1] for r in failed)}, e.g. {failed[:2]}")
     assert live.status_code == 200
     assert ready_ro.status_code == 503, ready_ro.text
