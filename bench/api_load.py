@@ -36,6 +36,8 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,6 +56,27 @@ TARGET_ADMIT_S = 1.0
 def cli(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "airflow_gpu.cli", *args], cwd=REPO,
                           check=True, capture_output=True, text=True).stdout.strip()
+
+
+@contextmanager
+def fresh_store(kind: str, pg: str, tmp: Path) -> Iterator[str]:
+    """A new store at head (`db upgrade`): a SQLite file in `tmp`, or a schema of its own
+    in PostgreSQL `pg`, dropped afterwards; yields its URL."""
+    schema = None
+    if kind == "sqlite":
+        db = f"sqlite:///{tmp / f'bench-{uuid.uuid4().hex[:6]}.db'}"
+    else:
+        schema = f"bench_{uuid.uuid4().hex[:10]}"
+        with create_engine(pg).begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+        db = f"{pg}?options=-csearch_path%3D{schema}"
+    try:
+        cli("db", "upgrade", "--db", db)
+        yield db
+    finally:
+        if schema:
+            with create_engine(pg).begin() as conn:
+                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
 
 
 class Server:
@@ -198,16 +221,7 @@ def wait_state(c: httpx.Client, job_id: str, state: str, poll: float = 0.05) -> 
 
 def run_one(kind: str, workers: int, args, tmp: Path, cluster: Path) -> dict:
     """One server with `workers` processes on a fresh store of `kind`: latency, then load."""
-    schema = None
-    if kind == "sqlite":
-        db = f"sqlite:///{tmp / f'load-{uuid.uuid4().hex[:6]}.db'}"
-    else:
-        schema = f"bench_{uuid.uuid4().hex[:10]}"
-        with create_engine(args.pg).begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        db = f"{args.pg}?options=-csearch_path%3D{schema}"
-    try:
-        cli("db", "upgrade", "--db", db)
+    with fresh_store(kind, args.pg, tmp) as db:
         token = cli("token", "create", "--team", "bench", "--db", db)
         server = Server(db, cluster, workers, tmp / f"server-{kind}-{workers}.log")
         try:
@@ -217,10 +231,6 @@ def run_one(kind: str, workers: int, args, tmp: Path, cluster: Path) -> dict:
                     submit_load(server.url, token, args.submits, args.clients))
         finally:
             server.stop()
-    finally:
-        if schema:
-            with create_engine(args.pg).begin() as conn:
-                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     print(f"{kind:10s} {load['submits_per_s']:8.1f} submissions/s ({workers} server "
           f"process(es), {load['clients']} {load.get('load', 'python')} "
           f"clients, {load['errors']} errors); GPUs free -> admitted: median "

@@ -22,16 +22,14 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_load import Server, cli  # noqa: E402
-from service_scale import cluster_file, fill, settle  # noqa: E402
+from api_load import Server, fresh_store  # noqa: E402
+from service_scale import cluster_file, fill, settle, team_tokens  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "heartbeat_rate.json"
 
@@ -76,14 +74,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="heartbeat-rate-"))
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    with create_engine(args.pg).begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    db = f"{args.pg}?options=-csearch_path%3D{schema}"
-    try:
-        cli("db", "upgrade", "--db", db)
-        tokens = [cli("token", "create", "--team", f"team{i}", "--db", db) for i in range(2)]
-        admin = cli("token", "create", "--team", "ops", "--admin", "--db", db)
+    with fresh_store("postgresql", args.pg, tmp) as db:
+        tokens, admin = team_tokens(db, 2)
         server = Server(db, cluster_file(tmp / "cluster.yaml", args.hosts), args.workers,
                         tmp / "server.log")
         try:
@@ -97,9 +89,6 @@ def main() -> int:
                       for _ in range(2)]
         finally:
             server.stop()
-    finally:
-        with create_engine(args.pg).begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     res = {"hosts": args.hosts, "pending": args.pending, "workers": args.workers,
            "clients": args.clients, "live_jobs": len(ids), "first_round": rounds[0],
            "lease_only_round": rounds[1]}

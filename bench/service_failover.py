@@ -25,7 +25,6 @@ import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,7 +33,7 @@ import httpx
 from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_load import Server, cli  # noqa: E402
+from api_load import Server, fresh_store  # noqa: E402
 from service_scale import (  # noqa: E402
     Launchers,
     cluster_file,
@@ -43,6 +42,7 @@ from service_scale import (  # noqa: E402
     job_spec,
     running_1gpu,
     settle,
+    team_tokens,
 )
 
 OUT = Path(__file__).resolve().parent / "results" / "service_failover.json"
@@ -80,16 +80,9 @@ def checked(db: str, submitted: int) -> dict:
 
 
 def run(args, tmp: Path) -> dict:
-    schema = f"bench_{uuid.uuid4().hex[:10]}"
-    with create_engine(args.pg).begin() as conn:
-        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    db = f"{args.pg}?options=-csearch_path%3D{schema}"
     rng = random.Random(1)
-    try:
-        cli("db", "upgrade", "--db", db)
-        tokens = [cli("token", "create", "--team", f"team{i}", "--db", db)
-                  for i in range(args.teams)]
-        admin = cli("token", "create", "--team", "ops", "--admin", "--db", db)
+    with fresh_store("postgresql", args.pg, tmp) as db:
+        tokens, admin = team_tokens(db, args.teams)
         cluster = cluster_file(tmp / f"cluster-{args.hosts}.yaml", args.hosts)
         a = Server(db, cluster, 1, tmp / "replica-a.log")
         b = None
@@ -128,9 +121,6 @@ def run(args, tmp: Path) -> dict:
             if b is not None:
                 b.stop()
         out = checked(db, args.pending + 1)
-    finally:
-        with create_engine(args.pg).begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     res = {"hosts": args.hosts, "pending": args.pending, "fill_up_s": round(filled, 1),
            "kill_to_leading_s": leads, "kill_to_first_pass_s": passed,
            "kill_to_admitted_s": admitted, **out}

@@ -41,10 +41,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from api_load import Server, cli  # noqa: E402
+from api_load import Server, cli, fresh_store  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results" / "service_scale.json"
 SIZES = ((1, 0.70), (2, 0.10), (4, 0.10), (8, 0.07), (16, 0.03))   # GPUs, share
@@ -311,21 +310,16 @@ def pass_errors(url: str) -> tuple[float, dict[str, float], float]:
     return failed, rebuilt, lost
 
 
+def team_tokens(db: str, teams: int) -> tuple[list[str], str]:
+    """Tokens of teams team0 .. team{teams - 1}, and an admin's."""
+    tokens = [cli("token", "create", "--team", f"team{i}", "--db", db) for i in range(teams)]
+    return tokens, cli("token", "create", "--team", "ops", "--admin", "--db", db)
+
+
 def run_one(kind: str, args, tmp: Path) -> dict:
-    schema = None
-    if kind == "sqlite":
-        db = f"sqlite:///{tmp / f'scale-{uuid.uuid4().hex[:6]}.db'}"
-    else:
-        schema = f"bench_{uuid.uuid4().hex[:10]}"
-        with create_engine(args.pg).begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-        db = f"{args.pg}?options=-csearch_path%3D{schema}"
     rng = random.Random(1)
-    try:
-        cli("db", "upgrade", "--db", db)
-        tokens = [cli("token", "create", "--team", f"team{i}", "--db", db)
-                  for i in range(args.teams)]
-        admin = cli("token", "create", "--team", "ops", "--admin", "--db", db)
+    with fresh_store(kind, args.pg, tmp) as db:
+        tokens, admin = team_tokens(db, args.teams)
         cluster = cluster_file(tmp / f"cluster-{args.hosts}.yaml", args.hosts)
         server = Server(db, cluster, 1, tmp / f"server-{kind}.log")
         watch = Watch(server.url, server.proc.pid)
@@ -345,10 +339,6 @@ def run_one(kind: str, args, tmp: Path) -> dict:
             watch.join(timeout=5)
             beats.join(timeout=30)
             server.stop()
-    finally:
-        if schema:
-            with create_engine(args.pg).begin() as conn:
-                conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
     p = sorted(watch.passes)
     rss = [m for _, m in watch.rss]
     res = {"db": kind, "hosts": args.hosts, "pending": args.pending, "teams": args.teams,
