@@ -8,7 +8,9 @@ For each database: a fresh store and server on `--hosts` DGX A100 hosts (32 per 
 4 switches per rack); `--pending` jobs of a Philly-like size mix (1, 2, 4, 8 and 16
 GPUs; 1 h) submitted through the batch API by `--teams` teams, more than the cluster
 holds, so the queue stays long. Launcher stand-ins heartbeat every admitted job every
-20 s (a third of the lease, as the operators do), so no job is lost; for `--minutes`, one
+20 s (a third of the lease, as the operators do), so no job is lost: `--beat-batch` jobs
+a request (`POST /api/v1/jobs/heartbeats`, as a launcher of many jobs beats), or with 0
+one request per job (as each Airflow operator beats its own); for `--minutes`, one
 running job finishes every second (the cluster stays full), while the bench measures:
 
 - the fill-up: the passes that admit until the cluster is full (at most
@@ -19,7 +21,9 @@ running job finishes every second (the cluster stays full), while the bench meas
 - free -> admitted: every 10 s a priority-100 job of 1 GPU waits, a running 1-GPU job is
   finished, and the time until the probe reads `admitted` is taken (the median);
 - submits/s while passes run: 8 threads post single jobs for 10 s (each its own
-  idempotency key), then they are cancelled (bulk) so the queue keeps its size;
+  idempotency key), a third of the way in, and batches of 100 jobs (the batch API, as
+  an array or a DAG of many tasks submits) two thirds in; then they are cancelled
+  (bulk) so the queue keeps its size;
 - RSS of the server process every 5 s (first, last, max).
 
 Results go to `--out` (JSON); docs/service.md ("Scale") quotes them.
@@ -41,6 +45,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+from sqlalchemy import create_engine, text
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from api_load import Server, cli, fresh_store  # noqa: E402
@@ -127,28 +132,43 @@ class Watch(threading.Thread):
 
 class Launchers(threading.Thread):
     """The launchers' heartbeats: every admitted or running job is heartbeated every
-    `every` seconds (a launcher beats every third of its 60 s lease), by `threads`
-    connections, so that no job is lost for want of a launcher."""
+    `every` seconds (a launcher beats every third of its 60 s lease), so that no job is
+    lost for want of a launcher. `batch` 0: one request per job, as each Airflow
+    operator beats its own (`threads` connections, spread evenly over the round); else
+    `POST /api/v1/jobs/heartbeats` with `batch` jobs a request, as a launcher running
+    many jobs does. The jobs to beat are read from the database each round, as each
+    launcher knows the jobs it started (a listing through the API would be load no
+    launcher adds)."""
 
-    def __init__(self, url: str, token: str, every: float = 20.0, threads: int = 16):
+    def __init__(self, url: str, token: str, db: str, every: float = 20.0,
+                 threads: int = 16, batch: int = 0):
         super().__init__(daemon=True)
         self.url, self.token, self.every, self.threads = url, token, every, threads
+        self.engine = create_engine(db, pool_size=1)
+        self.batch = batch
         self.stop = threading.Event()
         self.beats = 0
         self.failed = 0
         self.slow: list[float] = []
 
+    def live(self) -> list[tuple[str, int]]:
+        with self.engine.connect() as conn:
+            return [tuple(r) for r in conn.execute(text(
+                "SELECT id, attempt FROM jobs WHERE state IN ('admitted', 'running', "
+                "'preempting')"))]
+
     def run(self) -> None:
         clients = [httpx.Client(base_url=self.url, timeout=60,
                                 headers={"Authorization": f"Bearer {self.token}"})
-                   for _ in range(self.threads + 1)]
+                   for _ in range(self.threads)]
         while not self.stop.is_set():
             t0 = time.monotonic()
-            ids = [j["id"] for st in ("admitted", "running") for j in clients[0].get(
-                "/api/v1/jobs", params={"state": st, "limit": 10_000}).json()]
-            spread = self.every / max(1, len(ids))
+            jobs = self.live()
+            if self.batch:
+                jobs = [jobs[k:k + self.batch] for k in range(0, len(jobs), self.batch)]
+            spread = self.every / max(1, len(jobs))
             workers = [threading.Thread(target=self._beat, args=(
-                clients[k + 1], ids[k::self.threads], t0 + k * spread, spread * self.threads))
+                clients[k], jobs[k::self.threads], t0 + k * spread, spread * self.threads))
                 for k in range(self.threads)]
             for w in workers:
                 w.start()
@@ -157,19 +177,25 @@ class Launchers(threading.Thread):
             self.stop.wait(max(0.0, t0 + self.every - time.monotonic()))
         for c in clients:
             c.close()
+        self.engine.dispose()
 
-    def _beat(self, client: httpx.Client, ids: list[str], start: float, gap: float) -> None:
-        for n, job_id in enumerate(ids):         # evenly spread over the round
+    def _beat(self, client: httpx.Client, items: list, start: float, gap: float) -> None:
+        for n, item in enumerate(items):         # evenly spread over the round
             if self.stop.wait(max(0.0, start + n * gap - time.monotonic())):
                 return
             b0 = time.perf_counter()
             try:
-                client.post(f"/api/v1/jobs/{job_id}/heartbeat", json={})
-            except httpx.HTTPError:        # no answer in 60 s: counted, the job beaten next
-                self.failed += 1           # round (its lease is 60 s)
+                if self.batch:
+                    client.post("/api/v1/jobs/heartbeats", json={"jobs": [
+                        {"id": i, "attempt": a} for i, a in item]}).raise_for_status()
+                else:
+                    client.post(f"/api/v1/jobs/{item[0]}/heartbeat",
+                                params={"attempt": item[1]})
+            except httpx.HTTPError:        # no answer in 60 s: counted, the jobs beaten
+                self.failed += len(item) if self.batch else 1   # next round (60 s lease)
                 continue
             self.slow.append(time.perf_counter() - b0)
-            self.beats += 1
+            self.beats += len(item) if self.batch else 1
 
 
 def running_1gpu(c: httpx.Client) -> list[str]:
@@ -195,13 +221,14 @@ def finish(c: httpx.Client, job_id: str) -> None:
 
 
 def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dict:
-    """The steady phase: one finish a second, a probe every 10 s, a submit burst once."""
+    """The steady phase: one finish a second, a probe every 10 s, two submit bursts."""
     lat, submit, slow, why = [], {}, [], None
     end = time.monotonic() + minutes * 60
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"},
                       timeout=120) as c, httpx.Client(
             base_url=url, headers={"Authorization": f"Bearer {team}"}, timeout=120) as t:
-        burst_at = time.monotonic() + minutes * 30
+        # one burst of single submits a third of the way, one of batches at two thirds
+        bursts = [(time.monotonic() + minutes * 20, 1), (time.monotonic() + minutes * 40, 100)]
         nxt_probe = time.monotonic() + 5
         victims: list[str] = []
         while time.monotonic() < end:
@@ -224,9 +251,8 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
                 if lat[-1] > 1.0:            # slow: what the probe was told meanwhile
                     slow.append({"s": round(lat[-1], 2), "reason": why})
                 nxt_probe = time.monotonic() + 10
-            elif burst_at and time.monotonic() >= burst_at:
-                submit = submit_burst(url, team)
-                burst_at = 0
+            elif bursts and time.monotonic() >= bursts[0][0]:
+                submit.update(submit_burst(url, team, bursts.pop(0)[1]))
             elif victims:
                 finish(c, victims.pop())
                 time.sleep(1.0)
@@ -238,8 +264,12 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
             **submit}
 
 
-def submit_burst(url: str, token: str, seconds: float = 10.0, threads: int = 8) -> dict:
-    ids: list[str] = []
+def submit_burst(url: str, token: str, batch: int = 1, seconds: float = 10.0,
+                 threads: int = 8) -> dict:
+    """`threads` clients submit for `seconds`: one job a request (`batch` 1), or `batch`
+    jobs a request through the batch API; then the jobs are cancelled (bulk) so the
+    queue keeps its size."""
+    made = [0]
     errors = [0]
     stop = time.monotonic() + seconds
 
@@ -248,10 +278,12 @@ def submit_burst(url: str, token: str, seconds: float = 10.0, threads: int = 8) 
                           timeout=60) as c:
             i = 0
             while time.monotonic() < stop:
-                r = c.post("/api/v1/jobs", json={"spec": job_spec("burst", 1),
-                                                 "idempotency_key": f"burst-{k}-{i}"})
+                jobs = [{"spec": job_spec("burst", 1),
+                         "idempotency_key": f"burst-{batch}-{k}-{i}-{n}"} for n in range(batch)]
+                r = (c.post("/api/v1/jobs", json=jobs[0]) if batch == 1 else
+                     c.post("/api/v1/jobs/batch", json={"jobs": jobs}))
                 if r.status_code == 201:
-                    ids.append(r.json()["id"])
+                    made[0] += batch
                 else:
                     errors[0] += 1
                 i += 1
@@ -266,7 +298,8 @@ def submit_burst(url: str, token: str, seconds: float = 10.0, threads: int = 8) 
     with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
                       timeout=120) as c:
         c.post("/api/v1/jobs/cancel", json={"name": "burst"})
-    return {"submits_per_s": round(len(ids) / wall, 1), "submit_errors": errors[0]}
+    key = "submits_per_s" if batch == 1 else f"submits_per_s_batch_{batch}"
+    return {key: round(made[0] / wall, 1), f"{key}_errors": errors[0]}
 
 
 def admissions(url: str) -> float:
@@ -323,7 +356,7 @@ def run_one(kind: str, args, tmp: Path) -> dict:
         cluster = cluster_file(tmp / f"cluster-{args.hosts}.yaml", args.hosts)
         server = Server(db, cluster, 1, tmp / f"server-{kind}.log")
         watch = Watch(server.url, server.proc.pid)
-        beats = Launchers(server.url, admin)
+        beats = Launchers(server.url, admin, db, batch=args.beat_batch)
         try:
             fill_rate = fill(server.url, tokens, args.pending, rng)
             watch.start()
@@ -342,6 +375,7 @@ def run_one(kind: str, args, tmp: Path) -> dict:
     p = sorted(watch.passes)
     rss = [m for _, m in watch.rss]
     res = {"db": kind, "hosts": args.hosts, "pending": args.pending, "teams": args.teams,
+           "beat_batch": args.beat_batch,
            "minutes": args.minutes, "fill_submits_per_s": round(fill_rate, 1),
            "passes": len(p), "pass_p50_s": round(statistics.median(p), 4) if p else None,
            "pass_p95_s": round(p[int(0.95 * (len(p) - 1))], 4) if p else None,
@@ -361,7 +395,8 @@ def run_one(kind: str, args, tmp: Path) -> dict:
           f"{res['pass_p50_s']} s p95 {res['pass_p95_s']} s ({len(p)} passes, "
           f"{failed:g} failed, state rebuilt {rebuilt}, {lost:g} jobs lost); "
           f"free -> admitted median {res['admission_median_s']} s; "
-          f"submits {res.get('submits_per_s')}/s; heartbeat p95 {res['heartbeat_p95_s']} s; "
+          f"submits {res.get('submits_per_s')}/s (in batches of 100: "
+          f"{res.get('submits_per_s_batch_100')}/s); heartbeat p95 {res['heartbeat_p95_s']} s; "
           f"RSS {res['rss_mb']} MB", flush=True)
     return res
 
@@ -372,6 +407,9 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=1024)
     ap.add_argument("--pending", type=int, default=50_000)
     ap.add_argument("--teams", type=int, default=10)
+    ap.add_argument("--beat-batch", type=int, default=500,
+                    help="jobs per heartbeat request (POST /api/v1/jobs/heartbeats); 0: one "
+                    "request per job, as each Airflow operator beats its own")
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--pg", default=os.environ.get(
         "AIRFLOW_GPU_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/test"))

@@ -152,6 +152,12 @@ class Client:
         return self.request("POST", f"/api/v1/jobs/{job_id}/heartbeat",
                             params={"attempt": attempt} if attempt else None)
 
+    def heartbeats(self, jobs: list[tuple[str, int | None]]) -> dict:
+        """Heartbeats of many jobs (full id, admission started or None), 1000 at most:
+        {"jobs": [beaten, as they now are], "refused": [{id, status, detail}]}."""
+        return self.request("POST", "/api/v1/jobs/heartbeats", json={"jobs": [
+            {"id": i, "attempt": a} for i, a in jobs]})
+
     def finish(self, job_id: str, outcome: str, exit_code: int | None = None,
                attempt: int | None = None) -> dict:
         return self.request("POST", f"/api/v1/jobs/{job_id}/finish",

@@ -228,7 +228,8 @@ def release_many(s: Session, job_ids: list[str]) -> None:
     for i in range(0, len(job_ids), CHUNK):
         ids = job_ids[i:i + CHUNK]
         for hold in (GpuHoldRow, MigHoldRow, CpuHoldRow):
-            s.execute(delete(hold).where(hold.job_id.in_(ids)))
+            s.execute(delete(hold).where(hold.job_id.in_(ids))    # no walk of the session's
+                      .execution_options(synchronize_session=False))   # objects
         s.execute(_update(AllocationRow).where(AllocationRow.job_id.in_(ids),
                                                AllocationRow.live.is_(True))
                   .values(live=False, released_at=now))

@@ -193,8 +193,8 @@ def _diverged(s: Session, w: Warm, revs: dict[str, int],
                 for a in engine.get(job_id, ())}
         if mine != store.get(job_id, set()):
             return f"job {job_id}'s allocations"
-    for job_id in engine:
-        if job_id not in revs:
+    for job_id in engine:       # one the leader knows but the store no longer lists
+        if job_id not in revs and job_id not in w.jobs:      # (ended) is dropped this pass
             return f"job {job_id} holds resources in memory only"
     return None
 
