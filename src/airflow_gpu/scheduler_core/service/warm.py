@@ -5,7 +5,8 @@ slurmctld keeps its job and node tables instead of rereading the world every cyc
 
 The store stays the truth. Every UPDATE of a job row bumps its revision (migration
 0020's trigger, whoever writes it; a heartbeat that only extends a lease keeps it:
-0021), so a pass reads the revisions of the pending and live jobs (two columns), then
+0021) and marks where it changed (0023), so a pass reads the revisions of the rows
+changed since its last read (all pending and live ones when its state is new), then
 only the rows whose revision it has not seen, all in one snapshot: a new job is
 submitted to the engine, a gone one finished, one whose change matters to the engine
 (its state, priority, limits, preemption) replaced, and one whose change does not (a
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from ..engine.cluster import Cluster
@@ -49,6 +50,7 @@ from .known import COLUMNS, Known
 from .wear import worn_gpus
 
 log = logging.getLogger(__name__)
+MEMBER = or_(and_(JobRow.state == PENDING, schedulable()), JobRow.state.in_(LIVE))
 
 CHECK_EVERY = 60.0      # seconds between checks of the engine's holdings against the store
 # seconds between engines built anew for the learned time model: it changes as jobs end
@@ -81,6 +83,8 @@ class Warm:
         self.checked_at = time.monotonic()
         self.broken: dict[str, set[str]] = {}        # live job not in the engine -> hosts
         self.failed: set[str] = set()    # jobs the engine could not take in (passerrors.py)
+        self.revs: dict[str, int] = {}       # id -> revision of each pending and live job
+        self.mark: int | None = None     # the rows changed at or above it are read next
 
 
 @dataclass
@@ -125,8 +129,7 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
         timemodel = svc.slowdown.update(s, policy, cluster)
         fairshare = FairShare(policy, t_now)
         svc.ended_usage.add_to(s, fairshare, t_now, float(policy.fairshare_half_life))
-        revs = dict(s.execute(select(JobRow.id, JobRow.rev).where(or_(
-            and_(JobRow.state == PENDING, schedulable()), JobRow.state.in_(LIVE)))).all())
+        revs = _revisions(s, w)
         found = None
         # wrong hold rows are looked for on a rebuild, at each check, and every pass
         # while there are some (a repair gives what they held back at once)
@@ -139,6 +142,7 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
                     log.warning("the scheduler's state in memory differs from the store "
                                 "(%s); it is read anew from the store", diverged)
                     why, w = "divergence", Warm(cluster)
+                    revs = _revisions(s, w)
         want = [i for i, rev in revs.items() if (k := w.jobs.get(i)) is None or k.rev != rev]
         anew = _anew(w, policy, timemodel)
         if anew:    # the live jobs the engine does not hold are read again (update)
@@ -153,6 +157,28 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
                     .order_by(AllocationRow.id)):
                 allocs.setdefault(a.job_id, []).append(a)
     return Read(w, hosts, silent, timemodel, fairshare, revs, rows, allocs, found, why, anew)
+
+
+def _revisions(s: Session, w: Warm) -> dict[str, int]:
+    """The revision of every pending and live job (`w.revs`, brought up to date): all of
+    them read when the state is new, else only the rows changed since the last read
+    (migration 0023's `changed`: at or above the mark that read left)."""
+    conn = s.connection()                   # Core rows: cheaper than the ORM's
+    pg = conn.dialect.name == "postgresql"
+    mark = conn.execute(select(func.txid_snapshot_xmin(func.txid_current_snapshot())) if pg
+                        else select(func.coalesce(func.max(JobRow.changed), 0) + 1)).scalar()
+    if w.mark is None:
+        w.revs = dict(conn.execute(select(JobRow.id, JobRow.rev).where(MEMBER)).all())
+    else:
+        for job_id, rev, member in conn.execute(select(
+                JobRow.id, JobRow.rev, case((MEMBER, True), else_=False))
+                .where(JobRow.changed >= w.mark)):
+            if member:
+                w.revs[job_id] = rev
+            else:                               # ended, held or blocked
+                w.revs.pop(job_id, None)
+    w.mark = mark
+    return w.revs
 
 
 def _anew(w: Warm, policy: PolicyConfig, timemodel: LocalityModel) -> str | None:

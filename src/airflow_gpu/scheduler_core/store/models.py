@@ -190,6 +190,9 @@ class JobRow(Base):
     # bumped by the database on every UPDATE of the row (migration 0020's trigger): the
     # scheduling leader re-reads only the jobs whose revision it has not seen (warm.py)
     rev: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # where the row last changed, set by the database (migration 0023): a pass reads only
+    # the rows changed since its last read
+    changed: Mapped[int] = mapped_column(BigInteger, server_default="0", index=True)
 
 
 class ArrayRow(Base):
