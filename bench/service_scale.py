@@ -108,11 +108,30 @@ class Watch(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.pid = url, pid
         self.passes: list[float] = []
+        self.at: list[float] = []          # when each pass was seen, seconds from t0
+        self.phases: list[dict] = []       # and its parts (/healthz's last_pass_phases)
         self.rss: list[tuple[float, float]] = []
+        self.marks: list[tuple[float, str]] = []      # what the bench did when
         self.stop = threading.Event()
+        self.t0 = time.monotonic()
+        self.lock = threading.Lock()
+
+    def reset(self) -> list[float]:
+        """Start the passes anew; returns those seen so far."""
+        with self.lock:
+            seen, self.passes, self.at, self.phases = self.passes, [], [], []
+        return seen
+
+    def mark(self, what: str) -> None:
+        self.marks.append((round(time.monotonic() - self.t0, 1), what))
+
+    def slowest(self, n: int = 8) -> list[tuple[float, float, dict]]:
+        """The `n` longest passes: (when, seconds, its parts)."""
+        return sorted(zip(self.at, self.passes, self.phases, strict=True),
+                      key=lambda p: -p[1])[:n]
 
     def run(self) -> None:
-        seen, t0, last_rss = None, time.monotonic(), -10.0
+        seen, t0, last_rss = None, self.t0, -10.0
         with httpx.Client(base_url=self.url, timeout=30) as c:
             while not self.stop.is_set():
                 try:
@@ -121,7 +140,10 @@ class Watch(threading.Thread):
                     h = {}
                 n = h.get("passes")
                 if n is not None and seen is not None and n > seen:
-                    self.passes.extend([h["last_pass_seconds"]] * min(n - seen, 1))
+                    with self.lock:
+                        self.passes.append(h["last_pass_seconds"])
+                        self.at.append(round(time.monotonic() - t0, 1))
+                        self.phases.append(h.get("last_pass_phases") or {})
                 seen = n if n is not None else seen
                 now = time.monotonic()
                 if now - last_rss >= 5:
@@ -252,7 +274,10 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
                     slow.append({"s": round(lat[-1], 2), "reason": why})
                 nxt_probe = time.monotonic() + 10
             elif bursts and time.monotonic() >= bursts[0][0]:
-                submit.update(submit_burst(url, team, bursts.pop(0)[1]))
+                size = bursts.pop(0)[1]
+                watch.mark(f"submits of {size} a request")
+                submit.update(submit_burst(url, team, size))
+                watch.mark("cancelled")
             elif victims:
                 finish(c, victims.pop())
                 time.sleep(1.0)
@@ -362,8 +387,8 @@ def run_one(kind: str, args, tmp: Path) -> dict:
             watch.start()
             beats.start()
             filled = settle(server.url)       # passes admit until the cluster is full
-            ramp = list(watch.passes)
-            watch.passes.clear()              # what follows: the steady state
+            ramp = watch.reset()              # what follows: the steady state
+            watch.mark("steady")
             out = steady(server.url, admin, tokens[0], args.minutes, watch)
             failed, rebuilt, lost = pass_errors(server.url)
         finally:
@@ -387,6 +412,7 @@ def run_one(kind: str, args, tmp: Path) -> dict:
            if beats.slow else None,
            "fill_up_s": round(filled, 1), "fill_up_passes": len(ramp),
            "fill_up_pass_max_s": round(max(ramp), 4) if ramp else None,
+           "slowest_passes": watch.slowest(), "marks": watch.marks,
            "rss_mb": {"first": rss[0] if rss else None, "last": rss[-1] if rss else None,
                       "max": max(rss) if rss else None}, "rss_series": watch.rss}
     print(f"{kind:10s} {args.hosts} hosts, {args.pending} pending: cluster full after "

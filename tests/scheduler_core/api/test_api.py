@@ -185,7 +185,14 @@ def test_metrics_and_healthz(api):
     assert 'airflow_gpu_jobs{state="admitted",team="vision"} 1.0' in text
     assert "airflow_gpu_admissions_total 1.0" in text
     assert "airflow_gpu_scheduling_pass_seconds_count 1.0" in text
-    assert api.get("/healthz").json()["status"] == "ok"
+    for phase in ("before", "read", "update", "decide", "write"):   # each part of it
+        assert f'airflow_gpu_scheduling_pass_phase_seconds_count{{phase="{phase}"}} 1.0' in text
+    health = api.get("/healthz").json()
+    assert health["status"] == "ok"
+    parts = health["last_pass_phases"]
+    assert parts["explained"] is True         # a pass run by hand explains
+    assert 0 < sum(v for k, v in parts.items() if k != "explained") <= health[
+        "last_pass_seconds"]
 
 
 def test_admins_set_quotas_and_they_apply(api):

@@ -316,6 +316,9 @@ class Scheduler:
                     break
         finally:
             p.plan.hold_first(0)
+            # the reasons point back at the pass: unlinked, the pass and all it made are
+            # freed as it ends, not left for a walk of the collector over the whole heap
+            p.reasons = None
         for job, _ in p.result.started:
             self.queue.remove(job.name)
             self.promised.pop(job.name, None)

@@ -58,7 +58,13 @@ class Wake(threading.Event):
     def __init__(self, changes: Changes):
         super().__init__()
         self.changes = changes
+        self.freed = False       # a job ended: GPUs came back, the next job should start
 
-    def set(self) -> None:
+    def set(self, freed: bool = False) -> None:
+        self.freed = self.freed or freed
         super().set()
         self.changes.bump()
+
+    def clear(self) -> None:
+        self.freed = False
+        super().clear()

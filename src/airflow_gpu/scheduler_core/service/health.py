@@ -67,7 +67,17 @@ def report(loop, now: float | None = None) -> dict:
             "seconds_since_last_pass": None if loop.last_pass_at is None
             else round(now - loop.last_pass_at, 3),
             "passes": loop.passes, "last_pass_seconds": round(loop.last_pass, 4),
+            "last_pass_phases": _phases(loop),
             "last_pass_error": error, "warning": warn}
+
+
+def _phases(loop) -> dict | None:
+    """The seconds each part of the last pass took, and whether it explained."""
+    phases = getattr(loop.service, "pass_phases", None)
+    if phases is None:
+        return None
+    return {"explained": phases.explained,
+            **{k: round(v, 4) for k, v in phases.seconds.items()}}
 
 
 def warning(loop, now: float | None = None) -> str | None:

@@ -267,7 +267,7 @@ def end(svc: Store, job_id: str, who: Principal, state: str, exit_code: int | No
         svc._release(s, job_id)
         svc._event(s, state, f"{state}" + (f" (exit code {exit_code})"
                                            if exit_code is not None else ""), job=job_id)
-    svc.wake.set()
+    svc.wake.set(freed=True)
     return svc.get(job_id)
 
 

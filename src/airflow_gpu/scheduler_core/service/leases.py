@@ -155,7 +155,7 @@ def check(svc: Store, now: datetime, stall: float = 0.0,
                            f"for {svc.settings.lease_ttl:g}s", job=job_id)
                 ended.append(job_id)
     if ended:
-        svc.wake.set()
+        svc.wake.set(freed=True)
     return ended
 
 

@@ -35,6 +35,12 @@ class Metrics:
                                       "duration of one scheduling pass",
                                       registry=self.registry,
                                       buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
+        self.pass_phase_seconds = Histogram(
+            "airflow_gpu_scheduling_pass_phase_seconds", "duration of each part of a "
+            "scheduling pass (before: faults, reservations, dependencies; read: what "
+            "changed; update: the state in memory; decide: the engine and its reasons; "
+            "write)", ["phase"], registry=self.registry,
+            buckets=(.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5))
         self.pass_errors = Counter("airflow_gpu_pass_errors", "errors scheduling passes got "
                                    "past (job, team: one per job or team, in each pass that "
                                    "met it) or that stopped a pass (pass)", ["kind"],

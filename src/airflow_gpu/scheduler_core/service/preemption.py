@@ -144,7 +144,7 @@ def stopped(svc: Store, job_id: str, attempt: int | None) -> JobRow:
                 return current          # said twice, or requeued by force before
             raise Conflict(_stale(current, attempt, "only a job that is preempting can be "
                                   "finished as preempted"))
-    svc.wake.set()
+    svc.wake.set(freed=True)
     return svc.get(job_id)
 
 
@@ -154,4 +154,4 @@ def requeue_overdue(svc: Store, s: Session, now: datetime) -> None:
     for job_id in list(s.scalars(select(JobRow.id).where(
             JobRow.state == "preempting", JobRow.preempt_deadline_at < now))):
         if requeue(svc, s, job_id, JobRow.preempt_deadline_at < now, forced=True):
-            svc.wake.set()
+            svc.wake.set(freed=True)

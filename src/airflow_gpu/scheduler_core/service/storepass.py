@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from datetime import datetime
 
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -51,12 +52,14 @@ def run_pass(svc: Store, explain: bool = True) -> list[str]:
 
 def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence,
          explain: bool) -> list[str]:
+    phases = Phases(explain)
     with svc.sessions.begin() as s:       # what comes before deciding: short, fenced
         if fence is not None:     # first: still the leader, or this pass writes nothing
             fence(s)
         handle_gpu_faults(svc, s, now)      # also jobs admitted while a report was in flight
         windows = reserving.apply(svc, s, now)     # admins' reservations: drains, ends
         said = _let_in(svc, s)              # jobs whose dependencies hold, array turns
+    phases.done("before")
     for owner, why in said.items():        # the reasons now committed: not written again
         if why is None:
             svc.dep_reasons.pop(owner, None)
@@ -64,7 +67,7 @@ def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence,
             svc.dep_reasons[owner] = why
     try:
         try:
-            return _decide(svc, cluster, policy, windows, now, fence, explain)
+            return _decide(svc, cluster, policy, windows, now, fence, phases)
         except IntegrityError as exc:
             # a hold it wrote met a row it did not know of (written behind its back):
             # nothing was written, and the state read anew looks for such rows
@@ -72,27 +75,49 @@ def _run(svc: Store, now: datetime, policy, cluster: Cluster, fence,
                         "of (%s); its state is read anew from the store and the pass runs "
                         "again", exc.orig)
             svc.warm = None
-            return _decide(svc, cluster, policy, windows, now, fence, explain)
+            return _decide(svc, cluster, policy, windows, now, fence, phases)
     except BaseException:
         svc.warm = None      # nothing half-applied stays in memory: the next pass rebuilds
         raise
 
 
 def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
-            fence, explain: bool) -> list[str]:
+            fence, phases: Phases) -> list[str]:
     """Read what changed (one snapshot), decide outside any transaction, then write."""
     t_now = _ts(now)
     later: list = []                  # what the write does first (errors told on jobs)
     r = warm.read(svc, cluster, policy, windows, now)    # no transaction open while it
+    phases.done("read")
     sched = warm.update(svc, r, policy, windows, t_now, later)     # decides
+    phases.done("update")
     if r.rebuilt:
         svc.rebuilt.append(r.rebuilt)
-    result = sched.schedule(t_now, explain=explain)     # unexplained: no pending reasons
+    result = sched.schedule(t_now, explain=phases.explained)    # unexplained: no reasons
     reasons = _reasons(r.warm, sched, result, t_now)
+    phases.done("decide")
     admitted = _write(svc, r.warm, sched, result, r, now, fence, later, reasons)
+    phases.done("write")
+    svc.pass_phases = phases
     svc.warm = r.warm
     svc._silent = r.silent
     return admitted
+
+
+class Phases:
+    """Seconds each part of a pass took (/healthz's `last_pass_phases`, the metric
+    airflow_gpu_scheduling_pass_phase_seconds): what before deciding (faults,
+    reservations, dependencies), the read of what changed, the update of the state in
+    memory, the decision (and its reasons), the write."""
+
+    def __init__(self, explain: bool):
+        self.explained = explain
+        self.seconds: dict[str, float] = {}
+        self._at = time.perf_counter()
+
+    def done(self, phase: str) -> None:
+        now = time.perf_counter()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._at
+        self._at = now
 
 
 def _reasons(w: warm.Warm, sched: Scheduler, result, t_now: float) -> list[tuple]:
