@@ -97,7 +97,7 @@ def test_an_allocation_changed_behind_the_leaders_back_is_found_and_read_anew(
         s.add(GpuHoldRow(host=where["host"], gpu=moved, job_id=a))
     api.tick()
     assert api.service.rebuilt == []          # the job row did not change: not seen yet
-    monkeypatch.setattr("airflow_gpu.scheduler_core.service.warm.CHECK_EVERY", 0.0)
+    api.service.warm.check_every = 0.0        # the check is due
     api.tick()                                # the check compares the holdings
     assert api.service.rebuilt == ["divergence"]
     held = api.service.warm.sched.state.allocations[a]
@@ -153,3 +153,19 @@ def test_a_policy_change_rebuilds_the_engine_from_memory_with_the_running_jobs_h
     held = api.service.warm.sched.state.allocations
     assert {len(held[a]), len(held[b])} == {1} and held[a][0].gpu_mask.bit_count() == 8
     assert job(api, c)["state"] == "pending"
+
+
+def test_checks_take_at_most_their_share_of_the_leaders_time(api, monkeypatch):
+    submit(api, "a", 1)
+    api.tick()
+    warm = api.service.warm
+    assert warm.check_every == 60.0            # CHECK_EVERY while checks are short
+    monkeypatch.setattr("airflow_gpu.scheduler_core.service.warm.CHECK_SHARE", 1e-9)
+    warm.check_every = 0.0
+    before = warm.checked_at
+    api.tick()                                 # a check: whatever it took, far over
+    assert warm.checked_at > before            # a billionth of the time since
+    assert warm.check_every > 60.0
+    checked = warm.checked_at
+    api.tick()
+    assert warm.checked_at == checked          # not due again for a long while

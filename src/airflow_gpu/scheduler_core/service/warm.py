@@ -17,8 +17,9 @@ The scheduler is built anew from memory when the policy changes or the learned t
 did (at most every `MODEL_EVERY` seconds), the running jobs holding what they held, and
 from the store (every row read again) when this replica becomes the
 leader, when the cluster changes, after a pass that failed (storepass.py drops the
-state), and when the check every `CHECK_EVERY` seconds finds the live allocations or the
-wrong hold rows (quarantine.py) differ from what the engine holds."""
+state), and when the check every `CHECK_EVERY` seconds (longer where checks are long:
+`CHECK_SHARE`) finds the live allocations or the wrong hold rows (quarantine.py) differ
+from what the engine holds."""
 
 from __future__ import annotations
 
@@ -53,6 +54,9 @@ log = logging.getLogger(__name__)
 MEMBER = or_(and_(JobRow.state == PENDING, schedulable()), JobRow.state.in_(LIVE))
 
 CHECK_EVERY = 60.0      # seconds between checks of the engine's holdings against the store
+# ... or more, so that checks take at most this share of the leader's time (a check reads
+# every live allocation and hold: about 10 s with 30,000 jobs live on 8,192 hosts)
+CHECK_SHARE = 0.01
 # seconds between engines built anew for the learned time model: it changes as jobs end
 # (every few seconds on a big cluster), and a rebuild re-plans the whole queue (about
 # 5 s of CPU at 50,000 pending)
@@ -81,6 +85,7 @@ class Warm:
         self.hosts = Hosts({}, {}, {})
         self.found: list[integrity.Finding] = []     # wrong hold rows, held on the state
         self.checked_at = time.monotonic()
+        self.check_every = CHECK_EVERY
         self.broken: dict[str, set[str]] = {}        # live job not in the engine -> hosts
         self.failed: set[str] = set()    # jobs the engine could not take in (passerrors.py)
         self.revs: dict[str, int] = {}       # id -> revision of each pending and live job
@@ -133,11 +138,13 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
         found = None
         # wrong hold rows are looked for on a rebuild, at each check, and every pass
         # while there are some (a repair gives what they held back at once)
-        if w.sched is None or w.found or time.monotonic() - w.checked_at >= CHECK_EVERY:
+        began = time.monotonic()
+        if w.sched is None or w.found or began - w.checked_at >= w.check_every:
             found = integrity.find(s, cluster)
             if w.sched is not None:
-                w.checked_at = time.monotonic()
                 diverged = _diverged(s, w, revs, found)
+                w.checked_at = time.monotonic()     # at most CHECK_SHARE of the time
+                w.check_every = max(CHECK_EVERY, (w.checked_at - began) / CHECK_SHARE)
                 if diverged:
                     log.warning("the scheduler's state in memory differs from the store "
                                 "(%s); it is read anew from the store", diverged)
@@ -206,7 +213,7 @@ def _diverged(s: Session, w: Warm, revs: dict[str, int],
     if {f.key for f in found} != {f.key for f in w.found}:
         return "the wrong hold rows changed"
     store: dict[str, set] = {}
-    for job_id, host, gpus, cpus in s.execute(select(
+    for job_id, host, gpus, cpus in s.connection().execute(select(       # Core rows
             AllocationRow.job_id, AllocationRow.host, AllocationRow.gpus, AllocationRow.cpus)
             .where(AllocationRow.live.is_(True))):
         store.setdefault(job_id, set()).add((host, tuple(sorted(gpus)), tuple(sorted(cpus))))
