@@ -86,7 +86,7 @@ def run(args, tmp: Path) -> dict:
         cluster = cluster_file(tmp / f"cluster-{args.hosts}.yaml", args.hosts)
         a = Server(db, cluster, 1, tmp / "replica-a.log")
         b = None
-        beats = Launchers(a.url, admin)
+        beats = Launchers(a.url, admin, db, batch=500)
         try:
             fill(a.url, tokens, args.pending, rng)
             beats.start()
@@ -100,7 +100,7 @@ def run(args, tmp: Path) -> dict:
             killed = time.monotonic()
             beats.stop.set()
             beats.join(timeout=60)
-            beats = Launchers(b.url, admin)
+            beats = Launchers(b.url, admin, db, batch=500)
             beats.start()
             with httpx.Client(base_url=b.url, timeout=60) as c, httpx.Client(
                     base_url=b.url, timeout=60,
