@@ -31,7 +31,6 @@ class SchedulerLoop(Leadership):
     def __init__(self, service: Service, metrics=None, interval: float | None = None):
         self.service = service
         self.metrics = metrics
-        heap.keep_walks_short()
         self.interval = interval or service.settings.pass_interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -74,6 +73,7 @@ class SchedulerLoop(Leadership):
 
     def start(self) -> None:
         self.started_at = time.time()
+        heap.keep_walks_short()         # a running server's heap (tests tick by hand)
         self._thread = threading.Thread(target=self._run, name="scheduler-loop", daemon=True)
         self._helpers = [*self.lease_checks.threads(self._stop, self.check_leases,
                                                     self._lease_check_failed),
