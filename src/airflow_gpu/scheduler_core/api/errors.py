@@ -18,6 +18,11 @@ from .bodies import invalid, safe
 DOMAIN = ((InputError, 422), (NotFound, 404), (Forbidden, 403), (Conflict, 409))
 
 
+def status_of(exc: Exception) -> int:
+    """The status a domain error is answered with (DOMAIN)."""
+    return next(status for kind, status in DOMAIN if isinstance(exc, kind))
+
+
 class Http(Exception):
     """An answer of the API's own (status, detail); 401s ask for a bearer token."""
 

@@ -20,14 +20,12 @@ from .errors import Conflict, Forbidden, NotFound
 
 MAX_BEATS = 1000        # jobs one request beats (a request's transaction stays short)
 BEATING = ("running", "preempting")
-STATUS = {NotFound: 404, Forbidden: 403, Conflict: 409}
 
 
 @dataclass
 class Refused:
     id: str
-    status: int          # as a single heartbeat would be answered: 403, 404 or 409
-    detail: str
+    error: NotFound | Forbidden | Conflict     # what a single heartbeat of it raises
 
 
 def heartbeats(svc, items: list[tuple[str, int | None]], who: Principal
@@ -53,14 +51,14 @@ def heartbeats(svc, items: list[tuple[str, int | None]], who: Principal
             r = seen.get(job_id)
             why = None if r is None else rights.refusal(who, r.id, r.team, r.user, r.name)
             if r is None:
-                refused.append(Refused(job_id, 404, f"job {job_id!r} does not exist"))
+                refused.append(Refused(job_id, NotFound(f"job {job_id!r} does not exist")))
             elif why:
-                refused.append(Refused(job_id, 403, why))
+                refused.append(Refused(job_id, Forbidden(why)))
             elif r.state in ("admitted", *BEATING) and attempt in (None, r.attempt):
                 ok["admitted" if r.state == "admitted" else "beating"].append(job_id)
             else:
-                refused.append(Refused(job_id, 409, _stale(r, attempt, "admitted or running "
-                                                                    "jobs take heartbeats")))
+                refused.append(Refused(job_id, Conflict(_stale(
+                    r, attempt, "admitted or running jobs take heartbeats"))))
         beats = {"lease_expires_at": lease, "rev": QUIET}     # the leader reads none of it
         starts = {"state": "running", "started_at": now, "lease_expires_at": lease}
         for key, states, values in (("beating", BEATING, beats),
@@ -80,5 +78,5 @@ def heartbeats(svc, items: list[tuple[str, int | None]], who: Principal
         try:
             beaten.append(jobs.heartbeat(svc, job_id, who, wanted[job_id])[0])
         except (NotFound, Forbidden, Conflict) as exc:
-            refused.append(Refused(job_id, STATUS[type(exc)], str(exc)))
+            refused.append(Refused(job_id, exc))
     return beaten, refused

@@ -73,7 +73,7 @@ def report(loop, now: float | None = None) -> dict:
 
 def _phases(loop) -> dict | None:
     """The seconds each part of the last pass took, and whether it explained."""
-    phases = getattr(loop.service, "pass_phases", None)
+    phases = loop.service.pass_phases
     if phases is None:
         return None
     return {"explained": phases.explained,

@@ -174,7 +174,7 @@ class SchedulerLoop(Leadership):
         self._succeeded("pass", "election")
         if self.metrics:
             self.metrics.pass_seconds.observe(self.last_pass)
-            phases = getattr(self.service, "pass_phases", None)
+            phases = self.service.pass_phases
             for phase, seconds in phases.seconds.items() if phases else ():
                 self.metrics.pass_phase_seconds.labels(phase).observe(seconds)
             self.metrics.admissions.inc(len(admitted))

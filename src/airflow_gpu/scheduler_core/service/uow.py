@@ -60,6 +60,7 @@ class Store:
         self._policy_cache: tuple[float, PolicyConfig] | None = None
         self.warm = None                     # the leader's state between passes (warm.py)
         self.rebuilt: list[str] = []         # why the last pass read its state anew
+        self.pass_phases = None              # the last pass's parts (storepass.Phases)
         self._empty = ClusterState(self.cluster)
         self._never: dict[tuple, str | None] = {}   # job shape -> why it never fits
         self.changes = Changes()             # tells waiting requests (changes.py)

@@ -10,6 +10,7 @@ from ...service.batch import submit_batch
 from ...service.beats import heartbeats
 from ..bodies import DecodedOffLoop
 from ..deps import Svc, Who
+from ..errors import status_of
 from ..models.batch import BatchSubmitRequest, BeatOut, HeartbeatsOut, HeartbeatsRequest, RefusedOut
 from ..models.jobs import JobOut
 
@@ -41,5 +42,5 @@ def heartbeats_route(body: HeartbeatsRequest, p: Who, service: Svc):
     the status and words its single heartbeat would get (403, 404, 409: stop that job)."""
     beaten, refused = heartbeats(service, [(b.id, b.attempt) for b in body.jobs], p)
     return HeartbeatsOut(jobs=[BeatOut.of(j) for j in beaten],
-                         refused=[RefusedOut(id=r.id, status=r.status, detail=r.detail)
-                                  for r in refused])
+                         refused=[RefusedOut(id=r.id, status=status_of(r.error),
+                                             detail=str(r.error)) for r in refused])
