@@ -260,9 +260,12 @@ def test_after_a_database_outage_a_followers_health_clears(monkeypatch):
             bodies = [_health(c) for c in clients]
             leading = [b for b in bodies if b["scheduling"]]
             ok = len(leading) == 1 and all(b["last_pass_error"] is None for b in bodies)
-            return ok and bodies
+            # the follower names the leader at its next election check, not at once
+            named = all(b["leader"] is not None for b in bodies)
+            return ok and named and bodies
 
-        bodies = until(recovered, "one replica schedules and neither reports an error",
+        bodies = until(recovered, "one replica schedules, neither reports an error, and "
+                       "the follower names it",
                        timeout=30)
         leader = next(b for b in bodies if b["scheduling"])
         follower = next(b for b in bodies if not b["scheduling"])
