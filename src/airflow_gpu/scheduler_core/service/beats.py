@@ -20,6 +20,12 @@ from .errors import Conflict, Forbidden, NotFound
 
 MAX_BEATS = 1000        # jobs one request beats (a request's transaction stays short)
 BEATING = ("running", "preempting")
+# what the answer tells a launcher of each job (api/models/batch.py BeatOut): columns, not
+# whole rows, so the spec and the reasons are not read and parsed for every beat
+ANSWER = (JobRow.id, JobRow.state, JobRow.attempt, JobRow.lease_expires_at,
+          JobRow.stop_grace, JobRow.yield_at, JobRow.yield_reservation, JobRow.idle_since,
+          JobRow.idle_flagged_at, JobRow.preempted_by, JobRow.preempt_reason,
+          JobRow.preempt_signal, JobRow.preempt_grace, JobRow.preempt_deadline_at)
 
 
 @dataclass
@@ -29,13 +35,14 @@ class Refused:
 
 
 def heartbeats(svc, items: list[tuple[str, int | None]], who: Principal
-               ) -> tuple[list[JobRow], list[Refused]]:
+               ) -> tuple[list, list[Refused]]:
     """Extend the leases of `items` (job id, the admission its launcher started or None)
-    and confirm the starts of those admitted; returns the jobs beaten, as they now are,
-    and those refused. One transaction, a few statements per CHUNK of jobs."""
+    and confirm the starts of those admitted; returns the jobs beaten, as they now are
+    (the ANSWER columns), and those refused. One transaction, a few statements per CHUNK
+    of jobs."""
     wanted = dict(items)                        # a job named twice is beaten once
     refused: list[Refused] = []
-    beaten: list[JobRow] = []
+    beaten: list = []
     with svc.sessions.begin() as s:
         s.connection()        # begun (SQLite: the write lock held) before the clock is read
         now = utcnow()
@@ -66,10 +73,10 @@ def heartbeats(svc, items: list[tuple[str, int | None]], who: Principal
             for k in range(0, len(ok[key]), CHUNK):
                 part = ok[key][k:k + CHUNK]
                 pinned = [(i, wanted[i]) for i in part if wanted[i] is not None]
-                rows = s.scalars(_update(JobRow).where(JobRow.state.in_(states), or_(
+                rows = s.execute(_update(JobRow).where(JobRow.state.in_(states), or_(
                     JobRow.id.in_([i for i in part if wanted[i] is None]),
                     tuple_(JobRow.id, JobRow.attempt).in_(pinned) if pinned else false()))
-                    .values(**values).returning(JobRow)).all()
+                    .values(**values).returning(*ANSWER)).all()
                 for j in rows if key == "admitted" else ():
                     svc._event(s, "running", "the launcher confirmed the start", job=j.id)
                 beaten += rows
