@@ -386,7 +386,8 @@ def run_one(kind: str, args, tmp: Path) -> dict:
             fill_rate = fill(server.url, tokens, args.pending, rng)
             watch.start()
             beats.start()
-            filled = settle(server.url)       # passes admit until the cluster is full
+            # passes admit until the cluster is full (at most max_jobs_tested each)
+            filled = settle(server.url, most=120.0 + args.hosts / 16)
             ramp = watch.reset()              # what follows: the steady state
             watch.mark("steady")
             out = steady(server.url, admin, tokens[0], args.minutes, watch)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import or_, select
+from sqlalchemy import or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from ..store.models import GpuHoldRow, GpuRow, JobRow
-from .common import LIVE, _update, requeued
+from .common import CHUNK, LIVE, _update, requeued
 from .uow import Store
 
 DEFAULT_POLICY = "requeue"
@@ -33,21 +33,28 @@ def handle_gpu_faults(svc: Store, s: Session, now: datetime,
                       host: str | None = None) -> list[str]:
     """Act on live jobs that hold an unhealthy GPU (on `host`, or anywhere) and were not
     handled since their admission; returns the ids of the jobs acted on."""
-    q = (select(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu, GpuRow.health_reason,
-                JobRow.spec)
-         .join(GpuRow, (GpuRow.host == GpuHoldRow.host) & (GpuRow.index == GpuHoldRow.gpu))
-         .join(JobRow, JobRow.id == GpuHoldRow.job_id)
-         .where(GpuRow.healthy.is_(False), JobRow.state.in_(LIVE),
-                or_(JobRow.gpu_fault_at.is_(None), JobRow.gpu_fault_at < JobRow.admitted_at))
-         .order_by(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu))
-    if host is not None:
-        q = q.where(GpuHoldRow.host == host)
+    # the unhealthy GPUs first (few; most passes none), then the live jobs holding them:
+    # never a join of every hold with every live job, which the planner may choose when
+    # its statistics lag the lease writes
+    bad = select(GpuRow.host, GpuRow.index, GpuRow.health_reason).where(
+        GpuRow.healthy.is_(False))
+    why = {(h, i): r for h, i, r in s.execute(
+        bad if host is None else bad.where(GpuRow.host == host))}
     hits: dict[str, list[str]] = {}
     specs: dict[str, dict] = {}      # columns, not rows: the session must not keep a stale job
-    for job_id, h, gpu, reason, spec in s.execute(q):
-        hits.setdefault(job_id, []).append(f"{h}:{gpu}" + (f" ({reason})" if reason else ""))
-        specs[job_id] = spec
-    for job_id, gpus in hits.items():
+    keys = sorted(why)
+    for k in range(0, len(keys), CHUNK):
+        for job_id, h, gpu, spec in s.execute(
+                select(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu, JobRow.spec)
+                .join(JobRow, JobRow.id == GpuHoldRow.job_id)
+                .where(tuple_(GpuHoldRow.host, GpuHoldRow.gpu).in_(keys[k:k + CHUNK]),
+                       JobRow.state.in_(LIVE), or_(JobRow.gpu_fault_at.is_(None),
+                                                   JobRow.gpu_fault_at < JobRow.admitted_at))
+                .order_by(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu)):
+            reason = why[(h, gpu)]
+            hits.setdefault(job_id, []).append(f"{h}:{gpu}" + (f" ({reason})" if reason else ""))
+            specs[job_id] = spec
+    for job_id, gpus in sorted(hits.items()):
         policy = _policy(svc, specs[job_id])
         fault = f"GPU {', '.join(gpus)} unhealthy"
         if policy == "requeue":
