@@ -32,6 +32,7 @@ Results go to `--out` (JSON); docs/service.md ("Scale") quotes them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -41,6 +42,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -222,7 +224,10 @@ class Launchers(threading.Thread):
 
 def running_1gpu(c: httpx.Client) -> list[str]:
     """Running jobs of one GPU: finishing one frees exactly what a 1-GPU probe needs."""
-    jobs = c.get("/api/v1/jobs", params={"state": "admitted", "limit": 2000}).json()
+    # admitted (not yet confirmed) and running: on a full cluster where nothing is
+    # admitted any more, the running ones are the only ones to finish
+    jobs = [j for state in ("admitted", "running")
+            for j in c.get("/api/v1/jobs", params={"state": state, "limit": 2000}).json()]
     return [j["id"] for j in jobs
             if j["spec"]["roles"] == [{"name": "w", "gpus": 1}] or
             [(r.get("replicas", 1), r.get("gpus")) for r in j["spec"]["roles"]] == [(1, 1)]]
@@ -428,6 +433,30 @@ def run_one(kind: str, args, tmp: Path) -> dict:
     return res
 
 
+@contextlib.contextmanager
+def autovacuum(pg: str | None) -> Iterator[str | None]:
+    """PostgreSQL's autovacuum on for the run, as on any production server (a test
+    machine's may have it off: then it is turned on, and off again afterwards); yields
+    what the results record."""
+    if pg is None:
+        yield None
+        return
+    engine = create_engine(pg, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        was = conn.execute(text("SHOW autovacuum")).scalar()
+        if was == "off":
+            conn.execute(text("ALTER SYSTEM SET autovacuum = on"))
+            conn.execute(text("SELECT pg_reload_conf()"))
+    try:
+        yield "on" if was == "on" else "on for the run (off on this server)"
+    finally:
+        if was == "off":
+            with engine.connect() as conn:
+                conn.execute(text("ALTER SYSTEM RESET autovacuum"))
+                conn.execute(text("SELECT pg_reload_conf()"))
+        engine.dispose()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--db", default="postgresql,sqlite")
@@ -443,11 +472,12 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="service-scale-"))
-    results = [run_one(kind, args, tmp) for kind in args.db.split(",")]
+    with autovacuum(args.pg if "postgresql" in args.db else None) as vacuum:
+        results = [run_one(kind, args, tmp) for kind in args.db.split(",")]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "benchmark": "service scale", "when": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(), "results": results}, indent=2))
+        "cpus": os.cpu_count(), "autovacuum": vacuum, "results": results}, indent=2))
     print(f"written to {args.out}")
     return 0
 

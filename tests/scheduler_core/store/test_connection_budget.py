@@ -134,6 +134,11 @@ def test_the_server_says_its_budget_at_start_up_and_pools_that_many(
             f"PostgreSQL's max_connections {m} shared by 2 replicas") in lines[0]
     assert f"at most {expected.total} in all of the {m - reserved}" in lines[0]
     assert expected.pool < POOL_SIZE or m > 160       # smaller than before on 100
+    # a server without autovacuum is told what that costs (this machine's may have it off)
+    with create_engine(PG_ADMIN).connect() as conn:
+        off = conn.execute(text("SHOW autovacuum")).scalar() == "off"
+    said = "PostgreSQL's autovacuum is off" in (tmp_path / "server.log").read_text()
+    assert said == off, (off, said)
     # an explicit pool size is said as such
     lines = budget_lines(pg_schema, cluster_file, tmp_path / "server2.log",
                          "--db-pool-size", "5")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import false, or_, select, tuple_
+from sqlalchemy import or_, select
 
 from ..store.models import JobRow
 from . import jobs, rights
@@ -72,10 +72,8 @@ def heartbeats(svc, items: list[tuple[str, int | None]], who: Principal
                                     ("admitted", ("admitted",), starts)):
             for k in range(0, len(ok[key]), CHUNK):
                 part = ok[key][k:k + CHUNK]
-                pinned = [(i, wanted[i]) for i in part if wanted[i] is not None]
-                rows = s.execute(_update(JobRow).where(JobRow.state.in_(states), or_(
-                    JobRow.id.in_([i for i in part if wanted[i] is None]),
-                    tuple_(JobRow.id, JobRow.attempt).in_(pinned) if pinned else false()))
+                rows = s.execute(_update(JobRow).where(
+                    JobRow.id.in_(part), JobRow.state.in_(states), _admission(part, wanted))
                     .values(**values).returning(*ANSWER)).all()
                 for j in rows if key == "admitted" else ():
                     svc._event(s, "running", "the launcher confirmed the start", job=j.id)
@@ -87,3 +85,14 @@ def heartbeats(svc, items: list[tuple[str, int | None]], who: Principal
         except (NotFound, Forbidden, Conflict) as exc:
             refused.append(Refused(job_id, exc))
     return beaten, refused
+
+
+def _admission(part: list[str], wanted: dict[str, int | None]):
+    """Each job of `part` still in the admission its launcher started (any, where it
+    named none): grouped by admission, so that the database finds the rows by their ids
+    (a list of (id, attempt) pairs is compared with every row of the table)."""
+    by: dict[int | None, list[str]] = {}
+    for i in part:
+        by.setdefault(wanted[i], []).append(i)
+    return or_(*(JobRow.id.in_(ids) if a is None else (JobRow.attempt == a) & JobRow.id.in_(ids)
+                 for a, ids in by.items()))

@@ -47,7 +47,8 @@ def handle_gpu_faults(svc: Store, s: Session, now: datetime,
         for job_id, h, gpu, spec in s.execute(
                 select(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu, JobRow.spec)
                 .join(JobRow, JobRow.id == GpuHoldRow.job_id)
-                .where(tuple_(GpuHoldRow.host, GpuHoldRow.gpu).in_(keys[k:k + CHUNK]),
+                .where(GpuHoldRow.host.in_({h for h, _ in keys[k:k + CHUNK]}),
+                       tuple_(GpuHoldRow.host, GpuHoldRow.gpu).in_(keys[k:k + CHUNK]),
                        JobRow.state.in_(LIVE), or_(JobRow.gpu_fault_at.is_(None),
                                                    JobRow.gpu_fault_at < JobRow.admitted_at))
                 .order_by(GpuHoldRow.job_id, GpuHoldRow.host, GpuHoldRow.gpu)):

@@ -22,8 +22,9 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from ..jobclasses import timeout_message
+from ..store.bulk import update_rows
 from ..store.models import JobRow
-from .common import LIVE, _ts, _update, utcnow
+from .common import CHUNK, LIVE, QUIET, _ts, _update, release_many, utcnow
 from .overrun import STOPPABLE, stop_overrunners
 from .uow import Store
 
@@ -143,17 +144,21 @@ def check(svc: Store, now: datetime, stall: float = 0.0,
         requeue_overdue(svc, s, now)
         if stall:
             _extend(s, stall)
-        for job_id in list(s.scalars(select(JobRow.id).where(
-                JobRow.state.in_(LIVE), JobRow.lease_expires_at < now))):
-            done = s.execute(_update(JobRow).where(
-                JobRow.id == job_id, JobRow.state.in_(LIVE),
+        # in bulk: when many launchers fall behind at once (a busy server, a network
+        # split), one statement per job would slow the server further behind them
+        expired = list(s.scalars(select(JobRow.id).where(
+            JobRow.state.in_(LIVE), JobRow.lease_expires_at < now).order_by(JobRow.id)))
+        for k in range(0, len(expired), CHUNK):
+            lost = list(s.scalars(_update(JobRow).where(
+                JobRow.id.in_(expired[k:k + CHUNK]), JobRow.state.in_(LIVE),
                 JobRow.lease_expires_at < now).values(
-                state="lost", finished_at=now, outcome="lost", lease_expires_at=None))
-            if done.rowcount == 1:
-                svc._release(s, job_id)
+                state="lost", finished_at=now, outcome="lost", lease_expires_at=None)
+                .returning(JobRow.id)))
+            release_many(s, lost)
+            for job_id in sorted(lost):
                 svc._event(s, "lost", "lease expired: no heartbeat from the launcher "
                            f"for {svc.settings.lease_ttl:g}s", job=job_id)
-                ended.append(job_id)
+            ended += sorted(lost)
     if ended:
         svc.wake.set(freed=True)
     return ended
@@ -163,10 +168,12 @@ def _extend(s: Session, stall: float) -> None:
     log.warning("this process stalled for %.1fs while it led (frozen or starved of CPU): "
                 "live jobs' leases are extended by that much instead of expiring", stall)
     by = timedelta(seconds=stall)
-    for job_id, expires in s.execute(select(JobRow.id, JobRow.lease_expires_at).where(
-            JobRow.state.in_(LIVE), JobRow.lease_expires_at.is_not(None))).all():
-        s.execute(_update(JobRow).where(JobRow.id == job_id, JobRow.state.in_(LIVE))
-                  .values(lease_expires_at=expires + by))
+    rows = [{"id": job_id, "lease_expires_at": expires + by}
+            for job_id, expires in s.execute(select(JobRow.id, JobRow.lease_expires_at).where(
+                JobRow.state.in_(LIVE), JobRow.lease_expires_at.is_not(None)))]
+    if rows:          # in one statement; a lease write, which the leader does not read
+        update_rows(s.connection(), JobRow.__table__, ("id",), rows, {"rev": QUIET},
+                    where=(JobRow.state.in_(LIVE),))
 
 
 def _time_out(svc: Store, s: Session, now: datetime) -> list[str]:

@@ -134,7 +134,18 @@ def at_start(engine: Engine, replicas: str | int | None, workers: int) -> Budget
     log.info("%s", budget.line())
     if budget.overrun():
         log.warning("%s", budget.overrun())
+    with engine.connect() as conn:
+        if conn.execute(text("SHOW autovacuum")).scalar() == "off":
+            log.warning("%s", AUTOVACUUM_OFF)
     return budget
+
+
+AUTOVACUUM_OFF = (
+    "PostgreSQL's autovacuum is off: every running job's heartbeat writes its row, and "
+    "without autovacuum the jobs table's dead rows and stale statistics slow every "
+    "scheduling pass and request as the hours go by (seconds a pass with thousands of "
+    "running jobs). Turn it on (autovacuum = on, PostgreSQL's default) or run VACUUM "
+    "ANALYZE jobs every few minutes")
 
 
 def fit_threads(engine: Engine) -> None:
