@@ -39,7 +39,6 @@ from ..policy.config import PolicyConfig
 from ..policy.fairshare import FairShare
 from ..policy.scheduler import Rejected, Scheduler
 from ..policy.timemodel import LocalityModel
-from ..policy.types import account
 from ..policy.windows import Window
 from ..store import integrity
 from ..store.models import AllocationRow, GpuRow, HostRow, JobRow
@@ -48,6 +47,7 @@ from .agents import silent_hosts
 from .common import LIVE, PENDING, _ts, _update, schedulable
 from .idle import queue_entry
 from .known import COLUMNS, Known
+from .liveuse import LiveUse
 from .wear import worn_gpus
 
 log = logging.getLogger(__name__)
@@ -90,6 +90,7 @@ class Warm:
         self.failed: set[str] = set()    # jobs the engine could not take in (passerrors.py)
         self.revs: dict[str, int] = {}       # id -> revision of each pending and live job
         self.mark: int | None = None     # the rows changed at or above it are read next
+        self.live: LiveUse | None = None     # the running jobs' fair-share usage
 
 
 @dataclass
@@ -288,7 +289,10 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
                   r.hosts.bad, r.hosts.worn)
     _hosts(sched.state, w.hosts, hosts)
     w.hosts = hosts
-    sched.fairshare = _fairshare(w, sched, r.fairshare, t_now)
+    if fresh or w.live is None:     # a new engine: its jobs and charges are new
+        w.live = LiveUse(float(policy.fairshare_half_life), t_now)
+    w.live.sync(sched.running, w.jobs, r.rows.keys(), t_now)
+    sched.fairshare = w.live.add_to(r.fairshare, t_now)
     return sched
 
 
@@ -379,14 +383,3 @@ def _hosts(state: ClusterState, old: Hosts, new: Hosts) -> None:
     for name in old.worn.keys() | new.worn.keys():
         if old.worn.get(name) != new.worn.get(name):
             state.set_degraded_gpus(name, new.worn.get(name, {}))
-
-
-def _fairshare(w: Warm, sched: Scheduler, fs: FairShare, t_now: float) -> FairShare:
-    """This pass's fair share: the ended jobs' usage (usage.py), the live jobs' so far,
-    and the GPUs they hold from now on."""
-    for job_id, job in sched.running.items():
-        k = w.jobs.get(job_id)
-        if k is not None and k.admitted_at is not None:
-            fs.add_past(account(k.team, k.user), k.gpus, _ts(k.admitted_at), t_now)
-        fs.running[job.account] = fs.running.get(job.account, 0) + job.charge
-    return fs
