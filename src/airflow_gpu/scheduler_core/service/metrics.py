@@ -199,18 +199,23 @@ def _job_gauges(svc):
     idle = GaugeMetricFamily("airflow_gpu_idle_jobs", "live jobs the idle-GPU policy has "
                              "flagged (their GPUs stay under the threshold)", labels=["team"])
     with svc.reads() as s:
-        rows = s.execute(select(GpuRow, JobRow.id, JobRow.name, JobRow.team).join(
+        # columns of the GPUs an agent reported (no value to give for the others)
+        rows = s.execute(select(
+            GpuRow.index, GpuRow.uuid, GpuRow.name, GpuRow.host,
+            *(getattr(GpuRow, column) for column, _, _ in _JOB_GAUGES),
+            JobRow.id, JobRow.name, JobRow.team).join(
             GpuHoldRow, (GpuHoldRow.host == GpuRow.host) & (GpuHoldRow.gpu == GpuRow.index))
             .join(JobRow, JobRow.id == GpuHoldRow.job_id)
-            .where(JobRow.state.in_(LIVE))).all()
+            .where(GpuRow.reported_at.is_not(None), JobRow.state.in_(LIVE))).all()
         flagged = s.execute(select(JobRow.team, func.count()).where(
             JobRow.state.in_(LIVE), JobRow.idle_flagged_at.is_not(None))
             .group_by(JobRow.team)).all()
-    for g, job_id, job_name, team in rows:
-        labels = [str(g.index), g.uuid or "", f"nvidia{g.index}", g.name, g.host, job_id,
-                  job_name, team]
-        for family, (column, _, _) in zip(families, _JOB_GAUGES, strict=True):
-            value = getattr(g, column)
+    n = len(_JOB_GAUGES)
+    for index, uuid, model, host, *rest in rows:
+        values, (job_id, job_name, team) = rest[:n], rest[n:]
+        labels = [str(index), uuid or "", f"nvidia{index}", model, host, job_id, job_name,
+                  team]
+        for family, value in zip(families, values, strict=True):
             if value is not None:
                 family.add_metric(labels, value)
     for team, n in flagged:
