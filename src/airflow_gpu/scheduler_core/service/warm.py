@@ -13,8 +13,9 @@ submitted to the engine, a gone one finished, one whose change matters to the en
 heartbeat, a reason written by the pass) only noted. Hosts (drains, unreachable agents,
 GPU health and wear) are compared with the last pass's and changed host by host.
 
-The scheduler is built anew from memory when the policy changes or the learned time model
-did (at most every `MODEL_EVERY` seconds), the running jobs holding what they held, and
+The scheduler is built anew from memory when the policy changes, the running jobs
+holding what they held; when the learned time model changed (at most every `MODEL_EVERY`
+seconds) its jobs are taken out and in again over the next passes (retime.py); it is built
 from the store (every row read again) when this replica becomes the
 leader, when the cluster changes, after a pass that failed (storepass.py drops the
 state), and when the check every `CHECK_EVERY` seconds (longer where checks are long:
@@ -48,6 +49,7 @@ from .common import LIVE, PENDING, _ts, _update, schedulable
 from .idle import queue_entry
 from .known import COLUMNS, Known
 from .liveuse import LiveUse
+from .retime import drop, retime
 from .wear import worn_gpus
 
 log = logging.getLogger(__name__)
@@ -57,10 +59,6 @@ CHECK_EVERY = 60.0      # seconds between checks of the engine's holdings agains
 # ... or more, so that checks take at most this share of the leader's time (a check reads
 # every live allocation and hold: about 10 s with 30,000 jobs live on 8,192 hosts)
 CHECK_SHARE = 0.01
-# seconds between engines built anew for the learned time model: it changes as jobs end
-# (every few seconds on a big cluster), and a rebuild re-plans the whole queue (about
-# 5 s of CPU at 50,000 pending)
-MODEL_EVERY = 300.0
 CHUNK = 1000            # ids per IN (...) read
 
 @dataclass
@@ -91,6 +89,8 @@ class Warm:
         self.revs: dict[str, int] = {}       # id -> revision of each pending and live job
         self.mark: int | None = None     # the rows changed at or above it are read next
         self.live: LiveUse | None = None     # the running jobs' fair-share usage
+        self.retime: list[str] = []      # jobs to plan with the new time model (last first)
+        self.last_pass = 0.0             # seconds the last pass took
 
 
 @dataclass
@@ -152,7 +152,7 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
                     why, w = "divergence", Warm(cluster)
                     revs = _revisions(s, w)
         want = [i for i, rev in revs.items() if (k := w.jobs.get(i)) is None or k.rev != rev]
-        anew = _anew(w, policy, timemodel)
+        anew = _anew(w, policy)
         if anew:    # the live jobs the engine does not hold are read again (update)
             want += [i for i in w.broken if i in revs and w.jobs[i].rev == revs[i]]
         rows = {r.id: r for ids in _chunks(want)
@@ -189,16 +189,13 @@ def _revisions(s: Session, w: Warm) -> dict[str, int]:
     return w.revs
 
 
-def _anew(w: Warm, policy: PolicyConfig, timemodel: LocalityModel) -> str | None:
-    """Why the engine is built anew from memory this pass, if it is: the policy changed,
-    or the time model did and the last build is MODEL_EVERY old (till then new jobs are
-    planned with the new factors, the queued and running with those they had)."""
+def _anew(w: Warm, policy: PolicyConfig) -> str | None:
+    """Why the engine is built anew from memory this pass, if it is: the policy changed
+    (a changed time model is taken in job by job: `_retime`)."""
     if w.sched is None:
         return None
     if policy != w.policy:
         return "policy"
-    if timemodel.version != w.tm_version and time.monotonic() - w.built_at >= MODEL_EVERY:
-        return "time model"
     return None
 
 
@@ -247,7 +244,7 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
         w.broken.pop(job_id, None)
         w.failed.discard(job_id)
         if not fresh:
-            _drop(sched, job_id, t_now)
+            drop(sched, job_id, t_now)
     todo = []
     for job_id, row in r.rows.items():
         old = w.jobs.get(job_id)
@@ -257,7 +254,7 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
         w.broken.pop(job_id, None)
         w.failed.discard(job_id)
         if not fresh:
-            _drop(sched, job_id, t_now)
+            drop(sched, job_id, t_now)
         todo.append(k)
     held = {}     # what the engine being replaced holds: the live jobs not read again
     if fresh:
@@ -272,8 +269,10 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
         w.policy, w.tm_version, w.hosts = policy, r.timemodel.version, r.hosts
         w.defaults = policy.defaults
         w.built_at = time.monotonic()
-        w.broken, w.failed = {}, set()
+        w.broken, w.failed, w.retime = {}, set(), []
         todo = list(w.jobs.values())
+    else:
+        todo += retime(w, sched, r.timemodel.version, {k.id for k in todo}, t_now, held)
     sched.timemodel = r.timemodel
     sched.set_windows(windows)
     for k in todo:
@@ -308,11 +307,6 @@ def to_engine(cluster: Cluster, a: AllocationRow) -> ReplicaAllocation:
     return ReplicaAllocation(a.job_id, a.role, a.replica, host,
                              sum(1 << g for g in a.gpus), sorted(cpu_masks.items()),
                              sorted(mem), list(a.nics), mig_slots(t.mig, a.mig))
-
-
-def _drop(sched: Scheduler, job_id: str, t_now: float) -> None:
-    if job_id in sched.queue or job_id in sched.running:
-        sched.finish(job_id, t_now)
 
 
 def _submit(svc, w: Warm, sched: Scheduler, k: Known, later: list) -> None:
