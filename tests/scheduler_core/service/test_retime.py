@@ -11,6 +11,7 @@ import time
 import pytest
 
 from airflow_gpu.scheduler_core.policy.config import PolicyConfig
+from airflow_gpu.scheduler_core.service import retime
 from airflow_gpu.scheduler_core.service.retime import MODEL_EVERY
 from tests.databases import serve
 from tests.scheduler_core.store.test_bad_rows import auth, job, submit
@@ -29,7 +30,14 @@ def plans(api) -> dict[str, float]:
             **{i: j.runtime for i, j in sched.queue.jobs.items()}}
 
 
-def test_a_changed_time_model_is_taken_in_over_the_passes_as_a_rebuild_would(api):
+@pytest.mark.parametrize("batch", [100, 1])
+def test_a_changed_time_model_is_taken_in_over_the_passes_as_a_rebuild_would(
+        api, batch, monkeypatch):
+    """With batches of one job and no time for more, one job a pass."""
+    if batch == 1:
+        monkeypatch.setattr(retime, "RETIME_BATCH", 1)
+        monkeypatch.setattr(retime, "RETIME_MIN", 0.0)
+        monkeypatch.setattr(retime, "RETIME_SHARE", 0.0)
     ids = [submit(api, f"big{i}", 6) for i in range(3)] + [submit(api, "small", 1)]
     api.tick()
     running = [i for i in ids if job(api, i)["state"] == "admitted"]
@@ -47,6 +55,8 @@ def test_a_changed_time_model_is_taken_in_over_the_passes_as_a_rebuild_would(api
     sched, before = warm.sched, plans(api)
     assert api.service.slowdown.model.version != warm.tm_version     # learned, not taken in
     warm.built_at -= MODEL_EVERY                                      # it is due
+    api.tick()
+    assert len(warm.retime) == (3 if batch == 1 else 0)     # 4 left: one a pass
     for _ in range(3):
         api.tick()
     assert warm.retime == [] and warm.tm_version == api.service.slowdown.model.version

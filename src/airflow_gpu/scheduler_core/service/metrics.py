@@ -56,9 +56,9 @@ class Metrics:
         self.state_rebuilds = Counter(
             "airflow_gpu_state_rebuilds", "times the leader read its scheduling state anew "
             "from the store, by why (leader: it began to lead; cluster: hosts changed; "
-            "divergence: the periodic check found the store differs; policy, time model: "
-            "rebuilt from memory)", ["reason"], registry=self.registry)
-        for reason in ("leader", "cluster", "divergence", "policy", "time model"):
+            "divergence: the periodic check found the store differs; policy: rebuilt "
+            "from memory)", ["reason"], registry=self.registry)
+        for reason in ("leader", "cluster", "divergence", "policy"):
             self.state_rebuilds.labels(reason)
         self.queue_wait = Histogram("airflow_gpu_queue_wait_seconds", "time from submit "
                                     "to admission of the jobs this process admitted",

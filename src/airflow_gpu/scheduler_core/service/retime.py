@@ -8,6 +8,7 @@ pass about 10 s with 50,000 jobs on 8,192 hosts."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from ..policy.scheduler import Scheduler
 from .common import LIVE, PENDING
@@ -17,36 +18,38 @@ from .common import LIVE, PENDING
 MODEL_EVERY = 300.0
 # the share of a pass's time (of the last pass's length, at least RETIME_MIN seconds)
 # spent taking jobs out of the engine and in again for a changed time model, in batches
-RETIME_SHARE, RETIME_MIN, RETIME_BATCH = 0.25, 0.02, 200
+RETIME_SHARE, RETIME_MIN, RETIME_BATCH = 0.25, 0.02, 100
 
 
-def retime(w, sched: Scheduler, version, todo: set[str], t_now: float, held: dict) -> list:
-    """The jobs to take out of the engine and in again this pass so that they are
-    planned with the new time model `version` (`w`: warm.py's Warm): the running first,
-    then the queued, for RETIME_SHARE of the last pass's time; `todo`: those read again
-    this pass anyway. `held` gets the allocations of the running ones, which they keep."""
+def retime(w, sched: Scheduler, version, todo: set[str], t_now: float,
+           again: Callable[[object, list | None], None]) -> None:
+    """Take jobs out of the engine and in again (`again(known, what it held)`) so that
+    they are planned with the new time model `version` (`w`: warm.py's Warm): the running
+    first, then the queued, for RETIME_SHARE of the last pass's time; `todo`: those read
+    again this pass anyway. A running job keeps what it held."""
     if (not w.retime and version != w.tm_version
             and time.monotonic() - w.built_at >= MODEL_EVERY):
         w.tm_version, w.built_at = version, time.monotonic()
         live = [i for i, k in w.jobs.items() if k.state in LIVE]
         w.retime = [*live, *(i for i, k in w.jobs.items() if k.state == PENDING)][::-1]
-    out: list = []
     until = time.perf_counter() + max(RETIME_MIN, RETIME_SHARE * w.last_pass)
-    while w.retime and time.perf_counter() < until:
+    while w.retime:                   # a batch at least, then while there is time
         for job_id in w.retime[-RETIME_BATCH:]:
             k = w.jobs.get(job_id)
             if k is None or job_id in todo or job_id in w.broken or job_id in w.failed:
                 continue              # gone, read again this pass, or not in the engine
+            held = None
             if k.state in LIVE:
                 if job_id not in sched.running:
                     continue
-                held[job_id] = sched.state.allocations.get(job_id, [])
+                held = sched.state.allocations.get(job_id, [])
             elif job_id not in sched.queue:
                 continue
             drop(sched, job_id, t_now)
-            out.append(k)
+            again(k, held)
         del w.retime[-RETIME_BATCH:]
-    return out
+        if time.perf_counter() >= until:
+            break
 
 
 def drop(sched: Scheduler, job_id: str, t_now: float) -> None:

@@ -191,7 +191,7 @@ def _revisions(s: Session, w: Warm) -> dict[str, int]:
 
 def _anew(w: Warm, policy: PolicyConfig) -> str | None:
     """Why the engine is built anew from memory this pass, if it is: the policy changed
-    (a changed time model is taken in job by job: `_retime`)."""
+    (a changed time model is taken in job by job: retime.py)."""
     if w.sched is None:
         return None
     if policy != w.policy:
@@ -271,8 +271,6 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
         w.built_at = time.monotonic()
         w.broken, w.failed, w.retime = {}, set(), []
         todo = list(w.jobs.values())
-    else:
-        todo += retime(w, sched, r.timemodel.version, {k.id for k in todo}, t_now, held)
     sched.timemodel = r.timemodel
     sched.set_windows(windows)
     for k in todo:
@@ -281,6 +279,13 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
     for k in todo:
         if k.state == PENDING:
             _submit(svc, w, sched, k, later)
+    if not fresh:
+        def again(k: Known, kept: list | None) -> None:
+            if kept is None:
+                _submit(svc, w, sched, k, later)
+            else:
+                _restore(svc, w, sched, k, r, later, kept)
+        retime(w, sched, r.timemodel.version, {k.id for k in todo}, t_now, again)
     # one error per job the engine could not take in, in each pass (the metric)
     svc.pass_errors.extend("job" for _ in w.failed)
     hosts = Hosts({**r.hosts.drained, **{h: None for hs in w.broken.values() for h in hs
