@@ -79,7 +79,7 @@ class Warm:
         self.policy: PolicyConfig | None = None
         self.defaults = Defaults()      # the policy's, which jobs' specs are resolved with
         self.tm_version: tuple | None = None
-        self.built_at = time.monotonic()             # when the engine was last built
+        self.built_at = time.monotonic()     # when the engine was built or the model taken in
         self.hosts = Hosts({}, {}, {})
         self.found: list[integrity.Finding] = []     # wrong hold rows, held on the state
         self.checked_at = time.monotonic()
