@@ -21,18 +21,18 @@ MODEL_EVERY = 300.0
 RETIME_SHARE, RETIME_MIN, RETIME_BATCH = 0.25, 0.02, 100
 
 
-def retime(w, sched: Scheduler, version, todo: set[str], t_now: float,
+def retime(w, sched: Scheduler, version, todo: set[str], t_now: float, last_pass: float,
            again: Callable[[object, list | None], None]) -> None:
     """Take jobs out of the engine and in again (`again(known, what it held)`) so that
     they are planned with the new time model `version` (`w`: warm.py's Warm): the running
-    first, then the queued, for RETIME_SHARE of the last pass's time; `todo`: those read
-    again this pass anyway. A running job keeps what it held."""
+    first, then the queued, for RETIME_SHARE of `last_pass` (the last pass's seconds);
+    `todo`: those read again this pass anyway. A running job keeps what it held."""
     if (not w.retime and version != w.tm_version
             and time.monotonic() - w.built_at >= MODEL_EVERY):
         w.tm_version, w.built_at = version, time.monotonic()
         live = [i for i, k in w.jobs.items() if k.state in LIVE]
         w.retime = [*live, *(i for i, k in w.jobs.items() if k.state == PENDING)][::-1]
-    until = time.perf_counter() + max(RETIME_MIN, RETIME_SHARE * w.last_pass)
+    until = time.perf_counter() + max(RETIME_MIN, RETIME_SHARE * last_pass)
     while w.retime:                   # a batch at least, then while there is time
         for job_id in w.retime[-RETIME_BATCH:]:
             k = w.jobs.get(job_id)

@@ -97,7 +97,6 @@ def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
     phases.done("decide")
     admitted = _write(svc, r.warm, sched, result, r, now, fence, later, reasons)
     phases.done("write")
-    r.warm.last_pass = sum(phases.seconds.values())
     svc.pass_phases = phases
     svc.warm = r.warm
     svc._silent = r.silent

@@ -90,7 +90,6 @@ class Warm:
         self.mark: int | None = None     # the rows changed at or above it are read next
         self.live: LiveUse | None = None     # the running jobs' fair-share usage
         self.retime: list[str] = []      # jobs to plan with the new time model (last first)
-        self.last_pass = 0.0             # seconds the last pass took
 
 
 @dataclass
@@ -285,7 +284,9 @@ def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: flo
                 _submit(svc, w, sched, k, later)
             else:
                 _restore(svc, w, sched, k, r, later, kept)
-        retime(w, sched, r.timemodel.version, {k.id for k in todo}, t_now, again)
+        last = svc.pass_phases
+        retime(w, sched, r.timemodel.version, {k.id for k in todo}, t_now,
+               0.0 if last is None else sum(last.seconds.values()), again)
     # one error per job the engine could not take in, in each pass (the metric)
     svc.pass_errors.extend("job" for _ in w.failed)
     hosts = Hosts({**r.hosts.drained, **{h: None for hs in w.broken.values() for h in hs
