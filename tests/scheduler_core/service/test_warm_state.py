@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from airflow_gpu.scheduler_core.service import storepass
+from airflow_gpu.scheduler_core.service import check, storepass
 from airflow_gpu.scheduler_core.store.models import AllocationRow, GpuHoldRow, JobRow
 from tests.databases import serve
 from tests.scheduler_core.store.test_bad_rows import auth, job, placed, submit
@@ -108,6 +108,36 @@ def test_an_allocation_changed_behind_the_leaders_back_is_found_and_read_anew(
     assert moved not in placed(api, b)["gpus"] or placed(api, b)["host"] != where["host"]
 
 
+def test_the_check_reads_a_slice_of_the_hosts_at_a_time(api, monkeypatch):
+    """One host a check (SLICE 1 on two hosts): the other host's check finds nothing, the
+    whole cluster is checked every CHECK_EVERY (a slice every half of it), and the check
+    of the host where the allocation changed finds it."""
+    monkeypatch.setattr(check, "SLICE", 1)
+    a = submit(api, "a", 1)
+    assert api.tick() == [a]
+    api.tick()
+    where = placed(api, a)
+    moved = next(g for g in range(8) if g not in where["gpus"])
+    with Session(api.service.engine) as s, s.begin():
+        s.execute(delete(GpuHoldRow).where(GpuHoldRow.job_id == a))
+        row = s.scalars(select(AllocationRow).where(AllocationRow.job_id == a)).one()
+        row.gpus = [moved]
+        s.add(GpuHoldRow(host=where["host"], gpu=moved, job_id=a))
+    warm = api.service.warm
+    names = [h.name for h in warm.cluster.hosts]
+    assert len(names) == 2
+    warm.check_at = 1 - names.index(where["host"])        # the other host's turn
+    warm.check_every = 0.0
+    api.tick()
+    assert api.service.rebuilt == []
+    assert warm.check_every == 30.0            # CHECK_EVERY / 2 slices
+    warm.check_every = 0.0
+    api.tick()                                 # now the host where it changed
+    assert api.service.rebuilt == ["divergence"]
+    held = api.service.warm.sched.state.allocations[a]
+    assert [g for r in held for g in r.gpus] == [moved]
+
+
 def test_a_failed_write_leaves_nothing_of_its_pass_in_memory(api, monkeypatch):
     first = submit(api, "first", 8)
     assert api.tick() == [first]
@@ -160,7 +190,7 @@ def test_checks_take_at_most_their_share_of_the_leaders_time(api, monkeypatch):
     api.tick()
     warm = api.service.warm
     assert warm.check_every == 60.0            # CHECK_EVERY while checks are short
-    monkeypatch.setattr("airflow_gpu.scheduler_core.service.warm.CHECK_SHARE", 1e-9)
+    monkeypatch.setattr(check, "CHECK_SHARE", 1e-9)
     warm.check_every = 0.0
     before = warm.checked_at
     api.tick()                                 # a check: whatever it took, far over

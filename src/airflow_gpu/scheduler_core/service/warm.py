@@ -18,9 +18,8 @@ holding what they held; when the learned time model changed (at most every `MODE
 seconds) its jobs are taken out and in again over the next passes (retime.py); it is built
 from the store (every row read again) when this replica becomes the
 leader, when the cluster changes, after a pass that failed (storepass.py drops the
-state), and when the check every `CHECK_EVERY` seconds (longer where checks are long:
-`CHECK_SHARE`) finds the live allocations or the wrong hold rows (quarantine.py) differ
-from what the engine holds."""
+state), and when the check of a slice of the hosts (check.py) finds the live allocations
+or the wrong hold rows (quarantine.py) there differ from what the engine holds."""
 
 from __future__ import annotations
 
@@ -45,6 +44,7 @@ from ..store import integrity
 from ..store.models import AllocationRow, GpuRow, HostRow, JobRow
 from . import passerrors, quarantine, reserving
 from .agents import silent_hosts
+from .check import CHECK_EVERY, check
 from .common import LIVE, PENDING, _ts, _update, schedulable
 from .idle import queue_entry
 from .known import COLUMNS, Known
@@ -55,10 +55,6 @@ from .wear import worn_gpus
 log = logging.getLogger(__name__)
 MEMBER = or_(and_(JobRow.state == PENDING, schedulable()), JobRow.state.in_(LIVE))
 
-CHECK_EVERY = 60.0      # seconds between checks of the engine's holdings against the store
-# ... or more, so that checks take at most this share of the leader's time (a check reads
-# every live allocation and hold: about 10 s with 30,000 jobs live on 8,192 hosts)
-CHECK_SHARE = 0.01
 CHUNK = 1000            # ids per IN (...) read
 
 @dataclass
@@ -83,7 +79,8 @@ class Warm:
         self.hosts = Hosts({}, {}, {})
         self.found: list[integrity.Finding] = []     # wrong hold rows, held on the state
         self.checked_at = time.monotonic()
-        self.check_every = CHECK_EVERY
+        self.check_every = CHECK_EVERY       # seconds between checks of a slice (check.py)
+        self.check_at = 0                    # the first host of the next slice checked
         self.broken: dict[str, set[str]] = {}        # live job not in the engine -> hosts
         self.failed: set[str] = set()    # jobs the engine could not take in (passerrors.py)
         self.revs: dict[str, int] = {}       # id -> revision of each pending and live job
@@ -136,20 +133,16 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
         svc.ended_usage.add_to(s, fairshare, t_now, float(policy.fairshare_half_life))
         revs = _revisions(s, w)
         found = None
-        # wrong hold rows are looked for on a rebuild, at each check, and every pass
-        # while there are some (a repair gives what they held back at once)
-        began = time.monotonic()
-        if w.sched is None or w.found or began - w.checked_at >= w.check_every:
+        if w.sched is None:             # read whole; afterwards checked in slices
             found = integrity.find(s, cluster)
-            if w.sched is not None:
-                diverged = _diverged(s, w, revs, found)
-                w.checked_at = time.monotonic()     # at most CHECK_SHARE of the time
-                w.check_every = max(CHECK_EVERY, (w.checked_at - began) / CHECK_SHARE)
-                if diverged:
-                    log.warning("the scheduler's state in memory differs from the store "
-                                "(%s); it is read anew from the store", diverged)
-                    why, w = "divergence", Warm(cluster)
-                    revs = _revisions(s, w)
+        else:
+            found, diverged = check(s, w, revs)
+            if diverged:
+                log.warning("the scheduler's state in memory differs from the store "
+                            "(%s); it is read anew from the store", diverged)
+                why, w = "divergence", Warm(cluster)
+                revs = _revisions(s, w)
+                found = integrity.find(s, cluster)
         want = [i for i, rev in revs.items() if (k := w.jobs.get(i)) is None or k.rev != rev]
         anew = _anew(w, policy)
         if anew:    # the live jobs the engine does not hold are read again (update)
@@ -201,32 +194,6 @@ def _anew(w: Warm, policy: PolicyConfig) -> str | None:
 def _chunks(ids: list[str]) -> Iterator[list[str]]:
     for i in range(0, len(ids), CHUNK):
         yield ids[i:i + CHUNK]
-
-
-def _diverged(s: Session, w: Warm, revs: dict[str, int],
-              found: list[integrity.Finding]) -> str | None:
-    """How the engine's holdings differ from the store's, for the jobs whose row the
-    leader has seen as it is (a job that changed since is applied in this pass anyway)."""
-    if {f.key for f in found} != {f.key for f in w.found}:
-        return "the wrong hold rows changed"
-    store: dict[str, set] = {}
-    for job_id, host, gpus, cpus in s.connection().execute(select(       # Core rows
-            AllocationRow.job_id, AllocationRow.host, AllocationRow.gpus, AllocationRow.cpus)
-            .where(AllocationRow.live.is_(True))):
-        store.setdefault(job_id, set()).add((host, tuple(sorted(gpus)), tuple(sorted(cpus))))
-    engine = w.sched.state.allocations
-    for job_id, rev in revs.items():
-        k = w.jobs.get(job_id)
-        if k is None or k.rev != rev or k.state not in LIVE or job_id in w.broken:
-            continue
-        mine = {(a.host.name, tuple(sorted(a.gpus)), tuple(sorted(a.cpus)))
-                for a in engine.get(job_id, ())}
-        if mine != store.get(job_id, set()):
-            return f"job {job_id}'s allocations"
-    for job_id in engine:       # one the leader knows but the store no longer lists
-        if job_id not in revs and job_id not in w.jobs:      # (ended) is dropped this pass
-            return f"job {job_id} holds resources in memory only"
-    return None
 
 
 def update(svc, r: Read, policy: PolicyConfig, windows: list[Window], t_now: float,

@@ -96,32 +96,49 @@ class Rows:
     states: dict[str, str]         # job -> state, for every job named above
 
 
-def find(s: Session, cluster=None, exact: bool = False) -> list[Finding]:
+def find(s: Session, cluster=None, exact: bool = False,
+         hosts: list[str] | None = None) -> list[Finding]:
     """The wrong rows, in table and key order, read with `s` (the caller's snapshot).
-    With `cluster` (the engine's), devices its hosts do not have are found too."""
-    return judge(read(s, cluster, exact), cluster)
+    With `cluster` (the engine's), devices its hosts do not have are found too; with
+    `hosts`, only the rows of those hosts are read (what `judge` decides on a row depends
+    only on its host's rows)."""
+    return judge(read(s, cluster, exact, hosts), cluster)
 
 
-def read(s: Session, cluster=None, exact: bool = False) -> Rows:
-    """The rows `judge` needs. Every pass (and view) calls this, so the core holds, the
-    big table, are first read as one fingerprint per job and host (count, sum, sum of
-    squares of the cores), and only a job and host whose fingerprint differs from its
-    trusted allocations' is read row by row; `exact` (db check) reads every row."""
+def ordered(found: list[Finding]) -> list[Finding]:
+    """`found` in table and key order, as `find` answers."""
+    return sorted(found, key=lambda f: (ORDER.index(f.table), f.host, f.index,
+                                        f.device or 0, f.job))
+
+
+def read(s: Session, cluster=None, exact: bool = False,
+         hosts: list[str] | None = None) -> Rows:
+    """The rows `judge` needs (those of `hosts`, when given). Every pass (and view)
+    calls this, so the core holds, the big table, are first read as one fingerprint per
+    job and host (count, sum, sum of squares of the cores), and only a job and host whose
+    fingerprint differs from its trusted allocations' is read row by row; `exact` (db
+    check) reads every row."""
     conn = s.connection()     # Core rows: cheaper than ORM rows
+
+    def on(q, table):
+        return q if hosts is None else q.where(table.host.in_(hosts))
+
     held = {
-        "gpu_holds": [(j, h, i, None) for h, i, j in conn.execute(
-            select(GpuHoldRow.host, GpuHoldRow.gpu, GpuHoldRow.job_id)).all()],
+        "gpu_holds": [(j, h, i, None) for h, i, j in conn.execute(on(
+            select(GpuHoldRow.host, GpuHoldRow.gpu, GpuHoldRow.job_id), GpuHoldRow)).all()],
         "cpu_holds": [],
-        "mig_holds": [(j, h, i, d) for h, i, d, j in conn.execute(
-            select(MigHoldRow.host, MigHoldRow.gpu, MigHoldRow.device, MigHoldRow.job_id))
-            .all()]}
+        "mig_holds": [(j, h, i, d) for h, i, d, j in conn.execute(on(
+            select(MigHoldRow.host, MigHoldRow.gpu, MigHoldRow.device, MigHoldRow.job_id),
+            MigHoldRow)).all()]}
     cpu = CpuHoldRow.cpu
     prints = {} if exact else {(j, h): (n, int(a), int(b)) for j, h, n, a, b in conn.execute(
-        select(CpuHoldRow.job_id, CpuHoldRow.host, func.count(), func.sum(cpu),
-               func.sum(cpu * cpu)).group_by(CpuHoldRow.job_id, CpuHoldRow.host)).all()}
-    allocs = [tuple(r) for r in conn.execute(select(
+        on(select(CpuHoldRow.job_id, CpuHoldRow.host, func.count(), func.sum(cpu),
+                  func.sum(cpu * cpu)), CpuHoldRow)
+        .group_by(CpuHoldRow.job_id, CpuHoldRow.host)).all()}
+    allocs = [tuple(r) for r in conn.execute(on(select(
         AllocationRow.id, AllocationRow.job_id, AllocationRow.host, AllocationRow.gpus,
-        AllocationRow.cpus, AllocationRow.mig).where(AllocationRow.live.is_(True))).all()]
+        AllocationRow.cpus, AllocationRow.mig).where(AllocationRow.live.is_(True)),
+        AllocationRow)).all()]
     jobs = sorted({r[0] for rows in held.values() for r in rows} | {a[1] for a in allocs}
                   | {j for j, _ in prints})
     states: dict[str, str] = {}
@@ -129,8 +146,8 @@ def read(s: Session, cluster=None, exact: bool = False) -> Rows:
         states.update(conn.execute(select(JobRow.id, JobRow.state).where(
             JobRow.id.in_(jobs[i:i + 500]))).all())
     if exact:
-        held["cpu_holds"] = [(j, h, c, None) for h, c, j in conn.execute(
-            select(CpuHoldRow.host, cpu, CpuHoldRow.job_id)).all()]
+        held["cpu_holds"] = [(j, h, c, None) for h, c, j in conn.execute(on(
+            select(CpuHoldRow.host, cpu, CpuHoldRow.job_id), CpuHoldRow)).all()]
         return Rows(held, allocs, states)
     cores: dict[tuple, set[int]] = {}      # (job, host) -> the cores trusted there
     odd = set()                            # (job, host) whose core rows are read
@@ -230,8 +247,7 @@ def judge(rows: Rows, cluster=None) -> list[Finding]:
                                    f"GPU {index} is also held whole by job {other}",
                                    f"cancel job {job} or job {other} (airflow-gpu cancel "
                                    "ID)", None))
-    return sorted(out, key=lambda f: (ORDER.index(f.table), f.host, f.index,
-                                      f.device or 0, f.job))
+    return ordered(out)
 
 
 def _hold(table: str, host: str, index: int, device: int | None, job: str,
