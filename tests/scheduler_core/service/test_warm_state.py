@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from airflow_gpu.scheduler_core.service import check, storepass
+from airflow_gpu.scheduler_core.service import check, storepass, warm
 from airflow_gpu.scheduler_core.store.models import AllocationRow, GpuHoldRow, JobRow
 from tests.databases import serve
 from tests.scheduler_core.store.test_bad_rows import auth, job, placed, submit
@@ -136,6 +136,31 @@ def test_the_check_reads_a_slice_of_the_hosts_at_a_time(api, monkeypatch):
     assert api.service.rebuilt == ["divergence"]
     held = api.service.warm.sched.state.allocations[a]
     assert [g for r in held for g in r.gpus] == [moved]
+
+
+def test_a_burst_of_submits_is_taken_in_over_passes_the_most_urgent_first(
+        api, monkeypatch):
+    """At most INTAKE jobs new to the leader a pass (here 2): the rest wait for the next
+    passes, unseen (no reason yet), and a high-priority job submitted last goes first."""
+    monkeypatch.setattr(warm, "INTAKE", 2)
+    first = submit(api, "first", 8)
+    assert api.tick() == [first]
+    burst = [submit(api, f"b{i}", 8) for i in range(4)]
+    r = api.post("/api/v1/jobs", headers=auth(api), json={"spec": {
+        "name": "urgent", "expected_runtime": "1h", "priority": 10,
+        "roles": [{"name": "w", "gpus": 8}]}})
+    assert r.status_code == 201, r.text
+    urgent = r.json()["id"]
+    assert api.tick() == [urgent]              # the one free host: taken in first
+    known = api.service.warm.jobs
+    assert urgent in known and [i for i in burst if i in known] == burst[:1]
+    assert [job(api, i)["pending"]["code"] for i in burst[1:]] == [None] * 3
+    api.tick()
+    assert [i for i in burst if i in known] == burst[:3]
+    api.tick()
+    assert all(i in known for i in burst)
+    assert len(api.service.warm.sched.queue) == 4
+    assert api.service.rebuilt == []
 
 
 def test_a_failed_write_leaves_nothing_of_its_pass_in_memory(api, monkeypatch):
