@@ -73,6 +73,7 @@ class SchedulerLoop(Leadership):
 
     def start(self) -> None:
         self.started_at = time.time()
+        self.service.scheduling = True      # passes come by themselves (leaderview.py)
         heap.keep_walks_short()         # a running server's heap (tests tick by hand)
         self._thread = threading.Thread(target=self._run, name="scheduler-loop", daemon=True)
         self._helpers = [*self.lease_checks.threads(self._stop, self.check_leases,
@@ -82,6 +83,7 @@ class SchedulerLoop(Leadership):
             t.start()
 
     def stop(self) -> None:
+        self.service.scheduling = False
         self._stop.set()
         self.service.wake.set()
         self.service.notified.set()

@@ -14,6 +14,8 @@ from datetime import UTC, datetime
 from sqlalchemy import select
 
 from ..engine.state import ClusterState
+from ..policy.config import PolicyConfig
+from ..policy.fairshare import FairShare
 from ..policy.jobqueue import QueuedJob
 from ..policy.scheduler import Scheduler
 from ..policy.types import account, team_of
@@ -23,50 +25,95 @@ from .common import WAIT_CODES
 from .core import ENDED, LIVE, PENDING, Service, _ts, utcnow
 from .idle import queue_entry
 from .jobcontrol import HELD, blocker_ids, name_jobs, names_of
+from .leaderview import leader_engine
 from .storepass import job_spec, past_usage
+
+# what the views show of a pending or live job (BUILD too, where a scheduler is built)
+SHOWN = (JobRow.id, JobRow.name, JobRow.team, JobRow.user, JobRow.state,
+         JobRow.priority, JobRow.submitted_at, JobRow.queued_at, JobRow.admitted_at,
+         JobRow.reason_code, JobRow.blocked, JobRow.array_id, JobRow.array_index,
+         JobRow.requeue_reason)
+BUILD = (JobRow.spec, JobRow.preemptors, JobRow.details)     # what a scheduler built reads
 
 
 @dataclass
 class Snapshot:
+    """The queue as the scheduler orders it, and the pending and live jobs (SHOWN's
+    columns, submit order)."""
     now: float
-    sched: Scheduler
-    pending: list[JobRow]                       # every pending job, submit order
-    live: list[JobRow]
-    skipped: dict[str, str] = field(default_factory=dict)   # job -> why it is not queued
-
-    def order(self) -> list[tuple[QueuedJob, bool, dict[str, float]]]:
-        return self.sched.priorities(self.now)
+    order: list[tuple[QueuedJob, bool, dict[str, float]]]   # Scheduler.priorities
+    config: PolicyConfig
+    claims: set[str]                            # preemptors, considered first
+    urgent: float                               # Scheduler.urgent_before
+    fairshare: FairShare
+    accounts: set[str]                          # those with jobs queued
+    pending: list                               # every pending job
+    live: list
+    skipped: dict[str, str | None] = field(default_factory=dict)  # not queued: why
 
 
 def snapshot(svc: Service) -> Snapshot:
-    """The scheduler as the next pass builds it (without the cluster's state: the order
-    does not depend on it)."""
-    now = utcnow()
-    t_now = _ts(now)
-    policy = svc._policy()
-    sched = Scheduler(ClusterState(svc.cluster), policy, svc.reg, now=t_now)
-    with svc.reads() as s:
-        # one statement: read apart, a job admitted in between (PostgreSQL reads each
-        # statement's own snapshot) would be in neither list
-        rows = list(s.scalars(select(JobRow).where(JobRow.state.in_((*LIVE, PENDING)))
-                              .order_by(JobRow.submitted_at, JobRow.id)))
-        live = [r for r in rows if r.state != PENDING]
-        past_usage(svc, s, sched.fairshare, t_now, live)
+    """Where this replica leads, the order of the leader's own engine, brought up to
+    date with the store as asked (leaderview.py), with jobs submitted since not queued
+    yet; elsewhere the scheduler is built as the next pass will build it (without the
+    cluster's state: the order does not depend on it)."""
+    t_now = _ts(utcnow())
+    lead = None
+    w = leader_engine(svc)
+    if w is not None:
+        with svc.state_lock:
+            if w.sched is not None:
+                lead = _terms(w.sched, t_now), set(w.sched.queue.jobs)
+    rows = _rows(svc, spec=lead is None)
     pending = [r for r in rows if r.state == PENDING]
-    snap = Snapshot(t_now, sched, pending, live)
-    for row in pending:
-        if row.reason_code in HELD or row.blocked:   # as the pass, which never sees them
-            snap.skipped[row.id] = row.reason_code or WAIT_CODES[row.blocked]
-            continue
+    live = [r for r in rows if r.state != PENDING]
+    skipped = {r.id: r.reason_code or WAIT_CODES[r.blocked] for r in pending
+               if r.reason_code in HELD or r.blocked}   # as the pass, which never sees them
+    if lead is None:
+        snap = _built(svc, t_now, [r for r in pending if r.id not in skipped], live, skipped)
+    else:
+        snap, queued = lead
+        skipped.update((r.id, r.reason_code) for r in pending    # submitted since
+                       if r.id not in skipped and r.id not in queued)
+    ids = {r.id for r in pending if r.id not in skipped}   # jobs gone since: left out
+    snap.order = [o for o in snap.order if o[0].name in ids]
+    snap.pending, snap.live, snap.skipped = pending, live, skipped
+    return snap
+
+
+def _rows(svc: Service, spec: bool) -> list:
+    """The pending and live jobs in submit order (SHOWN, and BUILD where a scheduler is
+    built): one statement, since read apart a job admitted in between (PostgreSQL reads
+    each statement's own snapshot) would be in neither list."""
+    with svc.reads() as s:                  # Core rows: cheaper than the ORM's
+        return list(s.connection().execute(select(*SHOWN, *(BUILD if spec else ())).where(
+            JobRow.state.in_((*LIVE, PENDING))).order_by(JobRow.submitted_at, JobRow.id)))
+
+
+def _built(svc: Service, t_now: float, queued: list, live: list,
+           skipped: dict[str, str | None]) -> Snapshot:
+    """The terms of a scheduler built as the next pass builds it, from the `queued` jobs
+    (those it cannot take in added to `skipped`) and the `live` ones' fair-share usage."""
+    sched = Scheduler(ClusterState(svc.cluster), svc._policy(), svc.reg, now=t_now)
+    with svc.reads() as s:
+        past_usage(svc, s, sched.fairshare, t_now, live)
+    for row in queued:
         try:
-            queued, behind = queue_entry(row)      # as the pass queues it (idle.py)
-            sched.submit(job_spec(row), queued,
+            at, behind = queue_entry(row)      # as the pass queues it (idle.py)
+            sched.submit(job_spec(row), at,
                          preempted_by=frozenset(row.preemptors or ()), behind=behind)
             if row.reason_code == "Preempting":     # the pass considers it first
                 sched.claims[row.id] = list(row.details.get("victims", ()))
         except Exception as exc:     # rejected, or a spec the pass cannot read either
-            snap.skipped[row.id] = row.reason_code or type(exc).__name__
-    return snap
+            skipped[row.id] = row.reason_code or type(exc).__name__
+    return _terms(sched, t_now)
+
+
+def _terms(sched: Scheduler, now: float) -> Snapshot:
+    """What the views take of a scheduler (the rows come after)."""
+    return Snapshot(now, sched.priorities(now), sched.config, set(sched.claims),
+                    sched.urgent_before(now), sched.fairshare, set(sched.queue.accounts),
+                    [], [])
 
 
 def _num(x: float) -> float | None:
@@ -79,13 +126,13 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
     the band (fair share + size + age points), whether it is protected by the wait
     guarantee, then the held jobs and those the scheduler does not queue."""
     snap = snapshot(svc)
-    cfg = snap.sched.config
+    cfg = snap.config
     rows = {r.id: r for r in snap.pending}
     out = []
-    urgent = snap.sched.urgent_before(snap.now)
+    urgent = snap.urgent
     # whose deadlines may preempt (rules on_deadline): the policy's, per team
     on_deadline = any(r.on_deadline for r in cfg.preemption.rules)
-    for rank, (job, protected, terms) in enumerate(snap.order(), 1):
+    for rank, (job, protected, terms) in enumerate(snap.order, 1):
         row = rows[job.name]
         if team and row.team != team or user and row.user != user:
             continue
@@ -93,7 +140,7 @@ def priorities(svc: Service, team: str | None = None, user: str | None = None) -
             "rank": rank, "id": row.id, "name": row.name, "team": row.team, "user": row.user,
             "job_class": job.job_class, "priority": job.spec.priority,
             "class_weight": round(job.base - job.spec.priority, 6), "band": job.base,
-            "protected": protected, "preempting": job.name in snap.sched.claims,
+            "protected": protected, "preempting": job.name in snap.claims,
             "behind": job.behind,      # requeued as idle: after its band's other jobs
             "fairshare": round(terms["fairshare"], 6), "size_factor": round(job.size, 6),
             "size": round(terms["size"], 6), "age_hours": round((snap.now - job.submit)
@@ -132,10 +179,10 @@ def shares(svc: Service) -> list[dict]:
     it, `users`: the same for each user of the team (the tree's second level, whose
     normalized shares split the team's)."""
     snap = snapshot(svc)
-    fs = snap.sched.fairshare
+    fs = snap.fairshare
     teams = svc.teams()
-    policy = snap.sched.config
-    accounts = set(snap.sched.queue.accounts) | set(fs.usage)
+    policy = snap.config
+    accounts = snap.accounts | set(fs.usage)
     names = set(teams) | {team_of(a) for a in accounts} | set(policy.teams)
     team_terms = fs.team_terms(names)
     user_terms = fs.terms({a for a in accounts if "/" in a}
@@ -199,35 +246,49 @@ def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
     first."""
     snap = snapshot(svc)
     rows = {r.id: r for r in snap.pending}
-    order = snap.order()
-    out: list[tuple[JobRow, dict]] = []
+    out: list[tuple] = []
     for r in sorted(snap.live, key=lambda r: (_ts(r.admitted_at) if r.admitted_at else 0,
                                               _ts(r.submitted_at), r.id)):  # then by index
         out.append((r, {"rank": None}))
-    for rank, (job, _protected, terms) in enumerate(order, 1):
+    for rank, (job, _protected, terms) in enumerate(snap.order, 1):
         out.append((rows[job.name], {"rank": rank, "band": job.base,
                                      "score": round(terms["score"], 6),
                                      "limit": job.limit}))
     out += [(r, {"rank": None}) for r in snap.pending if r.id in snap.skipped]
+    out = compact_pending(svc, [(r, x) for r, x in out if (not state or r.state == state)
+                                and (not team or r.team == team)
+                                and (not user or r.user == user)])[:limit]
     if all_jobs or (state and state not in (PENDING, *LIVE)):
         with svc.reads() as s:
             q = select(JobRow).where(JobRow.state.in_(ENDED)).order_by(
-                JobRow.finished_at.desc(), JobRow.id.desc()).limit(limit)
+                JobRow.finished_at.desc(), JobRow.id.desc()).limit(limit - len(out))
             if state:
                 q = q.where(JobRow.state == state)
             if team:
                 q = q.where(JobRow.team == team)
             if user:
                 q = q.where(JobRow.user == user)
-            out += [(r, {"rank": None}) for r in s.scalars(q)]
-    out = compact_pending(svc, [(r, x) for r, x in out if (not state or r.state == state)
-                                and (not team or r.team == team)
-                                and (not user or r.user == user)])[:limit]
+            ended = [(r, {"rank": None}) for r in s.scalars(q)] if len(out) < limit else []
+    else:
+        ended = []
+    out = _whole(svc, out) + ended
     names = {i: f"{j.name} ({i[:8]})" for i, j in names_of(svc, [
         b for r, _ in out if r.state == PENDING for b in blocker_ids(r.details or {})]).items()}
     for r, extra in out:
         _fill(r, extra, snap.now, names)
     return out
+
+
+def _whole(svc: Service, out: list[tuple]) -> list[tuple[JobRow, dict]]:
+    """The shown jobs' whole rows, in one read (the queue is ordered on SHOWN's columns
+    of every job; only those shown are read whole)."""
+    ids = [r.id for r, _ in out]
+    whole: dict[str, JobRow] = {}
+    with svc.reads() as s:
+        for i in range(0, len(ids), 1000):
+            whole.update((r.id, r) for r in s.scalars(
+                select(JobRow).where(JobRow.id.in_(ids[i:i + 1000]))))
+    return [(whole[r.id], x) for r, x in out if r.id in whole]
 
 
 def _fill(r: JobRow, extra: dict, now: float, names: dict[str, str]) -> None:

@@ -86,18 +86,21 @@ def _decide(svc: Store, cluster: Cluster, policy, windows, now: datetime,
     """Read what changed (one snapshot), decide outside any transaction, then write."""
     t_now = _ts(now)
     later: list = []                  # what the write does first (errors told on jobs)
+    began = time.monotonic()
     r = warm.read(svc, cluster, policy, windows, now)    # no transaction open while it
     phases.done("read")
-    sched = warm.update(svc, r, policy, windows, t_now, later)     # decides
-    phases.done("update")
+    with svc.state_lock:        # the views read the leader's engine (priority.py)
+        sched = warm.update(svc, r, policy, windows, t_now, later)     # decides
+        phases.done("update")
+        result = sched.schedule(t_now, explain=phases.explained)    # unexplained: no reasons
+        reasons = _reasons(r.warm, sched, result, t_now)
     if r.rebuilt:
         svc.rebuilt.append(r.rebuilt)
-    result = sched.schedule(t_now, explain=phases.explained)    # unexplained: no reasons
-    reasons = _reasons(r.warm, sched, result, t_now)
     phases.done("decide")
     admitted = _write(svc, r.warm, sched, result, r, now, fence, later, reasons)
     phases.done("write")
     svc.pass_phases = phases
+    r.warm.read_at, r.warm.done_mark = began, r.warm.mark     # what the views compare
     svc.warm = r.warm
     svc._silent = r.silent
     return admitted

@@ -59,6 +59,8 @@ class Store:
                       if self.engine.dialect.name == "sqlite" else self.sessions)
         self._policy_cache: tuple[float, PolicyConfig] | None = None
         self.warm = None                     # the leader's state between passes (warm.py)
+        self.state_lock = threading.Lock()   # held while a pass changes it (storepass.py)
+        self.scheduling = False              # a loop runs passes (loop.py)
         self.rebuilt: list[str] = []         # why the last pass read its state anew
         self.pass_phases = None              # the last pass's parts (storepass.Phases)
         self._empty = ClusterState(self.cluster)

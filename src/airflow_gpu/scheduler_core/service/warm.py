@@ -86,6 +86,8 @@ class Warm:
         self.failed: set[str] = set()    # jobs the engine could not take in (passerrors.py)
         self.revs: dict[str, int] = {}       # id -> revision of each pending and live job
         self.mark: int | None = None     # the rows changed at or above it are read next
+        self.done_mark: int | None = None    # the mark as the last pass done left it
+        self.read_at = 0.0                   # when the last pass done began (monotonic)
         self.live: LiveUse | None = None     # the running jobs' fair-share usage
         self.retime: list[str] = []      # jobs to plan with the new time model (last first)
 
