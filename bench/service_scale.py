@@ -24,6 +24,8 @@ running job finishes every second (the cluster stays full), while the bench meas
   idempotency key), a third of the way in, and batches of 100 jobs (the batch API, as
   an array or a DAG of many tasks submits) two thirds in; then they are cancelled
   (bulk) so the queue keeps its size;
+- the queue views while passes run, five sixths of the way in: `queue --limit 100`,
+  one team's `prio` and `share` (seconds, the median of three);
 - RSS of the server process every 5 s (first, last, max).
 
 Results go to `--out` (JSON); docs/service.md ("Scale") quotes them.
@@ -257,6 +259,7 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
         # one burst of single submits a third of the way, one of batches at two thirds
         bursts = [(time.monotonic() + minutes * 20, 1), (time.monotonic() + minutes * 40, 100)]
         nxt_probe = time.monotonic() + 5
+        views_at: float | None = time.monotonic() + minutes * 50     # at five sixths
         victims: list[str] = []
         while time.monotonic() < end:
             if not victims:
@@ -283,6 +286,10 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
                 watch.mark(f"submits of {size} a request")
                 submit.update(submit_burst(url, team, size))
                 watch.mark("cancelled")
+            elif views_at is not None and time.monotonic() >= views_at:
+                views_at = None
+                watch.mark("views")
+                submit.update(view_times(c))
             elif victims:
                 finish(c, victims.pop())
                 time.sleep(1.0)
@@ -292,6 +299,24 @@ def steady(url: str, admin: str, team: str, minutes: float, watch: Watch) -> dic
             "admission_p95_s": round(sorted(lat)[int(0.95 * (len(lat) - 1))], 4)
             if lat else None, "admission_rounds": len(lat), "admission_slow": slow[:10],
             **submit}
+
+
+VIEWS = {"queue_100": "/api/v1/queue?limit=100", "prio_team": "/api/v1/priorities?team=team0",
+         "share": "/api/v1/shares"}
+
+
+def view_times(c: httpx.Client, rounds: int = 3) -> dict:
+    """Seconds a user waits for `queue --limit 100`, one team's `prio` and `share` (the
+    median of `rounds`) while passes run."""
+    out = {}
+    for key, path in VIEWS.items():
+        took = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            again(c.get, path).raise_for_status()
+            took.append(time.perf_counter() - t0)
+        out[f"view_{key}_s"] = round(statistics.median(took), 3)
+    return out
 
 
 def submit_burst(url: str, token: str, batch: int = 1, seconds: float = 10.0,
@@ -429,7 +454,8 @@ def run_one(kind: str, args, tmp: Path) -> dict:
           f"free -> admitted median {res['admission_median_s']} s; "
           f"submits {res.get('submits_per_s')}/s (in batches of 100: "
           f"{res.get('submits_per_s_batch_100')}/s); heartbeat p95 {res['heartbeat_p95_s']} s; "
-          f"RSS {res['rss_mb']} MB", flush=True)
+          f"views: queue {res.get('view_queue_100_s')} s, prio {res.get('view_prio_team_s')} "
+          f"s, share {res.get('view_share_s')} s; RSS {res['rss_mb']} MB", flush=True)
     return res
 
 
