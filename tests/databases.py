@@ -149,6 +149,19 @@ def serve(db_url: str, policy=None, hosts=HOSTS):
     service.engine.dispose()
 
 
+def team_client(db_url: str, run_loop: bool = False, team: str = "vision", **settings):
+    """The real app on its real store (the HOSTS cluster), its client sending team
+    `team`'s token; with `run_loop`, the scheduling loop runs (else no pass runs)."""
+    service = Service(Settings(db_url, make_cluster(*HOSTS), **settings))
+    app = create_app(service, run_loop=run_loop)
+    token = create_token(service.sessions, team)
+    with TestClient(app) as client:
+        client.headers["Authorization"] = f"Bearer {token}"
+        client.service = service
+        yield client
+    service.engine.dispose()
+
+
 @pytest.fixture
 def api(db_url):
     yield from serve(db_url)

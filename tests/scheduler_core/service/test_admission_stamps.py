@@ -10,27 +10,15 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from fastapi.testclient import TestClient
 
-from airflow_gpu.scheduler_core.api.app import create_app
-from airflow_gpu.scheduler_core.service.auth import create_token
-from airflow_gpu.scheduler_core.service.core import Service, Settings
-from tests.databases import HOSTS
-from tests.helpers import make_cluster
+from tests.databases import team_client
 
 TTL = 60.0
 
 
 @pytest.fixture
 def client(db_url):
-    service = Service(Settings(db_url, make_cluster(*HOSTS), lease_ttl=TTL))
-    app = create_app(service, run_loop=False)
-    token = create_token(service.sessions, "vision")
-    with TestClient(app) as c:
-        c.headers["Authorization"] = f"Bearer {token}"
-        c.service = service
-        yield c
-    service.engine.dispose()
+    yield from team_client(db_url, lease_ttl=TTL)
 
 
 def submit(c, name: str) -> str:

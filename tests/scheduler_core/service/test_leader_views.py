@@ -9,27 +9,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from fastapi.testclient import TestClient
 
-from airflow_gpu.scheduler_core.api.app import create_app
-from airflow_gpu.scheduler_core.policy.config import PolicyConfig
 from airflow_gpu.scheduler_core.service import priority, storepass
-from airflow_gpu.scheduler_core.service.auth import create_token
-from airflow_gpu.scheduler_core.service.core import Service, Settings
-from tests.databases import HOSTS
-from tests.helpers import make_cluster
+from tests.databases import team_client
 
 
 @pytest.fixture
 def live(db_url):
-    service = Service(Settings(db_url, make_cluster(*HOSTS), PolicyConfig(), lease_ttl=30))
-    app = create_app(service, run_loop=True)
-    token = create_token(service.sessions, "vision")
-    with TestClient(app) as client:
-        client.headers["Authorization"] = f"Bearer {token}"
-        client.service = service
-        yield client
-    service.engine.dispose()
+    yield from team_client(db_url, run_loop=True, lease_ttl=30)
 
 
 def submit(api, name: str, gpus: int = 8) -> str:
