@@ -31,8 +31,9 @@ def leader_engine(svc):
     with svc.reads() as s:      # the jobs queued that changed since (few: not the
         changed = s.execute(select(JobRow.id, JobRow.rev).where(   # running ones' beats)
             JobRow.changed >= w.done_mark, JobRow.state == PENDING, schedulable())).all()
+    policy = svc._policy()          # may read the store: not while holding the lock
     with svc.state_lock:
-        behind = svc._policy() != w.policy or any(
+        behind = policy != w.policy or any(
             (k := w.jobs.get(i)) is None or k.rev != rev for i, rev in changed)
     if not behind:
         return w

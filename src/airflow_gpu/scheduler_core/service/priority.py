@@ -258,19 +258,18 @@ def queue(svc: Service, all_jobs: bool = False, state: str | None = None,
     out = compact_pending(svc, [(r, x) for r, x in out if (not state or r.state == state)
                                 and (not team or r.team == team)
                                 and (not user or r.user == user)])[:limit]
-    if all_jobs or (state and state not in (PENDING, *LIVE)):
+    ended: list[tuple[JobRow, dict]] = []
+    if (all_jobs or (state and state not in (PENDING, *LIVE))) and len(out) < limit:
+        q = select(JobRow).where(JobRow.state.in_(ENDED)).order_by(
+            JobRow.finished_at.desc(), JobRow.id.desc()).limit(limit - len(out))
+        if state:
+            q = q.where(JobRow.state == state)
+        if team:
+            q = q.where(JobRow.team == team)
+        if user:
+            q = q.where(JobRow.user == user)
         with svc.reads() as s:
-            q = select(JobRow).where(JobRow.state.in_(ENDED)).order_by(
-                JobRow.finished_at.desc(), JobRow.id.desc()).limit(limit - len(out))
-            if state:
-                q = q.where(JobRow.state == state)
-            if team:
-                q = q.where(JobRow.team == team)
-            if user:
-                q = q.where(JobRow.user == user)
-            ended = [(r, {"rank": None}) for r in s.scalars(q)] if len(out) < limit else []
-    else:
-        ended = []
+            ended = [(r, {"rank": None}) for r in s.scalars(q)]
     out = _whole(svc, out) + ended
     names = {i: f"{j.name} ({i[:8]})" for i, j in names_of(svc, [
         b for r, _ in out if r.state == PENDING for b in blocker_ids(r.details or {})]).items()}

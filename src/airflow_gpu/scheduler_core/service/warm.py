@@ -136,16 +136,15 @@ def read(svc, cluster: Cluster, policy: PolicyConfig, windows: list[Window],
         svc.ended_usage.add_to(s, fairshare, t_now, float(policy.fairshare_half_life))
         revs = _revisions(s, w)
         found = None
-        if w.sched is None:             # read whole; afterwards checked in slices
-            found = integrity.find(s, cluster)
-        else:
+        if w.sched is not None:
             found, diverged = check(s, w, revs)
             if diverged:
                 log.warning("the scheduler's state in memory differs from the store "
                             "(%s); it is read anew from the store", diverged)
                 why, w = "divergence", Warm(cluster)
                 revs = _revisions(s, w)
-                found = integrity.find(s, cluster)
+        if w.sched is None:             # read whole; afterwards checked in slices
+            found = integrity.find(s, cluster)
         want = [i for i, rev in revs.items() if (k := w.jobs.get(i)) is None or k.rev != rev]
         anew = _anew(w, policy)
         if anew:    # the live jobs the engine does not hold are read again (update)
